@@ -1,0 +1,28 @@
+# make demo : create .venv, install everything, run CORY on the embedded model (CPU, offline)
+# make test : create .venv, install everything, run the test suite
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+
+.PHONY: install demo test bench clean
+
+$(STAMP): requirements.txt requirements-assets.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -r requirements-assets.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(PY) imdb_train/cory.py --config configs/imdb/cory_cpu.yaml --steps 6 --swap_period 3 \
+		--output_dir runs/demo --overwrite
+	@echo "samples (query, pioneer and observer answers, rewards): runs/demo/samples.jsonl"
+
+test: install
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) runs

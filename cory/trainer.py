@@ -1,0 +1,521 @@
+"""PPO and CORY training loops around trl 0.11.4's classic PPOTrainer.
+
+An ``Agent`` is one trainable LLM: its own policy with value head, optimizer, adaptive KL
+controller and score normaliser, wrapped in its own PPOTrainer. PPO trains one agent; CORY
+trains two (LLM1, LLM2) that share a single frozen reference model and exchange the roles of
+pioneer and observer every ``swap_period`` iterations.
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from cory.config import ConfigError, CoryArgs, PPOArgs, to_dict
+from cory.outputs import RunDir, check_output_dir, latest_checkpoint
+
+AGENTS = ("llm1", "llm2")
+
+
+class RunError(RuntimeError):
+    """A training run cannot go on (non-finite reward or loss, a reward that raised)."""
+
+
+# ----------------------------------------------------------------------------- pure rules
+
+def pioneer_name(step: int, swap_period: int) -> str:
+    """Who plays pioneer at iteration ``step`` (0-based): LLM1 first, roles flip every ``swap_period``."""
+    if swap_period <= 0:
+        return "llm1"
+    return AGENTS[(step // swap_period) % 2]
+
+
+def is_swap_step(step: int, swap_period: int) -> bool:
+    """True when iteration ``step`` starts with freshly exchanged roles."""
+    return swap_period > 0 and step > 0 and step % swap_period == 0
+
+
+def collective_rewards(own: list[float], partner: list[float], other_reward_coef: float) -> list[float]:
+    """Each agent's training reward: its own task reward plus ``coef`` times its partner's.
+
+    coef 1 is the paper's collective reward r1 + r2; 0 trains the agents independently; -1 is competitive.
+    """
+    return [o + other_reward_coef * p for o, p in zip(own, partner)]
+
+
+def combined_reward(task_reward: float, kl: float, kl_coef: float) -> float:
+    """The paper's r_c = r - eta * KL: the objective PPO and CORY both maximise, comparable across methods."""
+    return task_reward - kl_coef * kl
+
+
+class ScoreNormalizer:
+    """Running mean/std of training scores (the authors' use_score_scaling + use_score_norm).
+
+    trl 0.11.4's own option crashes ('float' object has no attribute 'to'), so we normalise before
+    ``step()``, with trl's update rule: merge the batch moments into the running ones, then scale.
+    """
+
+    def __init__(self):
+        self.mean, self.var, self.count = 0.0, 1.0, 1e-24
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(self.var * self.count / max(self.count - 1, 1e-24)) if self.count > 1 else 1.0
+
+    def __call__(self, scores: list[float]) -> list[float]:
+        xs = np.asarray(scores, dtype=np.float64)
+        n, mean, var = xs.size, xs.mean(), xs.var()
+        delta, total = mean - self.mean, self.count + n
+        self.var = (self.var * self.count + delta ** 2 * self.count * n / total + var * n) / total
+        self.mean += delta * n / total
+        self.count = total
+        scale = self.std + float(np.finfo(np.float32).eps)
+        return [float((x - self.mean) / scale) for x in xs]
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
+
+
+# ----------------------------------------------------------------------------- agents
+
+def ppo_config(cfg: PPOArgs, learning_rate: float | None = None):
+    from trl import PPOConfig
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return PPOConfig(
+            exp_name="cory", seed=cfg.seed, model_name=cfg.model_name, log_with=None,
+            learning_rate=learning_rate or cfg.learning_rate, batch_size=cfg.batch_size,
+            mini_batch_size=cfg.mini_batch_size, gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+            ppo_epochs=cfg.ppo_epochs, init_kl_coef=cfg.init_kl_coef, adap_kl_ctrl=cfg.adap_kl_ctrl,
+            target=cfg.target, horizon=cfg.horizon, gamma=cfg.gamma, lam=cfg.lam, cliprange=cfg.cliprange,
+            cliprange_value=cfg.cliprange_value, vf_coef=cfg.vf_coef, kl_penalty=cfg.kl_penalty,
+            max_grad_norm=cfg.max_grad_norm, score_clip=cfg.score_clip, remove_unused_columns=False,
+        )
+
+
+class Agent:
+    """One trainable LLM with everything that must travel with it when roles are exchanged."""
+
+    def __init__(self, name: str, cfg: PPOArgs, policy, ref_model, tokenizer):
+        from trl import PPOTrainer
+
+        self.name = name
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecation and "no dataset" notices of the classic API
+            self.trainer = PPOTrainer(config=ppo_config(cfg), model=policy, ref_model=ref_model, tokenizer=tokenizer)
+        self.normalizer = ScoreNormalizer()
+
+    @property
+    def policy(self):
+        """The unwrapped value-head model (DDP adds a wrapper in multi-process runs)."""
+        return self.trainer.accelerator.unwrap_model(self.trainer.model)
+
+    @property
+    def kl_coef(self) -> float:
+        return float(self.trainer.kl_ctl.value)
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[torch.Tensor], max_new_tokens: int, gen_kwargs: dict) -> list[torch.Tensor]:
+        # one batched call for the whole batch (trl's default of 4 per call is several times slower)
+        return self.trainer.generate(prompts, batch_size=len(prompts), return_prompt=False,
+                                     max_new_tokens=max_new_tokens, **gen_kwargs)
+
+    def step(self, queries, responses, scores: list[float]) -> dict:
+        if self.cfg.score_norm:
+            scores = self.normalizer(scores)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return self.trainer.step(queries, responses, [torch.tensor(s, dtype=torch.float32) for s in scores])
+
+    def reset_optimizer_state(self) -> None:
+        """The authors' exchange reloads fresh PPOTrainers: new Adam moments, KL coefficient and score stats."""
+        from trl.trainer.utils import AdaptiveKLController, FixedKLController
+
+        self.trainer.optimizer.state.clear()
+        cfg = self.cfg
+        self.trainer.kl_ctl = (AdaptiveKLController(cfg.init_kl_coef, cfg.target, cfg.horizon)
+                               if cfg.adap_kl_ctrl else FixedKLController(cfg.init_kl_coef))
+        self.normalizer = ScoreNormalizer()
+
+    def trainable_state(self) -> dict:
+        return {n: p.detach().clone() for n, p in self.policy.named_parameters() if p.requires_grad}
+
+    def state_dict(self) -> dict:
+        return {
+            "params": {n: p.detach() for n, p in self.policy.named_parameters() if p.requires_grad},
+            "optimizer": self.trainer.optimizer.state_dict(),
+            "kl_coef": self.trainer.kl_ctl.value,
+            "normalizer": self.normalizer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        params = dict(self.policy.named_parameters())
+        with torch.no_grad():
+            for n, value in state["params"].items():
+                params[n].copy_(value)
+        self.trainer.optimizer.load_state_dict(state["optimizer"])
+        self.trainer.kl_ctl.value = state["kl_coef"]
+        self.normalizer.load_state_dict(state["normalizer"])
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def generation_kwargs(cfg: PPOArgs, tokenizer, task) -> dict:
+    kwargs = dict(do_sample=True, top_k=cfg.top_k, top_p=cfg.top_p, temperature=cfg.temperature,
+                  repetition_penalty=cfg.repetition_penalty, pad_token_id=tokenizer.pad_token_id,
+                  eos_token_id=tokenizer.eos_token_id)
+    stop = getattr(task, "stop", None)
+    if stop:
+        kwargs.update(stop_strings=[stop], tokenizer=tokenizer)
+    return kwargs
+
+
+def trim_to_text(ids: torch.Tensor, tokenizer, kept: str) -> torch.Tensor:
+    """The longest prefix of ``ids`` whose text the task keeps (at least one token for trl)."""
+    kept = kept.rstrip()
+    n = len(ids)
+    while n > 1 and not kept.startswith(tokenizer.decode(ids[:n], skip_special_tokens=True).rstrip()):
+        n -= 1
+    return ids[:n]
+
+
+def decode_and_clean(task, tokenizer, responses: list[torch.Tensor]) -> tuple[list[str], list[torch.Tensor]]:
+    texts, kept_ids = [], []
+    for ids in responses:
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        clean = task.clean_response(text)
+        if clean != text:
+            ids = trim_to_text(ids, tokenizer, clean)
+        texts.append(clean)
+        kept_ids.append(ids)
+    return texts, kept_ids
+
+
+def tokenize_prompts(tokenizer, examples, texts: list[str] | None = None) -> list[torch.Tensor]:
+    """Prompt tensors; an example's own ``prompt_ids`` win when the pioneer reads ``example.prompt``."""
+    out = []
+    for i, ex in enumerate(examples):
+        if texts is None and ex.prompt_ids is not None:
+            out.append(torch.tensor(ex.prompt_ids, dtype=torch.long))
+        else:
+            text = ex.prompt if texts is None else texts[i]
+            out.append(torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"] or
+                                    [tokenizer.eos_token_id], dtype=torch.long))
+    return out
+
+
+def score_batch(task, examples, responses: list[str]) -> list[float]:
+    try:
+        scores = task.score(examples, responses)
+    except Exception as e:  # a reward model's failure must say what it was scoring
+        index = getattr(e, "index", None)
+        where = f" on text {index}" if index is not None else ""
+        raise RunError(f"reward {getattr(task, 'reward_name', task.name)} failed{where}: {e}") from e
+    return [float(s) for s in scores]
+
+
+def rng_state(length_rng: np.random.Generator) -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+            "length": length_rng.bit_generator.state}
+
+
+def set_rng_state(state: dict, length_rng: np.random.Generator) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    length_rng.bit_generator.state = state["length"]
+
+
+def agent_metrics(prefix: str, task_rewards, train_rewards, stats: dict, responses, kl_coef: float) -> dict:
+    task_reward = float(np.mean(task_rewards))
+    kl = float(stats["objective/kl"])
+    return {
+        f"{prefix}/task_reward": task_reward,
+        f"{prefix}/collective_reward": float(np.mean(train_rewards)),
+        f"{prefix}/kl": kl,
+        f"{prefix}/kl_coef": kl_coef,
+        f"{prefix}/combined_reward": combined_reward(task_reward, kl, kl_coef),
+        f"{prefix}/response_length": float(np.mean([len(r) for r in responses])),
+        f"{prefix}/entropy": float(stats["objective/entropy"]),
+        f"{prefix}/policy_loss": float(stats["ppo/loss/policy"]),
+        f"{prefix}/value_loss": float(stats["ppo/loss/value"]),
+    }
+
+
+# ----------------------------------------------------------------------------- the run
+
+@dataclass
+class Run:
+    cfg: PPOArgs
+    method: str  # "ppo" | "cory"
+    task: object
+    tokenizer: object
+    agents: dict
+    run_dir: RunDir
+    length_rng: np.random.Generator
+    start_step: int = 0
+    world_size: int = 1
+    gen_kwargs: dict = field(default_factory=dict)
+
+    # -- one iteration ---------------------------------------------------------------------------
+    def response_length(self) -> int:
+        return int(self.length_rng.integers(self.cfg.response_length_min, self.cfg.response_length_max + 1))
+
+    def ppo_iteration(self, step: int, batch) -> tuple[dict, list[dict]]:
+        agent = self.agents["policy"]
+        t = {}
+        t0 = time.perf_counter()
+        queries = tokenize_prompts(self.tokenizer, batch)
+        raw = agent.generate(queries, self.response_length(), self.gen_kwargs)
+        texts, responses = decode_and_clean(self.task, self.tokenizer, raw)
+        t["time/generate_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        rewards = score_batch(self.task, batch, texts)
+        t["time/reward_s"] = time.perf_counter() - t0
+        if not self.check_finite(step, "policy", rewards):
+            return None, []
+        kl_coef = agent.kl_coef
+        t0 = time.perf_counter()
+        stats = agent.step(queries, responses, rewards)
+        t["time/step_s"] = time.perf_counter() - t0
+        self.check_loss(step, "policy", stats)
+        row = agent_metrics("policy", rewards, rewards, stats, responses, kl_coef)
+        row.pop("policy/collective_reward")
+        row.update(t)
+        samples = [{"step": step, "query": ex.query, "response": text, "reward": r}
+                   for ex, text, r in list(zip(batch, texts, rewards))[: self.cfg.samples_per_step]]
+        return row, samples
+
+    def cory_iteration(self, step: int, batch) -> tuple[dict, list[dict]]:
+        cfg: CoryArgs = self.cfg
+        t = {}
+        t0 = time.perf_counter()
+        if is_swap_step(step, cfg.swap_period) and cfg.reset_on_swap:
+            for agent in self.agents.values():
+                agent.reset_optimizer_state()
+        t["time/swap_s"] = time.perf_counter() - t0
+        p_name = pioneer_name(step, cfg.swap_period)
+        o_name = "llm2" if p_name == "llm1" else "llm1"
+        pioneer, observer = self.agents[p_name], self.agents[o_name]
+
+        t0 = time.perf_counter()
+        p_queries = tokenize_prompts(self.tokenizer, batch)
+        p_raw = pioneer.generate(p_queries, self.response_length(), self.gen_kwargs)
+        p_texts, p_responses = decode_and_clean(self.task, self.tokenizer, p_raw)
+        t["time/pioneer_generate_s"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        # knowledge transfer: the observer reads the query and the pioneer's answer
+        o_prompts = ([self.task.observer_prompt(ex, a1) for ex, a1 in zip(batch, p_texts)]
+                     if cfg.knowledge_transfer else None)
+        o_queries = tokenize_prompts(self.tokenizer, batch, o_prompts)
+        o_raw = observer.generate(o_queries, self.response_length(), self.gen_kwargs)
+        o_texts, o_responses = decode_and_clean(self.task, self.tokenizer, o_raw)
+        t["time/observer_generate_s"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        # one reward call for both agents: each answer is scored with the query alone (not the observer prompt)
+        both = score_batch(self.task, list(batch) + list(batch), p_texts + o_texts)
+        r_p, r_o = both[: len(batch)], both[len(batch):]
+        s_p = collective_rewards(r_p, r_o, cfg.other_reward_coef)
+        s_o = collective_rewards(r_o, r_p, cfg.other_reward_coef)
+        t["time/reward_s"] = time.perf_counter() - t0
+        if not (self.check_finite(step, p_name, r_p) and self.check_finite(step, o_name, r_o)):
+            return None, []
+
+        coefs = {p_name: pioneer.kl_coef, o_name: observer.kl_coef}
+        t0 = time.perf_counter()
+        p_stats = pioneer.step(p_queries, p_responses, s_p)
+        t["time/pioneer_step_s"] = time.perf_counter() - t0
+        self.check_loss(step, p_name, p_stats)
+        t0 = time.perf_counter()
+        o_stats = observer.step(o_queries, o_responses, s_o)
+        t["time/observer_step_s"] = time.perf_counter() - t0
+        self.check_loss(step, o_name, o_stats)
+
+        row = {"pioneer": p_name}
+        row.update(agent_metrics(p_name, r_p, s_p, p_stats, p_responses, coefs[p_name]))
+        row.update(agent_metrics(o_name, r_o, s_o, o_stats, o_responses, coefs[o_name]))
+        row.update(t)
+        samples = []
+        for i in range(min(self.cfg.samples_per_step, len(batch))):
+            samples.append({
+                "step": step, "pioneer": p_name, "query": batch[i].query,
+                "pioneer_response": p_texts[i], "pioneer_reward": r_p[i],
+                "observer_prompt": o_prompts[i] if o_prompts else batch[i].prompt,
+                "observer_response": o_texts[i], "observer_reward": r_o[i],
+            })
+        return row, samples
+
+    # -- safety ----------------------------------------------------------------------------------
+    def check_finite(self, step: int, agent: str, rewards: list[float]) -> bool:
+        bad = [i for i, r in enumerate(rewards) if not math.isfinite(r)]
+        if not bad:
+            return True
+        if self.cfg.on_nonfinite == "skip":
+            warnings.warn(f"step {step}: non-finite reward for {agent} (text {bad[0]}); batch skipped")
+            return False
+        self.save(step)
+        raise RunError(f"step {step}: non-finite reward for {agent} (text {bad[0]}); "
+                       f"the last good state is saved in {latest_checkpoint(self.run_dir.path)}")
+
+    def check_loss(self, step: int, agent: str, stats: dict) -> None:
+        loss = float(stats["ppo/loss/total"])
+        if not math.isfinite(loss):
+            last = latest_checkpoint(self.run_dir.path)
+            raise RunError(f"step {step}: non-finite PPO loss for {agent}; the last good checkpoint is {last}")
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def save(self, step: int) -> None:
+        """Checkpoint after ``step`` completed iterations (everything a resumed run needs)."""
+        def write(folder: Path):
+            for name, agent in self.agents.items():
+                torch.save(agent.state_dict(), folder / f"{name}.pt")
+            torch.save({"step": step, "task": self.task.state_dict(), "rng": rng_state(self.length_rng)},
+                       folder / "state.pt")
+        self.run_dir.save_checkpoint(step, write, keep=self.cfg.keep_checkpoints)
+
+    def restore(self, folder: Path) -> None:
+        for name, agent in self.agents.items():
+            agent.load_state_dict(torch.load(folder / f"{name}.pt", weights_only=False))
+        state = torch.load(folder / "state.pt", weights_only=False)
+        self.task.load_state_dict(state["task"])
+        set_rng_state(state["rng"], self.length_rng)
+        self.start_step = state["step"]
+
+    def save_final(self) -> None:
+        if not self.run_dir.enabled:
+            return
+        for name, agent in self.agents.items():
+            out = self.run_dir.path / "final" / name
+            model = agent.policy.pretrained_model
+            if getattr(agent.policy, "is_peft_model", False):
+                # a plain model that loads from the query alone, without peft or the base
+                import copy
+                model = copy.deepcopy(model).merge_and_unload()
+            model.save_pretrained(out)
+            self.tokenizer.save_pretrained(out)
+
+
+def _distributed_setup() -> tuple[int, int]:
+    """(rank, world size). Under torchrun on CPU, accelerate must be told cpu=True before trl loads
+    a model, or every process silently trains alone (checked with trl 0.11.4 + accelerate 1.15)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        from accelerate import PartialState
+
+        state = PartialState(cpu=not torch.cuda.is_available())
+        return state.process_index, state.num_processes
+    return 0, 1
+
+
+def train(cfg: PPOArgs, method: str) -> Path:
+    """Run PPO (one agent) or CORY (two agents) as configured; returns the output folder."""
+    from tqdm.auto import tqdm
+
+    from cory import assets
+    from cory.tasks import make_task
+
+    resume = cfg.resume is not None
+    check_output_dir(cfg.output_dir, resume=resume, overwrite=cfg.overwrite)
+    if cfg.load_in_4bit and not torch.cuda.is_available():
+        raise ConfigError("load_in_4bit: needs a CUDA GPU and bitsandbytes; set load_in_4bit: false on CPU")
+    rank, world = _distributed_setup()
+
+    torch.manual_seed(cfg.seed)
+    tokenizer = assets.load_tokenizer(cfg.model_name)
+    task = make_task(cfg, tokenizer, rank=rank)
+    names = ["policy"] if method == "ppo" else list(AGENTS)
+    reference = assets.load_reference(cfg.model_name, use_peft=cfg.use_peft)  # loaded once, shared
+    agents = {}
+    for name in names:
+        policy = assets.load_policy(cfg.model_name, use_peft=cfg.use_peft, lora_r=cfg.lora_r,
+                                    lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                                    load_in_4bit=cfg.load_in_4bit)
+        agents[name] = Agent(name, cfg, policy, reference, tokenizer)
+
+    run_dir = RunDir(cfg.output_dir, enabled=rank == 0)
+    run = Run(cfg=cfg, method=method, task=task, tokenizer=tokenizer, agents=agents, run_dir=run_dir,
+              length_rng=np.random.default_rng(cfg.seed), world_size=world,
+              gen_kwargs=generation_kwargs(cfg, tokenizer, task))
+    # trl seeds every RNG when it builds a trainer; seed again so the run depends on cfg.seed alone
+    torch.manual_seed(cfg.seed + rank)
+    np.random.seed(cfg.seed + rank)
+    random.seed(cfg.seed + rank)
+    checkpoint = latest_checkpoint(cfg.output_dir) if resume else None
+    if checkpoint is not None:
+        run.restore(checkpoint)
+    run_dir.start(to_dict(cfg), resume_step=run.start_step if resume else None, overwrite=cfg.overwrite)
+
+    wandb_run = None
+    if cfg.report_to == "wandb" and rank == 0:
+        import wandb
+        wandb_run = wandb.init(project="cory", config=to_dict(cfg), name=Path(cfg.output_dir).name,
+                               resume="allow")
+
+    iteration = run.cory_iteration if method == "cory" else run.ppo_iteration
+    bar = tqdm(range(run.start_step, cfg.steps), initial=run.start_step, total=cfg.steps,
+               desc=f"{method} {cfg.task}", disable=rank != 0, dynamic_ncols=True)
+    step = run.start_step
+    try:
+        for step in bar:
+            t0 = time.perf_counter()
+            batch = task.sample(cfg.batch_size)
+            row, samples = iteration(step, batch)
+            if row is None:
+                continue
+            row = {"step": step, **row, "time/iteration_s": time.perf_counter() - t0, "world_size": world}
+            row = _mean_over_processes(row, agents)
+            run_dir.log_metrics(row)
+            run_dir.log_samples(samples)
+            if wandb_run is not None:
+                wandb_run.log({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
+            bar.set_postfix(_postfix(row))
+            if (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
+                run.save(step + 1)
+        step = cfg.steps
+    except KeyboardInterrupt:
+        # Ctrl-C: keep what was done; the interrupted iteration is redone on --resume
+        run.save(step)
+        bar.close()
+        print(f"interrupted: checkpoint of {step} iterations saved in {cfg.output_dir}; "
+              f"continue with --resume {cfg.output_dir}")
+        raise SystemExit(130)
+    run.save(cfg.steps)
+    run.save_final()
+    if wandb_run is not None:
+        wandb_run.finish()
+    return Path(cfg.output_dir)
+
+
+def _mean_over_processes(row: dict, agents: dict) -> dict:
+    """Average the numeric metrics over data-parallel processes (trl already averages its own stats)."""
+    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        return row
+    keys = [k for k, v in row.items() if isinstance(v, float)]
+    values = torch.tensor([row[k] for k in keys], dtype=torch.float64)
+    torch.distributed.all_reduce(values)
+    values /= torch.distributed.get_world_size()
+    return {**row, **dict(zip(keys, values.tolist()))}
+
+
+def _postfix(row: dict) -> dict:
+    out = {}
+    for prefix in ("policy", "llm1", "llm2"):
+        if f"{prefix}/task_reward" in row:
+            out[f"{prefix[-1] if prefix != 'policy' else ''}r"] = f"{row[f'{prefix}/task_reward']:.3f}"
+            out[f"{prefix[-1] if prefix != 'policy' else ''}kl"] = f"{row[f'{prefix}/kl']:.2f}"
+    return out

@@ -1,0 +1,47 @@
+"""Single-agent PPO on IMDB: make GPT-2 continue movie-review openings positively.
+
+    python imdb_train/ppo.py                                   # the paper's setting (GPU)
+    python imdb_train/ppo.py --config configs/imdb/ppo_cpu.yaml   # embedded SmolLM2 + VADER, CPU
+    python imdb_train/ppo.py --help                             # every field; --field value overrides
+"""
+from dataclasses import dataclass
+
+from cory.cli import main
+from cory.config import PPOArgs
+
+
+@dataclass
+class Hyperparameters(PPOArgs):
+    # the paper's Table 1 (trl defaults) and model
+    task: str = "imdb"
+    model_name: str = "gpt2-large"
+    reward_model: str = "distilbert-imdb"  # raw POSITIVE logit of lvwerra/distilbert-imdb; "vader" offline
+    dataset: str = "auto"                  # stanfordnlp/imdb when reachable, else built-in openings
+    output_dir: str = "runs/imdb_ppo"
+    seed: int = 0
+    steps: int = 100
+    learning_rate: float = 1.41e-5
+    batch_size: int = 256
+    mini_batch_size: int = 256
+    gradient_accumulation_steps: int = 1
+    ppo_epochs: int = 4
+    init_kl_coef: float = 0.3
+    adap_kl_ctrl: bool = True
+    target: float = 6.0
+    horizon: float = 10000.0
+    gamma: float = 1.0
+    lam: float = 0.95
+    cliprange: float = 0.2
+    cliprange_value: float = 0.2
+    vf_coef: float = 0.1
+    kl_penalty: str = "full"               # full-vocabulary KL(pi || pi0) per token
+    response_length_min: int = 4           # one length per batch, uniform in [min, max]
+    response_length_max: int = 15
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.1
+    score_norm: bool = False
+
+
+if __name__ == "__main__":
+    main(Hyperparameters, method="ppo")
