@@ -266,9 +266,57 @@ class Run:
     agents: dict
     run_dir: RunDir
     length_rng: np.random.Generator
+    reference: object = None
     start_step: int = 0
     world_size: int = 1
     gen_kwargs: dict = field(default_factory=dict)
+
+    # -- the loop --------------------------------------------------------------------------------
+    def fit(self) -> Path:
+        from tqdm.auto import tqdm
+
+        cfg, run_dir = self.cfg, self.run_dir
+        resume = cfg.resume is not None
+        run_dir.start(to_dict(cfg), resume_step=self.start_step if resume else None, overwrite=cfg.overwrite)
+        wandb_run = None
+        if cfg.report_to == "wandb" and run_dir.enabled:
+            import wandb
+            wandb_run = wandb.init(project="cory", config=to_dict(cfg), name=Path(cfg.output_dir).name,
+                                   resume="allow")
+        iteration = self.cory_iteration if self.method == "cory" else self.ppo_iteration
+        bar = tqdm(range(self.start_step, cfg.steps), initial=self.start_step, total=cfg.steps,
+                   desc=f"{self.method} {cfg.task}", disable=not run_dir.enabled, dynamic_ncols=True)
+        step = self.start_step
+        try:
+            for step in bar:
+                t0 = time.perf_counter()
+                batch = self.task.sample(cfg.batch_size)
+                row, samples = iteration(step, batch)
+                if row is None:
+                    continue
+                row = {"step": step, **row, "time/iteration_s": time.perf_counter() - t0,
+                       "world_size": self.world_size}
+                row = _mean_over_processes(row)
+                run_dir.log_metrics(row)
+                run_dir.log_samples(samples)
+                if wandb_run is not None:
+                    wandb_run.log({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
+                bar.set_postfix(_postfix(row))
+                if (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
+                    self.save(step + 1)
+        except KeyboardInterrupt:
+            # Ctrl-C: keep what was done; the interrupted iteration is redone on --resume
+            self.save(step)
+            bar.close()
+            print(f"interrupted: checkpoint of {step} iterations saved in {cfg.output_dir}; "
+                  f"continue with --resume {cfg.output_dir}")
+            raise SystemExit(130)
+        bar.close()
+        self.save(cfg.steps)
+        self.save_final()
+        if wandb_run is not None:
+            wandb_run.finish()
+        return Path(cfg.output_dir)
 
     # -- one iteration ---------------------------------------------------------------------------
     def response_length(self) -> int:
@@ -422,10 +470,8 @@ def _distributed_setup() -> tuple[int, int]:
     return 0, 1
 
 
-def train(cfg: PPOArgs, method: str) -> Path:
-    """Run PPO (one agent) or CORY (two agents) as configured; returns the output folder."""
-    from tqdm.auto import tqdm
-
+def prepare_run(cfg: PPOArgs, method: str) -> Run:
+    """Everything a run needs, loaded and (with ``resume``) restored; nothing is written yet."""
     from cory import assets
     from cory.tasks import make_task
 
@@ -447,61 +493,25 @@ def train(cfg: PPOArgs, method: str) -> Path:
                                     load_in_4bit=cfg.load_in_4bit)
         agents[name] = Agent(name, cfg, policy, reference, tokenizer)
 
-    run_dir = RunDir(cfg.output_dir, enabled=rank == 0)
-    run = Run(cfg=cfg, method=method, task=task, tokenizer=tokenizer, agents=agents, run_dir=run_dir,
+    run = Run(cfg=cfg, method=method, task=task, tokenizer=tokenizer, agents=agents,
+              run_dir=RunDir(cfg.output_dir, enabled=rank == 0), reference=reference,
               length_rng=np.random.default_rng(cfg.seed), world_size=world,
               gen_kwargs=generation_kwargs(cfg, tokenizer, task))
     # trl seeds every RNG when it builds a trainer; seed again so the run depends on cfg.seed alone
     torch.manual_seed(cfg.seed + rank)
     np.random.seed(cfg.seed + rank)
     random.seed(cfg.seed + rank)
-    checkpoint = latest_checkpoint(cfg.output_dir) if resume else None
-    if checkpoint is not None:
-        run.restore(checkpoint)
-    run_dir.start(to_dict(cfg), resume_step=run.start_step if resume else None, overwrite=cfg.overwrite)
-
-    wandb_run = None
-    if cfg.report_to == "wandb" and rank == 0:
-        import wandb
-        wandb_run = wandb.init(project="cory", config=to_dict(cfg), name=Path(cfg.output_dir).name,
-                               resume="allow")
-
-    iteration = run.cory_iteration if method == "cory" else run.ppo_iteration
-    bar = tqdm(range(run.start_step, cfg.steps), initial=run.start_step, total=cfg.steps,
-               desc=f"{method} {cfg.task}", disable=rank != 0, dynamic_ncols=True)
-    step = run.start_step
-    try:
-        for step in bar:
-            t0 = time.perf_counter()
-            batch = task.sample(cfg.batch_size)
-            row, samples = iteration(step, batch)
-            if row is None:
-                continue
-            row = {"step": step, **row, "time/iteration_s": time.perf_counter() - t0, "world_size": world}
-            row = _mean_over_processes(row, agents)
-            run_dir.log_metrics(row)
-            run_dir.log_samples(samples)
-            if wandb_run is not None:
-                wandb_run.log({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
-            bar.set_postfix(_postfix(row))
-            if (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
-                run.save(step + 1)
-        step = cfg.steps
-    except KeyboardInterrupt:
-        # Ctrl-C: keep what was done; the interrupted iteration is redone on --resume
-        run.save(step)
-        bar.close()
-        print(f"interrupted: checkpoint of {step} iterations saved in {cfg.output_dir}; "
-              f"continue with --resume {cfg.output_dir}")
-        raise SystemExit(130)
-    run.save(cfg.steps)
-    run.save_final()
-    if wandb_run is not None:
-        wandb_run.finish()
-    return Path(cfg.output_dir)
+    if resume:
+        run.restore(latest_checkpoint(cfg.output_dir))
+    return run
 
 
-def _mean_over_processes(row: dict, agents: dict) -> dict:
+def train(cfg: PPOArgs, method: str) -> Path:
+    """Run PPO (one agent) or CORY (two agents) as configured; returns the output folder."""
+    return prepare_run(cfg, method).fit()
+
+
+def _mean_over_processes(row: dict) -> dict:
     """Average the numeric metrics over data-parallel processes (trl already averages its own stats)."""
     if not torch.distributed.is_available() or not torch.distributed.is_initialized():
         return row

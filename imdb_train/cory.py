@@ -5,10 +5,16 @@ collective sentiment reward, exchanging roles every few iterations.
     python imdb_train/cory.py --config configs/imdb/cory_cpu.yaml   # embedded SmolLM2 + VADER, CPU
     python imdb_train/cory.py --help                               # every field; --field value overrides
 """
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
-from cory.cli import main
-from cory.config import CoryArgs
+# Python searches a script's own folder first, and this folder holds a script named cory.py that would
+# shadow the installed `cory` package: look for imports past it.
+sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+from cory.cli import main  # noqa: E402
+from cory.config import CoryArgs  # noqa: E402
 
 
 @dataclass

@@ -4,10 +4,16 @@
     python imdb_train/ppo.py --config configs/imdb/ppo_cpu.yaml   # embedded SmolLM2 + VADER, CPU
     python imdb_train/ppo.py --help                             # every field; --field value overrides
 """
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
-from cory.cli import main
-from cory.config import PPOArgs
+# Python searches a script's own folder first, and this folder holds a script named cory.py that would
+# shadow the installed `cory` package: look for imports past it.
+sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+from cory.cli import main  # noqa: E402
+from cory.config import PPOArgs  # noqa: E402
 
 
 @dataclass

@@ -1,0 +1,96 @@
+"""Config files, flags and validation: one clear line, before any model loads."""
+import pytest
+
+from cory.cli import parse
+from cory.config import ConfigError, CoryArgs, PPOArgs, build
+
+
+def errors(argv, cls=PPOArgs):
+    with pytest.raises(ConfigError) as e:
+        parse(cls, argv)
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_defaults_are_the_paper_table1():
+    cfg = build(PPOArgs)
+    assert (cfg.learning_rate, cfg.batch_size, cfg.mini_batch_size, cfg.ppo_epochs) == (1.41e-5, 256, 256, 4)
+    assert (cfg.init_kl_coef, cfg.target, cfg.horizon, cfg.kl_penalty) == (0.3, 6.0, 10000.0, "full")
+    assert (cfg.gamma, cfg.lam, cfg.cliprange, cfg.cliprange_value, cfg.vf_coef) == (1.0, 0.95, 0.2, 0.2, 0.1)
+    assert (cfg.response_length_min, cfg.response_length_max) == (4, 15)
+    cory = build(CoryArgs)
+    assert (cory.swap_period, cory.other_reward_coef, cory.knowledge_transfer) == (5, 1.0, True)
+
+
+def test_yaml_then_flags(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("steps: 7\nlearning_rate: 1\nmodel_name: tiny\nreward_model: vader\n")
+    cfg = parse(PPOArgs, ["--config", str(p), "--steps", "9", "--seed=3", "--score_norm"])
+    assert cfg.steps == 9 and cfg.seed == 3 and cfg.learning_rate == 1.0 and cfg.score_norm is True
+    cfg = parse(CoryArgs, ["--config", str(p), "--other_reward_coef", "-1", "--knowledge_transfer", "false"])
+    assert cfg.other_reward_coef == -1.0 and cfg.knowledge_transfer is False
+
+
+def test_every_preset_is_valid(repo):
+    presets = sorted((repo / "configs").glob("*/*.yaml"))
+    assert len(presets) >= 6
+    for p in presets:
+        cls = CoryArgs if p.name.startswith("cory") else PPOArgs
+        parse(cls, ["--config", str(p)])
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--steps", "0"], "steps"),
+    (["--steps", "-3"], "steps"),
+    (["--steps", "ten"], "steps"),
+    (["--batch_size", "10", "--mini_batch_size", "4"], "batch_size"),
+    (["--batch_size", "8", "--mini_batch_size", "4", "--gradient_accumulation_steps", "4"], "batch_size"),
+    (["--learning_rate", "0"], "learning_rate"),
+    (["--learning_rate", "nan"], "learning_rate"),
+    (["--top_p", "1.5"], "top_p"),
+    (["--lam", "2"], "lam"),
+    (["--kl_penalty", "forward"], "kl_penalty"),
+    (["--reward_model", "sentiment-xl"], "reward_model"),
+    (["--model_name", "embedded:nope"], "model_name"),
+    (["--task", "chess"], "task"),
+    (["--dataset", "local"], "dataset"),
+    (["--response_length_min", "9", "--response_length_max", "4"], "response_length_max"),
+    (["--no_such_field", "1"], "no_such_field"),
+    (["--score_norm", "maybe"], "score_norm"),
+    (["--report_to", "tensorboard"], "report_to"),
+    (["--config", "/nonexistent.yaml"], "/nonexistent.yaml"),
+    (["--steps"], "steps"),
+    (["stray"], "stray"),
+    (["--resume", "/nonexistent_run"], "resume"),
+])
+def test_bad_flags_name_the_field(argv, needle):
+    assert needle in errors(argv)
+
+
+def test_cory_only_fields():
+    assert "swap_period" in errors(["--swap_period", "-1"], CoryArgs)
+    assert "swap_period" in errors(["--swap_period", "2"], PPOArgs)  # not a PPO field
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("steps: [1, 2]\n", "steps"),
+    ("learning_rate: fast\n", "learning_rate"),
+    ("use_peft: 1\n", "use_peft"),
+    ("colour: red\n", "colour"),
+    ("- steps\n", "mapping"),
+    ("steps: : :\n", "YAML"),
+])
+def test_bad_yaml(tmp_path, text, needle):
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    assert needle in errors(["--config", str(p)])
+
+
+def test_gsm8k_rules(tmp_path):
+    base = ["--task", "gsm8k", "--reward_model", "correctness"]
+    assert parse(PPOArgs, base).task == "gsm8k"
+    assert "reward_model" in errors(["--task", "gsm8k"])  # distilbert is an IMDB reward
+    assert "dataset_path" in errors(base + ["--dataset", "local"])
+    assert "dataset_path" in errors(base + ["--dataset_path", str(tmp_path)])  # no train/test.jsonl
+    assert "dataset" in errors(base + ["--dataset", "builtin"])
