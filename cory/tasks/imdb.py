@@ -1,0 +1,376 @@
+"""IMDB positive-sentiment continuation (the paper's subjective-reward task).
+
+Prompts are the first 2-7 tokens of a movie review, drawn exactly like trl's
+``LengthSampler(2, 8)`` in the authors' code: one length per example, uniform over
+``range(min_query_tokens, max_query_tokens)``, ``prompt_ids = ids(review)[:length]`` and
+``query = prompt = tokenizer.decode(prompt_ids)`` (no template). The reward sees
+``query + response``.
+
+Prompt sources:
+
+- ``"hub"``: ``stanfordnlp/imdb`` train split, reviews longer than 200 characters (the
+  authors' filter); evaluation uses the test split with the same filter.
+- ``"builtin"``: ``data/imdb_openings.txt``, review openings written for this project
+  (no real IMDB text); evaluation uses the disjoint ``data/imdb_openings_eval.txt``.
+- ``"auto"``: the hub if ``cory.assets.check_hub_asset`` finds the dataset, else builtin.
+
+Rewards share one interface, ``reward(queries, responses) -> list[float]``:
+``VaderReward`` (offline, compound score in [-1, 1]) and ``DistilbertImdbReward`` (the
+paper's: raw POSITIVE logit of ``lvwerra/distilbert-imdb``). ``make_reward`` builds either
+by name.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from cory.tasks.base import Example
+
+logger = logging.getLogger(__name__)
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+BUILTIN_TRAIN_FILE = DATA_DIR / "imdb_openings.txt"
+BUILTIN_EVAL_FILE = DATA_DIR / "imdb_openings_eval.txt"
+
+HUB_DATASET = "stanfordnlp/imdb"
+MIN_REVIEW_CHARS = 200  # the authors keep reviews with len(review) > 200
+
+DISTILBERT_IMDB = "lvwerra/distilbert-imdb"
+REWARD_NAMES: tuple[str, ...] = ("vader", "distilbert-imdb")
+SOURCES: tuple[str, ...] = ("auto", "hub", "builtin")
+
+Reward = Callable[[Sequence[str], Sequence[str]], list[float]]
+
+_STATE_VERSION = 1
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+def build_observer_prompt(query: str, pioneer_response: str) -> str:
+    """The authors' observer template, verbatim.
+
+    ``I can make this sentence "<query><pioneer_response>" more positive: <query>``: the
+    pioneer's text is appended to the query with no separator, and the prompt ends with the
+    query again so the observer continues the same opening.
+    """
+    return f'I can make this sentence "{query}{pioneer_response}" more positive: {query}'
+
+
+def read_openings(path: str | os.PathLike) -> list[str]:
+    """Non-empty, stripped lines of an openings file."""
+    with open(path, encoding="utf-8") as f:
+        return [line.strip() for line in f if line.strip()]
+
+
+# --------------------------------------------------------------------------- rewards
+
+
+def _joined(queries: Sequence[str], responses: Sequence[str]) -> list[str]:
+    if len(queries) != len(responses):
+        raise ValueError(f"{len(queries)} queries but {len(responses)} responses")
+    return [q + r for q, r in zip(queries, responses)]
+
+
+class VaderReward:
+    """VADER compound sentiment of ``query + response``, in [-1, 1]. Fully offline."""
+
+    name = "vader"
+
+    def __init__(self) -> None:
+        from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
+
+        self._analyzer = SentimentIntensityAnalyzer()
+
+    def __call__(self, queries: Sequence[str], responses: Sequence[str]) -> list[float]:
+        return [float(self._analyzer.polarity_scores(t)["compound"]) for t in _joined(queries, responses)]
+
+    def __repr__(self) -> str:
+        return "VaderReward()"
+
+
+class DistilbertImdbReward:
+    """The paper's reward: raw logit of the POSITIVE class of a sentiment classifier.
+
+    Runs ``pipeline("sentiment-analysis", model=model, device=device)`` on
+    ``query + response`` with ``top_k=None, function_to_apply="none"`` (the authors'
+    ``sent_kwargs``) and picks the score whose label is ``positive_label`` by name: with
+    ``top_k=None`` the pipeline sorts each item's labels by score, so position means nothing.
+
+    ``model`` is a hub id (checked with ``cory.assets.check_hub_asset`` before loading, so a
+    missing model fails in seconds) or a local directory (no hub check).
+    """
+
+    def __init__(
+        self,
+        model: str = DISTILBERT_IMDB,
+        device: Any = None,
+        batch_size: int = 64,
+        *,
+        positive_label: str = "POSITIVE",
+    ) -> None:
+        model = os.fspath(model)
+        if not os.path.isdir(model):
+            from cory.assets import check_hub_asset
+
+            check_hub_asset(
+                model,
+                repo_type="model",
+                hint="use the 'vader' reward offline, or pass a local classifier directory",
+            )
+        from transformers import pipeline
+
+        self.model_name = model
+        self.batch_size = int(batch_size)
+        self.pipe = pipeline("sentiment-analysis", model=model, device=device)
+        labels = [str(v) for v in self.pipe.model.config.id2label.values()]
+        matches = [lab for lab in labels if lab.lower() == positive_label.lower()]
+        if not matches:
+            raise ValueError(
+                f"reward model {model!r} has no label {positive_label!r} (its labels: {labels})"
+            )
+        self.positive_label = matches[0]
+        self.name = "distilbert-imdb" if model == DISTILBERT_IMDB else model
+
+    def __call__(self, queries: Sequence[str], responses: Sequence[str]) -> list[float]:
+        texts = _joined(queries, responses)
+        if not texts:
+            return []
+        outputs = self.pipe(
+            texts,
+            top_k=None,
+            function_to_apply="none",
+            batch_size=self.batch_size,
+            truncation=True,
+        )
+        scores = []
+        for per_text in outputs:  # list input -> one list of {label, score} per text
+            by_label = {d["label"]: float(d["score"]) for d in per_text}
+            scores.append(by_label[self.positive_label])
+        return scores
+
+    def __repr__(self) -> str:
+        return f"DistilbertImdbReward(model={self.model_name!r})"
+
+
+def make_reward(name: str, device: Any = None, *, batch_size: int = 64) -> Reward:
+    """``"vader"`` | ``"distilbert-imdb"`` (= ``lvwerra/distilbert-imdb``) | a local directory
+    holding a sequence-classification model with a POSITIVE label."""
+    key = str(name).strip()
+    if key == "vader":
+        return VaderReward()
+    if key in ("distilbert-imdb", DISTILBERT_IMDB):
+        return DistilbertImdbReward(DISTILBERT_IMDB, device=device, batch_size=batch_size)
+    if key and os.path.isdir(key):
+        return DistilbertImdbReward(key, device=device, batch_size=batch_size)
+    raise ValueError(
+        f"unknown IMDB reward {name!r}: expected one of {', '.join(map(repr, REWARD_NAMES))} "
+        "or a local directory of a sequence-classification model"
+    )
+
+
+# --------------------------------------------------------------------------- task
+
+
+class ImdbTask:
+    """IMDB review openings -> positive continuations (implements ``cory.tasks.base.Task``).
+
+    ``sample`` walks a seeded permutation of the training pool (a new permutation at each
+    epoch end) and draws each example's query length from a seeded generator at sampling
+    time, so a review gets a fresh 2-7 token prefix when it comes round again. Evaluation
+    examples come from held-out text (the eval openings file, or the hub test split) with
+    lengths from ``eval_seed`` (default 0, independent of ``seed`` so runs with different
+    training seeds are evaluated on the same prompts).
+    """
+
+    name = "imdb"
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        source: str = "auto",
+        seed: int = 0,
+        min_query_tokens: int = 2,
+        max_query_tokens: int = 8,
+        reward: Reward | str = "vader",
+        eval_seed: int = 0,
+        dataset: str = HUB_DATASET,
+        device: Any = None,
+    ) -> None:
+        if source not in SOURCES:
+            raise ValueError(f"unknown IMDB source {source!r}: expected one of {SOURCES}")
+        if not (1 <= int(min_query_tokens) < int(max_query_tokens)):
+            raise ValueError(
+                "need 1 <= min_query_tokens < max_query_tokens (the upper bound is exclusive, "
+                f"like trl's LengthSampler); got {min_query_tokens}, {max_query_tokens}"
+            )
+        self.tokenizer = tokenizer
+        self.seed = int(seed)
+        self.eval_seed = int(eval_seed)
+        self.min_query_tokens = int(min_query_tokens)
+        self.max_query_tokens = int(max_query_tokens)
+        self.dataset = dataset
+        self.reward: Reward = make_reward(reward, device=device) if isinstance(reward, str) else reward
+
+        self.source, self._pool = self._load_train_pool(source)
+        if not self._pool:
+            raise ValueError(f"IMDB {self.source} prompt pool is empty")
+        self._eval_pool: list[str] | None = None
+
+        # Two independent streams: the order of reviews and the query lengths.
+        perm_seq, len_seq = np.random.SeedSequence([self.seed, 0x1DB]).spawn(2)
+        self._perm_rng = np.random.Generator(np.random.PCG64(perm_seq))
+        self._len_rng = np.random.Generator(np.random.PCG64(len_seq))
+        self._perm = self._perm_rng.permutation(len(self._pool))
+        self._pos = 0
+        self._epoch = 0
+        self._batches = 0
+
+    # ------------------------------------------------------------------ data loading
+
+    def _load_train_pool(self, source: str) -> tuple[str, list[str]]:
+        if source == "builtin":
+            return "builtin", read_openings(BUILTIN_TRAIN_FILE)
+        if source == "hub":
+            from cory.assets import check_hub_asset
+
+            check_hub_asset(
+                self.dataset,
+                repo_type="dataset",
+                hint="use the built-in openings (source 'builtin' or 'auto') offline",
+            )
+            return "hub", self._load_hub_split("train")
+        # auto
+        from cory.assets import AssetError, check_hub_asset
+
+        try:
+            check_hub_asset(self.dataset, repo_type="dataset")
+        except AssetError as exc:
+            logger.warning("IMDB prompts: built-in openings (hub dataset unavailable: %s)", exc)
+            return "builtin", read_openings(BUILTIN_TRAIN_FILE)
+        try:
+            pool = self._load_hub_split("train")
+        except Exception as exc:  # noqa: BLE001 - any load failure falls back in auto mode
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            logger.warning("IMDB prompts: built-in openings (loading %s failed: %s)", self.dataset, first)
+            return "builtin", read_openings(BUILTIN_TRAIN_FILE)
+        logger.info("IMDB prompts: hub dataset %s (%d reviews)", self.dataset, len(pool))
+        return "hub", pool
+
+    def _load_hub_split(self, split: str) -> list[str]:
+        import datasets
+
+        ds = datasets.load_dataset(self.dataset, split=split)
+        return [t for t in ds["text"] if len(t) > MIN_REVIEW_CHARS]
+
+    def _eval_texts(self) -> list[str]:
+        if self._eval_pool is None:
+            if self.source == "hub":
+                texts = self._load_hub_split("test")
+                order = np.random.default_rng([self.eval_seed, 0xE7A1]).permutation(len(texts))
+                self._eval_pool = [texts[i] for i in order]
+            else:
+                self._eval_pool = read_openings(BUILTIN_EVAL_FILE)
+        return self._eval_pool
+
+    # ------------------------------------------------------------------ examples
+
+    def _make_examples(self, texts: Sequence[str], lengths: Sequence[int], indices: Sequence[int], split: str) -> list[Example]:
+        if not texts:
+            return []
+        encoded = self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+        out = []
+        for text, ids, length, idx in zip(texts, encoded, lengths, indices):
+            prompt_ids = [int(t) for t in ids[: int(length)]]
+            query = self.tokenizer.decode(prompt_ids)
+            out.append(
+                Example(
+                    query=query,
+                    prompt=query,
+                    prompt_ids=prompt_ids,
+                    meta={"source": self.source, "split": split, "index": int(idx), "query_tokens": len(prompt_ids)},
+                )
+            )
+        return out
+
+    def sample(self, batch_size: int) -> list[Example]:
+        batch_size = int(batch_size)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        n = len(self._pool)
+        indices: list[int] = []
+        while len(indices) < batch_size:
+            if self._pos >= n:
+                self._perm = self._perm_rng.permutation(n)
+                self._pos = 0
+                self._epoch += 1
+            take = min(batch_size - len(indices), n - self._pos)
+            indices.extend(int(i) for i in self._perm[self._pos : self._pos + take])
+            self._pos += take
+        lengths = self._len_rng.integers(self.min_query_tokens, self.max_query_tokens, size=batch_size)
+        self._batches += 1
+        return self._make_examples([self._pool[i] for i in indices], lengths.tolist(), indices, "train")
+
+    def eval_examples(self, limit: int | None = None) -> list[Example]:
+        texts = self._eval_texts()
+        # Lengths for the whole pool, so a smaller limit gives a prefix of a larger one.
+        lengths = np.random.default_rng([self.eval_seed, 0xE7A2]).integers(
+            self.min_query_tokens, self.max_query_tokens, size=len(texts)
+        )
+        n = len(texts) if limit is None else max(0, min(int(limit), len(texts)))
+        return self._make_examples(texts[:n], lengths[:n].tolist(), range(n), "eval")
+
+    # ------------------------------------------------------------------ task protocol
+
+    def observer_prompt(self, example: Example, pioneer_response: str) -> str:
+        return build_observer_prompt(example.query, pioneer_response)
+
+    def clean_response(self, text: str) -> str:
+        return text
+
+    def score(self, examples: Sequence[Example], responses: Sequence[str]) -> list[float]:
+        return [float(s) for s in self.reward([e.query for e in examples], list(responses))]
+
+    # ------------------------------------------------------------------ resume
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def state_dict(self) -> dict:
+        return {
+            "version": _STATE_VERSION,
+            "source": self.source,
+            "pool_size": len(self._pool),
+            "seed": self.seed,
+            "epoch": self._epoch,
+            "pos": self._pos,
+            "batches": self._batches,
+            "perm": [int(i) for i in self._perm],
+            "perm_rng": copy.deepcopy(self._perm_rng.bit_generator.state),
+            "len_rng": copy.deepcopy(self._len_rng.bit_generator.state),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(f"unsupported IMDB sampler state version {state.get('version')!r}")
+        if state["source"] != self.source or int(state["pool_size"]) != len(self._pool):
+            raise ValueError(
+                f"IMDB sampler state is for source {state['source']!r} with {state['pool_size']} "
+                f"prompts, but this task uses {self.source!r} with {len(self._pool)}"
+            )
+        perm = np.asarray(state["perm"], dtype=np.int64)
+        if perm.shape != (len(self._pool),):
+            raise ValueError("IMDB sampler state has a permutation of the wrong size")
+        self._perm = perm
+        self._pos = int(state["pos"])
+        self._epoch = int(state["epoch"])
+        self._batches = int(state.get("batches", 0))
+        self._perm_rng.bit_generator.state = copy.deepcopy(state["perm_rng"])
+        self._len_rng.bit_generator.state = copy.deepcopy(state["len_rng"])
