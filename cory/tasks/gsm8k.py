@@ -1,0 +1,479 @@
+"""GSM8K: one-shot prompts, answer extraction, the 0/1 correctness reward, data and the Task.
+
+Prompt format (paper): one worked example in "Question: ... / Answer: ..." form, a blank line,
+then the query. The observer's prompt is the same with "Reference: <pioneer response>" on its
+own line before "Answer:". The reward is 1 when the final number of the response equals the
+number after ``####`` in the reference solution, else 0.
+
+Data sources (``load_gsm8k``):
+
+- ``local``: ``<dataset_path>/{train,test}.jsonl`` in the original release format
+  (openai/grade-school-math: one ``{"question", "answer"}`` object per line).
+- ``hub``: ``datasets.load_dataset("openai/gsm8k", "main")`` (7,473 / 1,319).
+- ``generated``: GSM8K-template problems from reasoning-gym's ``gsm_symbolic`` generator
+  (offline). A stand-in for smoke runs, NOT GSM8K: numbers from it are not comparable with
+  the paper's.
+- ``auto``: local if ``dataset_path`` is given, else the hub if reachable, else generated.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import re
+from decimal import Decimal, InvalidOperation
+from functools import lru_cache
+from pathlib import Path
+from typing import Sequence
+
+from .base import Example
+
+logger = logging.getLogger(__name__)
+
+HUB_REPO_ID = "openai/gsm8k"
+HUB_CONFIG = "main"
+SPLITS = ("train", "test")
+GSM8K_SIZES = {"train": 7473, "test": 1319}
+SOURCES = ("auto", "hub", "local", "generated")
+
+# ---------------------------------------------------------------------------------------------
+# Prompts
+# ---------------------------------------------------------------------------------------------
+
+ONE_SHOT_QUESTION = (
+    "Shawn has five toys. For Christmas, he got two toys each from his mom and dad. "
+    "How many toys does he have now?"
+)
+ONE_SHOT_ANSWER = (
+    "Shawn started with 5 toys. He got 2 toys each from his mom and dad, "
+    "so he got 2 * 2 = 4 more toys. 5 + 4 = 9. #### 9"
+)
+_ONE_SHOT_BLOCK = f"Question: {ONE_SHOT_QUESTION}\nAnswer: {ONE_SHOT_ANSWER}\n\n"
+
+
+def build_prompt(question: str) -> str:
+    """The pioneer's (and single-agent PPO's) prompt: the worked example, then the question."""
+    return f"{_ONE_SHOT_BLOCK}Question: {question.strip()}\nAnswer:"
+
+
+def build_observer_prompt(question: str, pioneer_response: str) -> str:
+    """The observer's prompt: as ``build_prompt`` with the pioneer's answer as a reference."""
+    return (
+        f"{_ONE_SHOT_BLOCK}Question: {question.strip()}\n"
+        f"Reference: {pioneer_response.strip()}\nAnswer:"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Numbers and answers
+# ---------------------------------------------------------------------------------------------
+
+# A number: optional minus (only when not glued to a preceding word/number/closing bracket, so
+# the hyphen in "3-4" or "COVID-19" is not a sign), optional currency symbol, digits with
+# optional thousands separators, optional decimals (a trailing sentence period is not taken).
+_NUMBER = (
+    r"(?P<sign>(?<![\w)\]])[-\u2212])?"
+    r"[$\u20ac\u00a3]?"
+    r"(?P<num>\d+(?:,\d{3}(?!\d))*(?:\.\d+)?|(?<![\d.])\.\d+)"
+)
+_NUMBER_RE = re.compile(_NUMBER)
+# What may sit between "answer is" / "####" and the number: spaces, ':', '=', markdown emphasis,
+# currency, LaTeX-ish wrappers.
+_LEAD_RE = re.compile(r"^[\s:=*_`'\"(\[{$\u20ac\u00a3]*(?:\\boxed\{|\\\(|\\\[)?[\s*_${(]*")
+_ANSWER_IS_RE = re.compile(r"answer\s+is", re.IGNORECASE)
+
+
+def _canonical(sign: str | None, num: str) -> str | None:
+    try:
+        value = Decimal(num.replace(",", ""))
+    except InvalidOperation:  # pragma: no cover - the regex only yields valid literals
+        return None
+    if sign:
+        value = -value
+    if value == value.to_integral_value():
+        return str(int(value))
+    return format(value.normalize(), "f")
+
+
+def normalize_number(s: str | None) -> str | None:
+    """Canonical string of the number a string starts with, else None.
+
+    "1,000", "$1000", "1000.", "1000.00" -> "1000"; "0.50" -> "0.5"; "-3" -> "-3";
+    units and "%" after the number are ignored ("18 dollars" -> "18", "45%" -> "45").
+    """
+    if s is None:
+        return None
+    text = str(s).strip()
+    m = re.match(r"^[\s*_`+]*(?P<sign>[-\u2212])?\s*[$\u20ac\u00a3]?\s*(?P<sign2>[-\u2212])?"
+                 r"(?P<num>\d+(?:,\d{3}(?!\d))*(?:\.\d+)?|\.\d+)", text)
+    if m is None:
+        return None
+    return _canonical(m.group("sign") or m.group("sign2"), m.group("num"))
+
+
+def _first_number(text: str) -> str | None:
+    m = _NUMBER_RE.search(text)
+    return _canonical(m.group("sign"), m.group("num")) if m else None
+
+
+def _leading_number(text: str) -> str | None:
+    """The number right at the start of ``text`` (after ':', '**', '$', spaces...), else None."""
+    lead = _LEAD_RE.match(text)
+    rest = text[lead.end():] if lead else text
+    m = re.match(r"(?P<sign>[-\u2212])?\s*[$\u20ac\u00a3]?(?P<num>\d+(?:,\d{3}(?!\d))*(?:\.\d+)?|\.\d+)",
+                 rest)
+    return _canonical(m.group("sign"), m.group("num")) if m else None
+
+
+def reference_answer(solution: str) -> str:
+    """The normalised number after the last ``####`` of a GSM8K solution."""
+    _, sep, tail = solution.rpartition("####")
+    value = normalize_number(tail) if sep else None
+    if value is None:
+        raise ValueError(f"GSM8K solution has no '#### <number>' ending: {solution[-80:]!r}")
+    return value
+
+
+def extract_answer(text: str) -> str | None:
+    """The final numeric answer of a model response, normalised; None if it has no number.
+
+    Order: the number after the last ``####``; else the number after the last "answer is"
+    (case-insensitive; tolerates "The answer is: $1,234." and "answer is **12**"); else the last
+    number in the text.
+    """
+    if not text:
+        return None
+    if "####" in text:
+        tail = text.rpartition("####")[2]
+        value = _leading_number(tail)
+        if value is not None:
+            return value
+    matches = list(_ANSWER_IS_RE.finditer(text))
+    if matches:
+        tail = text[matches[-1].end():]
+        value = _leading_number(tail)
+        if value is None:
+            # "The answer is that he has 12 apples." -> first number of that line.
+            value = _first_number(tail.split("\n", 1)[0])
+        if value is not None:
+            return value
+    last = None
+    for last in _NUMBER_RE.finditer(text):
+        pass
+    return _canonical(last.group("sign"), last.group("num")) if last else None
+
+
+def correctness_reward(response: str, reference: str) -> float:
+    """1.0 if the response's final number equals the (normalised) reference, else 0.0."""
+    ref = normalize_number(reference)
+    if ref is None:
+        return 0.0
+    return 1.0 if extract_answer(response) == ref else 0.0
+
+
+def trim_at_stop(text: str, stop: str = "Question:") -> str:
+    """Cut ``text`` where a new ``stop`` starts a line (the one-shot format invites the model to
+    write the next "Question:"), and strip the trailing whitespace of what is kept. Unchanged
+    when no line starts with ``stop``; a ``stop`` inside a line is kept."""
+    if not stop:
+        return text
+    m = re.search(r"(?:^|\n)[ \t]*" + re.escape(stop), text)
+    if m is None:
+        return text
+    return text[: m.start()].rstrip()
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"GSM8K split must be one of {SPLITS}, got {split!r}")
+
+
+def _load_local(split: str, dataset_path: str | Path) -> list[dict]:
+    path = Path(dataset_path) / f"{split}.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"GSM8K {split} file not found: {path} (expected the original release's "
+            f"{split}.jsonl with 'question'/'answer' per line)"
+        )
+    rows = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+                rows.append({"question": obj["question"], "answer": obj["answer"]})
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise ValueError(
+                    f"{path}:{lineno}: not a GSM8K record with 'question' and 'answer' ({exc})"
+                ) from None
+    if not rows:
+        raise ValueError(f"GSM8K {split} file is empty: {path}")
+    return rows
+
+
+def _load_hub(split: str) -> list[dict]:
+    from cory.assets import check_hub_asset
+
+    check_hub_asset(HUB_REPO_ID, repo_type="dataset")
+    import datasets
+
+    ds = datasets.load_dataset(HUB_REPO_ID, HUB_CONFIG, split=split)
+    return [{"question": r["question"], "answer": r["answer"]} for r in ds]
+
+
+# reasoning-gym's gsm_symbolic item ``idx`` of dataset seed ``s`` is drawn with
+# ``random.Random(s + idx)``: nearby seeds share streams (seed 1's item i reuses seed 0's item
+# i+1 RNG state). Split streams therefore sit far apart.
+_GEN_STREAM_STRIDE = 10**9
+_GEN_SUFFIX = " Give the result as your final answer. Do not include units."
+_GEN_TEST_PER_MILLE = 150  # share of the question space reserved for the test split
+
+
+def _question_bucket(question: str) -> str:
+    """Which split a generated question may belong to (a hash of its text): exact duplicates
+    can never land in both splits, whatever the seeds and sizes."""
+    key = " ".join(question.split()).encode("utf-8")
+    h = int.from_bytes(hashlib.sha256(key).digest()[:8], "big") % 1000
+    return "test" if h < _GEN_TEST_PER_MILLE else "train"
+
+
+def _generated_record(item: dict) -> dict:
+    question = item["question"]
+    if question.endswith(_GEN_SUFFIX):
+        question = question[: -len(_GEN_SUFFIX)]
+    answer = normalize_number(str(item["answer"]))
+    if answer is None:  # pragma: no cover - reasoning-gym answers are numbers
+        raise ValueError(f"reasoning-gym answer is not a number: {item['answer']!r}")
+    cot = str(item.get("metadata", {}).get("answer_cot") or "").rstrip()
+    body = cot.rpartition("####")[0].rstrip() if "####" in cot else cot
+    solution = f"{body}\n#### {answer}" if body else f"#### {answer}"
+    return {"question": question.strip(), "answer": solution}
+
+
+@lru_cache(maxsize=16)
+def _generate(split: str, seed: int, size: int) -> tuple[tuple[str, str], ...]:
+    import reasoning_gym
+
+    stream_seed = (2 * seed + (0 if split == "train" else 1)) * _GEN_STREAM_STRIDE
+    # Expected draws per kept item: 1/0.85 (train) or 1/0.15 (test), plus duplicates.
+    per_item = 1.3 if split == "train" else 7.5
+    capacity = max(64, int(size * per_item) + 64)
+    seen: set[str] = set()
+    out: list[tuple[str, str]] = []
+    idx = 0
+    while len(out) < size:
+        if idx >= capacity:
+            capacity *= 2
+        if capacity > 200 * size + 10_000:
+            raise RuntimeError(
+                f"reasoning-gym gsm_symbolic yielded only {len(out)} distinct {split} problems"
+            )
+        # Item i of a ProceduralDataset does not depend on its size (task_indices are drawn with
+        # Random(seed).choices, prefix-stable), so a bigger dataset extends the same stream.
+        ds = reasoning_gym.create_dataset("gsm_symbolic", size=capacity, seed=stream_seed)
+        while idx < capacity and len(out) < size:
+            rec = _generated_record(ds[idx])
+            idx += 1
+            key = " ".join(rec["question"].split())
+            if key in seen or _question_bucket(rec["question"]) != split:
+                continue
+            seen.add(key)
+            out.append((rec["question"], rec["answer"]))
+    return tuple(out)
+
+
+def _load_generated(split: str, seed: int, size: int | None) -> list[dict]:
+    n = GSM8K_SIZES[split] if size is None else int(size)
+    if n <= 0:
+        raise ValueError(f"generated_size must be positive, got {size}")
+    return [{"question": q, "answer": a} for q, a in _generate(split, int(seed), n)]
+
+
+def _warn_generated(what: str, exc: BaseException) -> None:
+    text = str(exc).strip()
+    reason = text.splitlines()[0] if text else type(exc).__name__
+    logger.warning(
+        "GSM8K data: %s (%s); using reasoning-gym gsm_symbolic generated problems, "
+        "a GSM8K-style stand-in, NOT GSM8K", what, reason,
+    )
+
+
+def resolve_source(source: str = "auto", dataset_path: str | Path | None = None) -> str:
+    """The concrete source ("local", "hub" or "generated") that ``source`` stands for.
+
+    ``auto`` probes the hub in seconds (``cory.assets.check_hub_asset``); it logs one line
+    naming the choice.
+    """
+    if source not in SOURCES:
+        raise ValueError(f"GSM8K source must be one of {SOURCES}, got {source!r}")
+    if source == "local" and dataset_path is None:
+        raise ValueError("GSM8K source 'local' needs dataset_path (folder with train/test.jsonl)")
+    if source != "auto":
+        return source
+    if dataset_path is not None:
+        logger.info("GSM8K data: local files in %s", dataset_path)
+        return "local"
+    try:
+        from cory.assets import check_hub_asset
+
+        check_hub_asset(HUB_REPO_ID, repo_type="dataset")
+    except Exception as exc:  # AssetError, or anything else that makes the hub unusable
+        _warn_generated(f"{HUB_REPO_ID} unavailable", exc)
+        return "generated"
+    logger.info("GSM8K data: hub dataset %s (%s)", HUB_REPO_ID, HUB_CONFIG)
+    return "hub"
+
+
+def load_gsm8k(
+    split: str,
+    *,
+    source: str = "auto",
+    dataset_path: str | Path | None = None,
+    seed: int = 0,
+    generated_size: int | None = None,
+) -> list[dict]:
+    """GSM8K problems of ``split`` ("train"/"test") as ``[{"question", "answer"}]``.
+
+    ``seed`` and ``generated_size`` (default: GSM8K's 7,473 / 1,319) only matter for
+    ``generated``: train and test come from far-apart reasoning-gym seeds and from disjoint
+    parts of the question space (a hash of the text: ~85% train, ~15% test), de-duplicated,
+    so no question is in both.
+    """
+    _check_split(split)
+    concrete = resolve_source(source, dataset_path)
+    if concrete == "local":
+        return _load_local(split, dataset_path)
+    if concrete == "hub":
+        if source == "auto":
+            try:
+                return _load_hub(split)
+            except Exception as exc:
+                _warn_generated(f"loading {HUB_REPO_ID} failed", exc)
+                return _load_generated(split, seed, generated_size)
+        return _load_hub(split)
+    return _load_generated(split, seed, generated_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# Task
+# ---------------------------------------------------------------------------------------------
+
+
+class Gsm8kTask:
+    """GSM8K as a ``cory.tasks.base.Task``.
+
+    ``seed`` orders the training stream (a fresh seeded permutation of train per epoch);
+    ``data_seed`` only picks the generated stand-in problems, so runs with different seeds
+    share the same data, as with the real dataset. Data are loaded at construction.
+    """
+
+    name = "gsm8k"
+
+    def __init__(
+        self,
+        *,
+        source: str = "auto",
+        dataset_path: str | Path | None = None,
+        seed: int = 0,
+        stop: str = "Question:",
+        data_seed: int = 0,
+        generated_size: int | None = None,
+    ) -> None:
+        self.seed = int(seed)
+        self.stop = stop
+        self.source = resolve_source(source, dataset_path)
+        kw = dict(dataset_path=dataset_path, seed=data_seed, generated_size=generated_size)
+        train = test = None
+        if self.source == "hub":
+            try:
+                train, test = _load_hub("train"), _load_hub("test")
+            except Exception as exc:
+                if source != "auto":
+                    raise
+                _warn_generated(f"loading {HUB_REPO_ID} failed", exc)
+                self.source = "generated"
+        if train is None:
+            train = load_gsm8k("train", source=self.source, **kw)
+            test = load_gsm8k("test", source=self.source, **kw)
+        self._train = [self._example(r, "train", i) for i, r in enumerate(train)]
+        self._test = [self._example(r, "test", i) for i, r in enumerate(test)]
+        self._epoch = 0
+        self._pos = 0
+        self._perm = self._permutation(0)
+
+    @staticmethod
+    def _example(record: dict, split: str, index: int) -> Example:
+        question = record["question"].strip()
+        return Example(
+            query=question,
+            prompt=build_prompt(question),
+            reference=reference_answer(record["answer"]),
+            meta={"split": split, "index": index, "solution": record["answer"]},
+        )
+
+    def _permutation(self, epoch: int) -> list[int]:
+        perm = list(range(len(self._train)))
+        random.Random(f"gsm8k:{self.seed}:{epoch}").shuffle(perm)
+        return perm
+
+    @property
+    def train_examples(self) -> list[Example]:
+        return list(self._train)
+
+    def __len__(self) -> int:
+        return len(self._train)
+
+    def sample(self, batch_size: int) -> list[Example]:
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        batch = []
+        while len(batch) < batch_size:
+            if self._pos >= len(self._perm):
+                self._epoch += 1
+                self._pos = 0
+                self._perm = self._permutation(self._epoch)
+            batch.append(self._train[self._perm[self._pos]])
+            self._pos += 1
+        return batch
+
+    def eval_examples(self, limit: int | None = None) -> list[Example]:
+        return list(self._test if limit is None else self._test[: max(0, int(limit))])
+
+    def observer_prompt(self, example: Example, pioneer_response: str) -> str:
+        return build_observer_prompt(example.query, pioneer_response)
+
+    def clean_response(self, text: str) -> str:
+        return trim_at_stop(text, self.stop)
+
+    def score(self, examples: Sequence[Example], responses: Sequence[str]) -> list[float]:
+        if len(examples) != len(responses):
+            raise ValueError(f"{len(examples)} examples but {len(responses)} responses")
+        return [correctness_reward(r, ex.reference) for ex, r in zip(examples, responses)]
+
+    def state_dict(self) -> dict:
+        return {
+            "seed": self.seed,
+            "epoch": self._epoch,
+            "position": self._pos,
+            "n_train": len(self._train),
+            "source": self.source,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        n = state.get("n_train", len(self._train))
+        if n != len(self._train):
+            raise ValueError(
+                f"GSM8K task state is for {n} training problems, this task has "
+                f"{len(self._train)} (different data source?)"
+            )
+        self.seed = int(state.get("seed", self.seed))
+        self._epoch = int(state["epoch"])
+        self._pos = int(state["position"])
+        self._perm = self._permutation(self._epoch)
