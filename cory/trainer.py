@@ -129,6 +129,9 @@ class Agent:
 
     @torch.inference_mode()
     def generate(self, prompts: list[torch.Tensor], max_new_tokens: int, gen_kwargs: dict) -> list[torch.Tensor]:
+        # trl leaves the model in train mode after step(), so its next generation would sample with
+        # dropout on (GPT-2 has 0.1) while PPO scores those tokens with dropout off: sample in eval mode.
+        self.trainer.model.eval()
         # one batched call for the whole batch (trl's default of 4 per call is several times slower)
         return self.trainer.generate(prompts, batch_size=len(prompts), return_prompt=False,
                                      max_new_tokens=max_new_tokens, **gen_kwargs)

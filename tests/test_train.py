@@ -1,0 +1,142 @@
+"""End to end on the tiny preset: real trl PPO, real (tiny) models, real VADER reward."""
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from conftest import REPO, run_script
+from cory.config import CoryArgs, PPOArgs, build, load_yaml
+from cory.outputs import read_jsonl
+from cory.trainer import prepare_run
+
+TIME_KEYS = ("time/",)
+
+
+def tiny(cls, name, tmp_path, **over):
+    base = load_yaml(REPO / "configs" / "imdb" / f"{name}_tiny.yaml")
+    base.update(output_dir=str(tmp_path / "run"), **over)
+    return build(cls, base)
+
+
+def comparable(rows):
+    return [{k: v for k, v in r.items() if not k.startswith(TIME_KEYS)} for r in rows]
+
+
+def test_ppo_script_end_to_end(tmp_path):
+    out = tmp_path / "ppo"
+    p = run_script("imdb_train/ppo.py", "--config", "configs/imdb/ppo_tiny.yaml", "--steps", "3",
+                   "--output_dir", out)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for key in ("policy/task_reward", "policy/kl", "policy/kl_coef", "policy/combined_reward",
+                "policy/response_length", "time/iteration_s"):
+        assert all(isinstance(r[key], float) for r in rows), key
+    for r in rows:
+        assert r["policy/combined_reward"] == pytest.approx(
+            r["policy/task_reward"] - r["policy/kl_coef"] * r["policy/kl"])
+        assert 4 <= r["policy/response_length"] <= 8
+    assert load_yaml(out / "config.yaml")["steps"] == 3
+    samples = read_jsonl(out / "samples.jsonl")
+    assert len(samples) == 3 * 2 and {"query", "response", "reward"} <= set(samples[0])
+    model = AutoModelForCausalLM.from_pretrained(out / "final" / "policy")
+    tok = AutoTokenizer.from_pretrained(out / "final" / "policy")
+    ids = tok("This movie was", return_tensors="pt").input_ids
+    assert model.generate(ids, max_new_tokens=3, do_sample=False).shape[1] == ids.shape[1] + 3
+
+
+def test_cory_script_roles_and_outputs(tmp_path):
+    out = tmp_path / "cory"
+    p = run_script("imdb_train/cory.py", "--config", "configs/imdb/cory_tiny.yaml", "--steps", "6",
+                   "--swap_period", "2", "--output_dir", out)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["pioneer"] for r in rows] == ["llm1", "llm1", "llm2", "llm2", "llm1", "llm1"]
+    for r in rows:
+        for agent in ("llm1", "llm2"):
+            for key in ("task_reward", "collective_reward", "kl", "kl_coef", "combined_reward", "response_length"):
+                assert isinstance(r[f"{agent}/{key}"], float), (agent, key)
+            assert r[f"{agent}/combined_reward"] == pytest.approx(
+                r[f"{agent}/task_reward"] - r[f"{agent}/kl_coef"] * r[f"{agent}/kl"])
+        # coefficient 1: both agents train on r1 + r2
+        total = r["llm1/task_reward"] + r["llm2/task_reward"]
+        assert r["llm1/collective_reward"] == pytest.approx(total)
+        assert r["llm2/collective_reward"] == pytest.approx(total)
+    samples = read_jsonl(out / "samples.jsonl")
+    s = samples[0]
+    assert s["observer_prompt"] == f'I can make this sentence "{s["query"]}{s["pioneer_response"]}" more positive: {s["query"]}'
+    for agent in ("llm1", "llm2"):
+        model = AutoModelForCausalLM.from_pretrained(out / "final" / agent)
+        tok = AutoTokenizer.from_pretrained(out / "final" / agent)
+        ids = tok("The plot", return_tensors="pt").input_ids
+        assert model.generate(ids, max_new_tokens=2, do_sample=False).shape[1] == ids.shape[1] + 2
+    # a finished run is not overwritten by accident; nothing in it changes
+    before = (out / "metrics.jsonl").read_bytes()
+    p = run_script("imdb_train/cory.py", "--config", "configs/imdb/cory_tiny.yaml", "--output_dir", out)
+    assert p.returncode == 2 and "--resume" in p.stderr and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert (out / "metrics.jsonl").read_bytes() == before
+
+
+def test_bad_input_exits_2_before_loading(tmp_path):
+    out = tmp_path / "never"
+    p = run_script("imdb_train/ppo.py", "--config", "configs/imdb/ppo_tiny.yaml", "--batch_size", "3",
+                   "--output_dir", out, timeout=60)
+    assert p.returncode == 2
+    assert p.stderr.strip().startswith("error: batch_size") and "Traceback" not in p.stderr
+    assert not out.exists()
+
+
+def test_agents_keep_their_own_state_across_exchanges(tmp_path):
+    cfg = tiny(CoryArgs, "cory", tmp_path, steps=4, swap_period=1)
+    run = prepare_run(cfg, "cory")
+    ref_before = {n: p.clone() for n, p in run.reference.named_parameters()}
+    run.fit()
+    # every iteration each agent takes ppo_epochs * batch/mini_batch optimizer steps, whatever its role
+    per_iter = cfg.ppo_epochs * cfg.batch_size // cfg.mini_batch_size
+    for agent in run.agents.values():
+        steps = {int(s["step"]) for s in agent.trainer.optimizer.state_dict()["state"].values()}
+        assert steps == {4 * per_iter}
+    w1 = dict(run.agents["llm1"].policy.named_parameters())
+    w2 = dict(run.agents["llm2"].policy.named_parameters())
+    assert any(not torch.equal(w1[n], w2[n]) for n in w1)  # two models, not one
+    assert run.agents["llm1"].policy is not run.agents["llm2"].policy
+    for n, p in run.reference.named_parameters():  # the shared reference never moves
+        assert torch.equal(p, ref_before[n]) and not p.requires_grad
+    assert run.agents["llm1"].trainer.ref_model is run.agents["llm2"].trainer.ref_model
+
+
+def test_reset_on_swap_restarts_optimizer_state(tmp_path):
+    cfg = tiny(CoryArgs, "cory", tmp_path, steps=3, swap_period=2, reset_on_swap=True)
+    run = prepare_run(cfg, "cory")
+    run.fit()
+    per_iter = cfg.ppo_epochs * cfg.batch_size // cfg.mini_batch_size
+    for agent in run.agents.values():
+        steps = {int(s["step"]) for s in agent.trainer.optimizer.state_dict()["state"].values()}
+        assert steps == {1 * per_iter}  # Adam restarted at the exchange before iteration 2
+        assert agent.normalizer.count == pytest.approx(cfg.batch_size)
+
+
+@pytest.mark.parametrize("method,cls", [("cory", CoryArgs), ("ppo", PPOArgs)])
+def test_resume_equals_uninterrupted(tmp_path, method, cls):
+    straight = tiny(cls, method, tmp_path / "a", steps=4, save_every=2)
+    prepare_run(straight, method).fit()
+    first = tiny(cls, method, tmp_path / "b", steps=2)
+    prepare_run(first, method).fit()
+    out = tmp_path / "b" / "run"
+    # the resumed process starts from the saved config with a longer horizon
+    p = run_script(f"imdb_train/{method}.py", "--resume", out, "--steps", "4")
+    assert p.returncode == 0, p.stderr[-2000:]
+    a = comparable(read_jsonl(tmp_path / "a" / "run" / "metrics.jsonl"))
+    b = comparable(read_jsonl(out / "metrics.jsonl"))
+    assert [r["step"] for r in b] == [0, 1, 2, 3]
+    assert len(a) == len(b)
+    for ra, rb in zip(a, b):
+        assert ra.keys() == rb.keys()
+        for k in ra:
+            if isinstance(ra[k], float):
+                assert ra[k] == pytest.approx(rb[k], rel=1e-4, abs=1e-6), (ra["step"], k)
+            else:
+                assert ra[k] == rb[k], (ra["step"], k)
+    assert read_jsonl(tmp_path / "a" / "run" / "samples.jsonl") == read_jsonl(out / "samples.jsonl")
