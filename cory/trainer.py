@@ -7,9 +7,15 @@ pioneer and observer every ``swap_period`` iterations.
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import math
 import os
 import random
+import signal
+import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -113,7 +119,7 @@ class Agent:
         self.name = name
         self.cfg = cfg
         self.tokenizer = tokenizer
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _frozen_models_not_wrapped():
             warnings.simplefilter("ignore")  # deprecation and "no dataset" notices of the classic API
             self.trainer = PPOTrainer(config=ppo_config(cfg), model=policy, ref_model=ref_model, tokenizer=tokenizer)
         self.normalizer = ScoreNormalizer()
@@ -138,7 +144,11 @@ class Agent:
 
     def step(self, queries, responses, scores: list[float]) -> dict:
         if self.cfg.score_norm:
-            scores = self.normalizer(scores)
+            # statistics over the whole data-parallel batch (as trl's own score scaling), so every
+            # process holds the same normaliser and the checkpoint's copy is right for all of them
+            everyone = _all_gather_floats(scores)
+            rank = torch.distributed.get_rank() if _distributed() else 0
+            scores = self.normalizer(everyone)[rank * len(scores): (rank + 1) * len(scores)]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             return self.trainer.step(queries, responses, [torch.tensor(s, dtype=torch.float32) for s in scores])
@@ -152,9 +162,6 @@ class Agent:
         self.trainer.kl_ctl = (AdaptiveKLController(cfg.init_kl_coef, cfg.target, cfg.horizon)
                                if cfg.adap_kl_ctrl else FixedKLController(cfg.init_kl_coef))
         self.normalizer = ScoreNormalizer()
-
-    def trainable_state(self) -> dict:
-        return {n: p.detach().clone() for n, p in self.policy.named_parameters() if p.requires_grad}
 
     def state_dict(self) -> dict:
         return {
@@ -220,14 +227,28 @@ def tokenize_prompts(tokenizer, examples, texts: list[str] | None = None) -> lis
     return out
 
 
-def score_batch(task, examples, responses: list[str]) -> list[float]:
+def score_batch(task, examples, responses: list[str], reward_name: str | None = None) -> list[float]:
     try:
         scores = task.score(examples, responses)
     except Exception as e:  # a reward model's failure must say what it was scoring
         index = getattr(e, "index", None)
-        where = f" on text {index}" if index is not None else ""
-        raise RunError(f"reward {getattr(task, 'reward_name', task.name)} failed{where}: {e}") from e
+        if index is None:
+            index = _first_failing_text(task, examples, responses)
+        where = f" on text {index} ({responses[index][:60]!r})" if index is not None else ""
+        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        name = reward_name or getattr(task, "reward_name", task.name)
+        raise RunError(f"reward {name} failed{where}: {type(e).__name__}: {first_line}") from e
     return [float(s) for s in scores]
+
+
+def _first_failing_text(task, examples, responses) -> int | None:
+    """The index of the first text the reward fails on alone: the batch failed, so find which text did."""
+    for i, (example, response) in enumerate(zip(examples, responses)):
+        try:
+            task.score([example], [response])
+        except Exception:
+            return i
+    return None
 
 
 def rng_state(length_rng: np.random.Generator) -> dict:
@@ -273,6 +294,7 @@ class Run:
     start_step: int = 0
     world_size: int = 1
     gen_kwargs: dict = field(default_factory=dict)
+    iteration_start: dict | None = None  # sampler_state() before the current iteration drew its batch
 
     # -- the loop --------------------------------------------------------------------------------
     def fit(self) -> Path:
@@ -289,34 +311,42 @@ class Run:
         iteration = self.cory_iteration if self.method == "cory" else self.ppo_iteration
         bar = tqdm(range(self.start_step, cfg.steps), initial=self.start_step, total=cfg.steps,
                    desc=f"{self.method} {cfg.task}", disable=not run_dir.enabled, dynamic_ncols=True)
-        step = self.start_step
         try:
-            for step in bar:
-                t0 = time.perf_counter()
-                batch = self.task.sample(cfg.batch_size)
-                row, samples = iteration(step, batch)
-                if row is None:
-                    continue
-                row = {"step": step, **row, "time/iteration_s": time.perf_counter() - t0,
-                       "world_size": self.world_size}
-                row = _mean_over_processes(row)
-                run_dir.log_metrics(row)
-                run_dir.log_samples(samples)
-                if wandb_run is not None:
-                    wandb_run.log({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
-                bar.set_postfix(_postfix(row))
-                if (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
-                    self.save(step + 1)
+            with _StopOnInterrupt(verbose=run_dir.enabled) as interrupt:
+                for step in bar:
+                    t0 = time.perf_counter()
+                    self.iteration_start = self.sampler_state()
+                    batch = self.task.sample(cfg.batch_size)
+                    row, samples = iteration(step, batch)
+                    if row is not None:  # None: a batch skipped for non-finite rewards
+                        row = {"step": step, **row, "time/iteration_s": time.perf_counter() - t0,
+                               "world_size": self.world_size}
+                        row = _mean_over_processes(row)
+                        run_dir.log_metrics(row)
+                        run_dir.log_samples(samples)
+                        if wandb_run is not None:
+                            wandb_run.log({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
+                        bar.set_postfix(_postfix(row))
+                    done = step + 1
+                    if done < cfg.steps and _any_over_processes(interrupt.requested):
+                        self.save(done)
+                        bar.close()
+                        if run_dir.enabled:
+                            print(f"interrupted: checkpoint of {done} iterations saved in {cfg.output_dir}; "
+                                  f"continue with --resume {cfg.output_dir}", file=sys.stderr)
+                        raise SystemExit(130)
+                    if done % cfg.save_every == 0 and done < cfg.steps:
+                        self.save(done)
+                bar.close()
+                self.save(cfg.steps)
+                self.save_final()
         except KeyboardInterrupt:
-            # Ctrl-C: keep what was done; the interrupted iteration is redone on --resume
-            self.save(step)
+            # a second Ctrl-C: the current iteration is half done, so nothing new is saved
             bar.close()
-            print(f"interrupted: checkpoint of {step} iterations saved in {cfg.output_dir}; "
-                  f"continue with --resume {cfg.output_dir}")
+            if run_dir.enabled:
+                print(f"interrupted: nothing saved; the last checkpoint is {latest_checkpoint(run_dir.path)}",
+                      file=sys.stderr)
             raise SystemExit(130)
-        bar.close()
-        self.save(cfg.steps)
-        self.save_final()
         if wandb_run is not None:
             wandb_run.finish()
         return Path(cfg.output_dir)
@@ -334,7 +364,7 @@ class Run:
         texts, responses = decode_and_clean(self.task, self.tokenizer, raw)
         t["time/generate_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        rewards = score_batch(self.task, batch, texts)
+        rewards = score_batch(self.task, batch, texts, self.cfg.reward_model)
         t["time/reward_s"] = time.perf_counter() - t0
         if not self.check_finite(step, "policy", rewards):
             return None, []
@@ -379,7 +409,7 @@ class Run:
 
         t0 = time.perf_counter()
         # one reward call for both agents: each answer is scored with the query alone (not the observer prompt)
-        both = score_batch(self.task, list(batch) + list(batch), p_texts + o_texts)
+        both = score_batch(self.task, list(batch) + list(batch), p_texts + o_texts, cfg.reward_model)
         r_p, r_o = both[: len(batch)], both[len(batch):]
         s_p = collective_rewards(r_p, r_o, cfg.other_reward_coef)
         s_o = collective_rewards(r_o, r_p, cfg.other_reward_coef)
@@ -413,15 +443,18 @@ class Run:
 
     # -- safety ----------------------------------------------------------------------------------
     def check_finite(self, step: int, agent: str, rewards: list[float]) -> bool:
+        """False (skip the batch) or RunError on a non-finite reward in any process; every process decides alike."""
         bad = [i for i, r in enumerate(rewards) if not math.isfinite(r)]
-        if not bad:
+        if not _any_over_processes(bool(bad)):
             return True
+        where = f"text {bad[0]}" if bad else "in another process"
         if self.cfg.on_nonfinite == "skip":
-            warnings.warn(f"step {step}: non-finite reward for {agent} (text {bad[0]}); batch skipped")
+            warnings.warn(f"step {step}: non-finite reward for {agent} ({where}); batch skipped")
             return False
-        self.save(step)
-        raise RunError(f"step {step}: non-finite reward for {agent} (text {bad[0]}); "
-                       f"the last good state is saved in {latest_checkpoint(self.run_dir.path)}")
+        # no agent has taken this iteration's PPO step yet: save the state the iteration started from
+        self.save(step, self.iteration_start)
+        raise RunError(f"step {step}: non-finite reward for {agent} ({where}); the last good state is saved "
+                       f"in {latest_checkpoint(self.run_dir.path)}; use --on_nonfinite skip to skip such batches")
 
     def check_loss(self, step: int, agent: str, stats: dict) -> None:
         loss = float(stats["ppo/loss/total"])
@@ -430,35 +463,75 @@ class Run:
             raise RunError(f"step {step}: non-finite PPO loss for {agent}; the last good checkpoint is {last}")
 
     # -- checkpoints -----------------------------------------------------------------------------
-    def save(self, step: int) -> None:
-        """Checkpoint after ``step`` completed iterations (everything a resumed run needs)."""
+    def sampler_state(self) -> dict:
+        """Where this process's data and random streams stand."""
+        import copy
+
+        return {"task": copy.deepcopy(self.task.state_dict()), "rng": rng_state(self.length_rng)}
+
+    def save(self, step: int, sampler: dict | None = None) -> None:
+        """Checkpoint after ``step`` completed iterations (everything a resumed run needs).
+
+        The agents are the same in every process; the data and random streams are not, so the main
+        process saves every process's ``sampler`` (default: where they stand now).
+        """
+        samplers = _all_gather_objects(sampler or self.sampler_state())
+
         def write(folder: Path):
             for name, agent in self.agents.items():
                 torch.save(agent.state_dict(), folder / f"{name}.pt")
-            torch.save({"step": step, "task": self.task.state_dict(), "rng": rng_state(self.length_rng)},
-                       folder / "state.pt")
+            torch.save({"step": step, **samplers[0], "other_ranks": samplers[1:]}, folder / "state.pt")
         self.run_dir.save_checkpoint(step, write, keep=self.cfg.keep_checkpoints)
+        _barrier()  # no process runs ahead of, or later resumes from, a checkpoint still being written
 
     def restore(self, folder: Path) -> None:
         for name, agent in self.agents.items():
             agent.load_state_dict(torch.load(folder / f"{name}.pt", weights_only=False))
         state = torch.load(folder / "state.pt", weights_only=False)
-        self.task.load_state_dict(state["task"])
-        set_rng_state(state["rng"], self.length_rng)
+        others = state.get("other_ranks", [])
+        rank = torch.distributed.get_rank() if _distributed() else 0
+        if 1 + len(others) != self.world_size:
+            warnings.warn(f"resume: {folder} was written by {1 + len(others)} processes and this run has "
+                          f"{self.world_size}; processes without a saved data stream start a fresh one")
+        mine = state if rank == 0 else (others[rank - 1] if rank <= len(others) else None)
+        if mine is not None:
+            self.task.load_state_dict(mine["task"])
+            set_rng_state(mine["rng"], self.length_rng)
+        else:  # response lengths stay common to all processes
+            self.length_rng.bit_generator.state = state["rng"]["length"]
         self.start_step = state["step"]
 
     def save_final(self) -> None:
-        if not self.run_dir.enabled:
-            return
-        for name, agent in self.agents.items():
-            out = self.run_dir.path / "final" / name
-            model = agent.policy.pretrained_model
-            if getattr(agent.policy, "is_peft_model", False):
-                # a plain model that loads from the query alone, without peft or the base
-                import copy
-                model = copy.deepcopy(model).merge_and_unload()
-            model.save_pretrained(out)
-            self.tokenizer.save_pretrained(out)
+        """The plain final models, from the main process, once every process holds the same weights."""
+        digests = {name: weights_digest(agent.policy.named_parameters()) for name, agent in self.agents.items()}
+        everyone = _all_gather_objects(digests)
+        if self.run_dir.enabled:
+            for name, agent in self.agents.items():
+                out = self.run_dir.path / "final" / name
+                model = agent.policy.pretrained_model
+                if getattr(agent.policy, "is_peft_model", False):
+                    # a plain model that loads from the query alone, without peft or the base
+                    import copy
+                    model = copy.deepcopy(model).merge_and_unload()
+                model.save_pretrained(out)
+                self.tokenizer.save_pretrained(out)
+            if self.world_size > 1:
+                record = {name: [d[name] for d in everyone] for name in digests}
+                (self.run_dir.path / "final" / "weight_digests.json").write_text(json.dumps(record, indent=1))
+        _barrier()
+        for name in digests:
+            if len({d[name] for d in everyone}) > 1:
+                raise RunError(f"{name}: the {len(everyone)} processes ended with different weights (sha256 per "
+                               f"process in {self.run_dir.path / 'final' / 'weight_digests.json'})")
+
+
+def weights_digest(named_parameters) -> str:
+    """sha256 of the trainable parameters (name and bytes, in name order): equal digests, equal weights."""
+    h = hashlib.sha256()
+    for name, p in sorted(((n, p) for n, p in named_parameters if p.requires_grad), key=lambda np_: np_[0]):
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def _distributed_setup() -> tuple[int, int]:
@@ -514,15 +587,110 @@ def train(cfg: PPOArgs, method: str) -> Path:
     return prepare_run(cfg, method).fit()
 
 
+# ----------------------------------------------------------------------------- data-parallel helpers
+# Every process calls these at the same points; with one process they do nothing.
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _device() -> torch.device:
+    """Where collectives take their tensors (NCCL wants the process's GPU, gloo the CPU)."""
+    from accelerate import PartialState
+
+    return PartialState().device
+
+
+def _barrier() -> None:
+    if _distributed():
+        torch.distributed.barrier()
+
+
+def _any_over_processes(flag: bool) -> bool:
+    if not _distributed():
+        return bool(flag)
+    t = torch.tensor([int(bool(flag))], device=_device())
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def _all_gather_objects(obj) -> list:
+    """``obj`` of every process, in rank order."""
+    if not _distributed():
+        return [obj]
+    out = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+def _all_gather_floats(values: list[float]) -> list[float]:
+    """The same-length ``values`` of every process, concatenated in rank order."""
+    if not _distributed():
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=_device())
+    parts = [torch.empty_like(t) for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather(parts, t)
+    return torch.cat(parts).tolist()
+
+
 def _mean_over_processes(row: dict) -> dict:
     """Average the numeric metrics over data-parallel processes (trl already averages its own stats)."""
-    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
+    if not _distributed():
         return row
     keys = [k for k, v in row.items() if isinstance(v, float)]
-    values = torch.tensor([row[k] for k in keys], dtype=torch.float64)
+    values = torch.tensor([row[k] for k in keys], dtype=torch.float64, device=_device())
     torch.distributed.all_reduce(values)
     values /= torch.distributed.get_world_size()
     return {**row, **dict(zip(keys, values.tolist()))}
+
+
+@contextlib.contextmanager
+def _frozen_models_not_wrapped():
+    """trl passes the frozen reference through ``accelerator.prepare``. With several CPU processes
+    accelerate wraps it in DDP, which refuses a module with nothing to train (on GPUs accelerate already
+    leaves such models unwrapped): prepare models without trainable parameters as for evaluation."""
+    from accelerate import Accelerator
+
+    original = Accelerator.prepare_model
+
+    def prepare_model(self, model, device_placement=None, evaluation_mode=False):
+        frozen = not any(p.requires_grad for p in model.parameters())
+        return original(self, model, device_placement=device_placement, evaluation_mode=evaluation_mode or frozen)
+
+    Accelerator.prepare_model = prepare_model
+    try:
+        yield
+    finally:
+        Accelerator.prepare_model = original
+
+
+class _StopOnInterrupt:
+    """Ctrl-C (SIGINT) asks the loop to stop at the end of the current iteration, so the checkpoint it
+    then saves is a state the run really passed through; a second Ctrl-C stops at once, saving nothing.
+    torchrun forwards one SIGINT to each process, and the processes agree on the iteration to stop after."""
+
+    def __init__(self, verbose: bool):
+        self.verbose = verbose
+        self.requested = False
+        self._previous = None
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        if self.verbose:
+            print("\nstopping after this iteration and saving a checkpoint (Ctrl-C again: stop now, save nothing)",
+                  file=sys.stderr, flush=True)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+        return False
 
 
 def _postfix(row: dict) -> dict:
