@@ -370,7 +370,12 @@ def embedded_smollm2_dir() -> Path:
 # --------------------------------------------------------------------------- loaders
 
 def load_tokenizer(spec: str):
-    """The tokenizer of ``spec``, left-padded for batched generation, with a pad token."""
+    """The tokenizer of ``spec`` with a pad token, padding on the right.
+
+    trl's PPO forward passes pad with the tokenizer's side and pass no position ids, so a
+    left-padded sequence would be scored at shifted positions (its KL and log-probs drift from
+    what was sampled); trl's batched generate switches to left padding on its own.
+    """
     from transformers import AutoTokenizer
 
     path = resolve_model_path(spec)
@@ -378,7 +383,7 @@ def load_tokenizer(spec: str):
         tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
+    tokenizer.padding_side = "right"
     return tokenizer
 
 

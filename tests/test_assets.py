@@ -76,7 +76,7 @@ def test_tiny_tokenizer_is_real_gpt2(tmp_cache):
     assert len(tok) == 50257
     assert tok.eos_token == "<|endoftext|>" and tok.eos_token_id == 50256
     assert tok.pad_token_id == tok.eos_token_id
-    assert tok.padding_side == "left"
+    assert tok.padding_side == "right"
 
 
 def test_tiny_policy_generates(tmp_cache):
@@ -178,7 +178,7 @@ def test_embedded_smollm2(smollm2_dir):
 
     tok = assets.load_tokenizer("embedded:smollm2-135m")
     assert tok.eos_token == "<|im_end|>" and tok.eos_token_id == 2
-    assert tok.pad_token_id is not None and tok.padding_side == "left"
+    assert tok.pad_token_id is not None and tok.padding_side == "right"
 
     model = assets.load_policy("embedded:smollm2-135m")
     assert round(n_params(model.pretrained_model) / 1e6, 1) == 134.5
