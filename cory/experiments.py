@@ -1,0 +1,520 @@
+"""Run the paper's comparisons: every (method, seed[, KL coefficient]) as a training run, then the report.
+
+    python -m cory.experiments --task imdb --preset cpu --methods ppo,cory,cory_no_kt,cory_no_swap \\
+        --seeds 0,1,2 --steps 60 --out results/imdb_cpu [--kl_coefs 0.01,0.1,0.3] [--set field=value ...]
+
+Each run is a fresh process of the real training script (``<task>_train/{ppo,cory}.py``) with the preset
+``configs/<task>/<ppo|cory>_<preset>.yaml`` and writes ``OUT/runs/<method>[_kl<eta>]/seed_<s>/``. Running
+the same command again skips finished runs and resumes cut-off ones, so a long experiment can be stopped
+(Ctrl-C lets the current run save a checkpoint) and continued. Each run's command, wall time and exit
+status go to ``OUT/runs.json``, its output to ``OUT/logs/``; at the end ``cory.report`` writes the figures
+and ``OUT/REPORT.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+from cory.config import ConfigError, CoryArgs, PPOArgs, build, load_yaml
+from cory.outputs import latest_checkpoint
+
+REPO = Path(__file__).resolve().parent.parent
+
+# method -> (script, flags that make the method); ppo_2x gets its --model_name at plan time
+METHODS: dict[str, tuple[str, list[str]]] = {
+    "ppo": ("ppo", []),
+    "cory": ("cory", []),
+    "cory_no_kt": ("cory", ["--knowledge_transfer", "false"]),
+    "cory_no_swap": ("cory", ["--swap_period", "0"]),
+    "ppo_2x": ("ppo", []),
+}
+# ppo_2x: a model of the same family with about twice the parameters (the paper: GPT2-Large -> GPT2-XL)
+LARGER_MODEL = {
+    "gpt2-large": "gpt2-xl",                                            # 774M -> 1.56B
+    "meta-llama/Llama-2-7b-chat-hf": "meta-llama/Llama-2-13b-chat-hf",  # 6.7B -> 13B
+    "embedded:smollm2-135m": "HuggingFaceTB/SmolLM2-360M-Instruct",     # 135M -> 362M, the next size up
+}
+# run-control fields the runner sets itself; --set may not touch them
+RUNNER_FIELDS = ("task", "seed", "steps", "output_dir", "resume", "overwrite")
+# fields that do not change what a run learns: a finished run made with other values still counts
+BOOKKEEPING_FIELDS = ("output_dir", "steps", "resume", "overwrite", "save_every", "keep_checkpoints",
+                      "report_to", "samples_per_step")
+
+
+class ExperimentError(Exception):
+    """A user mistake in the runner's arguments; the message is one line."""
+
+
+@dataclass
+class Pair:
+    method: str
+    seed: int
+    kl_coef: float | None
+    script: str         # repo-relative
+    preset: str         # repo-relative
+    flags: list[str]    # --set overrides, eta, then the method's own flags (later flags win)
+    run_dir: Path       # absolute
+    steps: int
+    intended: dict      # field -> value this command asks for (to compare with a run already there)
+
+    @property
+    def label(self) -> str:
+        return self.method if self.kl_coef is None else f"{self.method}_kl{self.kl_coef:g}"
+
+    @property
+    def key(self) -> str:
+        return f"{self.label}/seed_{self.seed}"
+
+
+# ----------------------------------------------------------------------------- arguments
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not argparse's usage block
+        raise ExperimentError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m cory.experiments",
+                description="Run every (method, seed[, KL coefficient]) training run, skip finished ones, "
+                            "resume cut-off ones, then write the report.")
+    p.add_argument("--task", default="imdb", help="imdb or gsm8k (default imdb)")
+    p.add_argument("--preset", default="cpu", help="configs/<task>/<ppo|cory>_<preset>.yaml: paper, cpu or tiny")
+    p.add_argument("--methods", default="ppo,cory",
+                   help=f"comma-separated, from {', '.join(METHODS)} (default ppo,cory)")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
+    p.add_argument("--steps", help="iterations per run (default: the preset's)")
+    p.add_argument("--out", required=True, help="experiment folder, e.g. results/imdb_cpu")
+    p.add_argument("--kl_coefs", help="comma-separated init KL coefficients: an eta sweep, one run folder "
+                                      "<method>_kl<eta> per value (the adaptive controller stays as in the preset)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="an override for every run whose script has FIELD (repeatable); the method's own "
+                        "flags win over it (cory_no_swap keeps swap_period 0)")
+    p.add_argument("--model_2x", help="the model for ppo_2x (default: the preset model's larger sibling: "
+                   + ", ".join(f"{k} -> {v}" for k, v in LARGER_MODEL.items()) + ")")
+    p.add_argument("--jobs", default="1", help="runs at a time (default 1; each run already uses every core)")
+    p.add_argument("--no_report", action="store_true", help="do not write the report at the end")
+    return p
+
+
+def _split(text: str, what: str) -> list[str]:
+    items = [t.strip() for t in text.split(",")]
+    if not text.strip() or any(not t for t in items):
+        raise ExperimentError(f"--{what}: expected a comma-separated list, got {text!r}")
+    return list(dict.fromkeys(items))
+
+
+def _int(text: str, what: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ExperimentError(f"--{what}: expected an integer, got {text!r}") from None
+    if value < minimum:
+        raise ExperimentError(f"--{what}: must be >= {minimum}, got {value}")
+    return value
+
+
+def _overrides(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        key = key.strip().lstrip("-").replace("-", "_")
+        if not eq or not key:
+            raise ExperimentError(f"--set: expected FIELD=VALUE, got {item!r}")
+        if key in RUNNER_FIELDS or key == "config":
+            raise ExperimentError(f"--set {key}: set by the runner itself; use its own flag "
+                                  "(--task, --seeds, --steps, --out) instead")
+        out[key] = value
+    return out
+
+
+def plan(args: argparse.Namespace) -> tuple[list[Pair], dict]:
+    """Every run this command asks for, each validated like the training script would; writes nothing."""
+    if args.task not in ("imdb", "gsm8k"):
+        raise ExperimentError(f"--task: {args.task!r} is not one of imdb, gsm8k")
+    if not (REPO / f"{args.task}_train").is_dir():
+        raise ExperimentError(f"the training scripts are not in {REPO}; run from a source checkout (pip install -e .)")
+    configs = REPO / "configs" / args.task
+    presets = sorted(p.stem.split("_", 1)[1] for p in configs.glob("ppo_*.yaml"))
+    if args.preset not in presets:
+        raise ExperimentError(f"--preset: {args.preset!r} is not one of {', '.join(presets)} "
+                              f"(configs/{args.task}/ppo_<preset>.yaml)")
+    methods = _split(args.methods, "methods")
+    for m in methods:
+        if m not in METHODS:
+            raise ExperimentError(f"--methods: {m!r} is not one of {', '.join(METHODS)}")
+    seeds = [_int(s, "seeds", 0) for s in _split(args.seeds, "seeds")]
+    steps = None if args.steps is None else _int(args.steps, "steps", 1)
+    jobs = _int(args.jobs, "jobs", 1)
+    kl_coefs: list[float | None] = [None]
+    if args.kl_coefs is not None:
+        kl_coefs = []
+        for t in _split(args.kl_coefs, "kl_coefs"):
+            try:
+                v = float(t)
+            except ValueError:
+                raise ExperimentError(f"--kl_coefs: expected numbers, got {t!r}") from None
+            if not math.isfinite(v) or v < 0:
+                raise ExperimentError(f"--kl_coefs: must be finite and >= 0, got {t}")
+            if v not in kl_coefs:
+                kl_coefs.append(v)
+    sets = _overrides(args.set)
+    if "init_kl_coef" in sets and args.kl_coefs is not None:
+        raise ExperimentError("--set init_kl_coef: conflicts with --kl_coefs, which sets it per run")
+    known = set(PPOArgs.__dataclass_fields__) | set(CoryArgs.__dataclass_fields__)
+    for key in sets:
+        if key not in known:
+            raise ExperimentError(f"--set {key}: unknown field; see `python {args.task}_train/cory.py --help`")
+    out = Path(args.out).expanduser().resolve()
+    if out.exists() and not out.is_dir():
+        raise ExperimentError(f"--out: {args.out} exists and is not a folder")
+
+    pairs = []
+    for method in methods:
+        script_name, method_flags = METHODS[method]
+        cls = CoryArgs if script_name == "cory" else PPOArgs
+        preset = configs / f"{script_name}_{args.preset}.yaml"
+        try:
+            base = load_yaml(preset)
+        except ConfigError as e:
+            raise ExperimentError(str(e)) from None
+        mine = {k: v for k, v in sets.items() if k in cls.__dataclass_fields__}
+        flags = [f for k, v in mine.items() for f in (f"--{k}", v)]
+        method_flags = list(method_flags)
+        if method == "ppo_2x":
+            method_flags += ["--model_name", _larger_model(args, mine.get("model_name") or base.get("model_name"))]
+        for eta in kl_coefs:
+            eta_flags = [] if eta is None else ["--init_kl_coef", repr(eta)]
+            all_flags = flags + eta_flags + method_flags
+            cli = dict(zip(all_flags[::2], all_flags[1::2]))
+            cli = {k[2:]: v for k, v in cli.items()}
+            try:
+                cfg = build(cls, {**base, "task": args.task},
+                            {**cli, **({"steps": str(steps)} if steps else {})})
+            except ConfigError as e:
+                raise ExperimentError(f"{method}: {e}") from None
+            asked = (set(base) | set(cli)) - set(BOOKKEEPING_FIELDS)
+            intended = {k: getattr(cfg, k) for k in sorted(asked) if k in cls.__dataclass_fields__}
+            for seed in seeds:
+                label = method if eta is None else f"{method}_kl{eta:g}"
+                pairs.append(Pair(method, seed, eta, f"{args.task}_train/{script_name}.py",
+                                  str(preset.relative_to(REPO)), all_flags, out / "runs" / label / f"seed_{seed}",
+                                  cfg.steps, {**intended, "seed": seed}))
+    for key in sets:
+        if not any(key in (CoryArgs if METHODS[m][0] == "cory" else PPOArgs).__dataclass_fields__ for m in methods):
+            raise ExperimentError(f"--set {key}: not a field of any of the methods {', '.join(methods)}")
+    spec = {"task": args.task, "preset": args.preset, "methods": methods, "seeds": seeds, "steps": steps,
+            "kl_coefs": None if args.kl_coefs is None else kl_coefs, "set": sets, "jobs": jobs, "out": out}
+    return pairs, spec
+
+
+def _larger_model(args, model: str) -> str:
+    if args.model_2x:
+        return args.model_2x
+    bigger = LARGER_MODEL.get(model)
+    if bigger is None:
+        raise ExperimentError(f"--methods ppo_2x: no model twice the size of {model!r} is known; "
+                              "pass --model_2x MODEL or drop ppo_2x")
+    from cory.assets import AssetError, check_hub_asset
+
+    try:
+        check_hub_asset(bigger, "model", timeout=5.0)
+    except AssetError:
+        raise ExperimentError(f"--methods ppo_2x: {bigger} (about twice {model}) is not available here "
+                              "(not in the Hugging Face cache and the hub is unreachable); "
+                              "drop ppo_2x or pass --model_2x with a local model folder") from None
+    return bigger
+
+
+# ----------------------------------------------------------------------------- what is already there
+
+def _logged_steps(run_dir: Path) -> set[int]:
+    path = run_dir / "metrics.jsonl"
+    steps = set()
+    if path.is_file():
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                step = json.loads(line).get("step")
+            except (json.JSONDecodeError, AttributeError):
+                continue  # a line cut by a kill
+            if isinstance(step, int):
+                steps.add(step)
+    return steps
+
+
+def _saved_config(run_dir: Path) -> dict | None:
+    try:
+        return load_yaml(run_dir / "config.yaml") if (run_dir / "config.yaml").is_file() else None
+    except ConfigError:
+        return None
+
+
+def pair_state(pair: Pair) -> tuple[str, str]:
+    """("new" | "finished" | "resume" | "overwrite", why) for a run folder, from what it holds."""
+    d = pair.run_dir
+    if not d.is_dir() or not any(d.iterdir()):
+        return "new", "not started"
+    saved = _saved_config(d)
+    logged = _logged_steps(d)
+    saved_steps = saved.get("steps") if saved else None
+    if saved and saved_steps == pair.steps and (d / "final").is_dir() and pair.steps - 1 in logged:
+        return "finished", f"finished ({pair.steps} iterations)"
+    ckpt = latest_checkpoint(d)
+    if saved is None or ckpt is None:
+        return "overwrite", "cut off before its first checkpoint"
+    done = int(ckpt.name.split("_")[-1])
+    if done > pair.steps:
+        return "overwrite", f"its checkpoint is past --steps {pair.steps}"
+    # a resumed run redoes the iterations after the checkpoint; rows missing before it would stay missing
+    if done > (max(logged) + 1 if logged else 0):
+        return "overwrite", f"metrics.jsonl lacks rows before its checkpoint at {done}"
+    return "resume", f"cut off after {len(logged)} logged iterations; resuming from checkpoint {done}"
+
+
+def _mismatch(pair: Pair) -> str | None:
+    """A field where the run already in the folder differs from what this command asks for."""
+    saved = _saved_config(pair.run_dir)
+    if saved is None:
+        return None
+    if isinstance(saved.get("steps"), int) and saved["steps"] > pair.steps:
+        return f"steps={saved['steps']} (more than --steps {pair.steps})"
+    for key, want in pair.intended.items():
+        have = saved.get(key)
+        same = (have == want or (isinstance(have, (int, float)) and isinstance(want, (int, float))
+                                 and not isinstance(have, bool) and math.isclose(have, want, rel_tol=1e-9)))
+        if not same:
+            return f"{key}={have!r} (this command asks for {want!r})"
+    return None
+
+
+# ----------------------------------------------------------------------------- running
+
+def _display(cmd: list[str]) -> str:
+    return shlex.join(["python", *cmd[1:]])
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
+def command(pair: Pair, mode: str) -> list[str]:
+    out = _rel(pair.run_dir)
+    cmd = [sys.executable, pair.script, "--config", pair.preset, *pair.flags,
+           "--seed", str(pair.seed), "--steps", str(pair.steps), "--output_dir", out]
+    if mode == "resume":
+        cmd += ["--resume", out]
+    elif mode == "overwrite":
+        cmd += ["--overwrite", "true"]
+    return cmd
+
+
+def _git() -> tuple[str | None, bool | None]:
+    try:
+        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None
+        status = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10)
+        return commit, (bool(status.stdout.strip()) if status.returncode == 0 else None)
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+
+
+def _now() -> str:
+    return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+class Record:
+    """runs.json, rewritten atomically after every change so a killed runner leaves it consistent."""
+
+    def __init__(self, out: Path, spec: dict):
+        self.path = out / "runs.json"
+        self.lock = threading.Lock()
+        self.data = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        self.data.update({k: v for k, v in spec.items() if k not in ("out", "jobs")})
+        self.data.setdefault("invocations", [])
+        self.data.setdefault("runs", {})
+
+    def save(self) -> None:
+        with self.lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(".runs.json.tmp")
+            tmp.write_text(json.dumps(self.data, indent=2) + "\n")
+            os.replace(tmp, self.path)
+
+    def run(self, pair: Pair) -> dict:
+        with self.lock:
+            rec = self.data["runs"].setdefault(pair.key, {"attempts": []})
+            rec.update(method=pair.method, seed=pair.seed, kl_coef=pair.kl_coef, script=pair.script,
+                       preset=pair.preset, run_dir=_rel(pair.run_dir))
+            return rec
+
+
+def execute(pair: Pair, mode: str, record: Record, out: Path, env: dict, why: str = "") -> dict:
+    """Run one training process to the end; its output goes to OUT/logs/."""
+    from tqdm.auto import tqdm
+
+    cmd = command(pair, mode)
+    tqdm.write(f"start  {pair.key} ({why}): {_display(cmd)}")
+    log = out / "logs" / pair.label / f"seed_{pair.seed}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    attempt = {"mode": mode, "command": _display(cmd), "started": _now(), "wall_time_s": None,
+               "exit_status": None, "log": _rel(log)}
+    rec = record.run(pair)
+    with record.lock:
+        rec["attempts"].append(attempt)
+        rec["status"] = "running"
+    record.save()
+    t0 = time.perf_counter()
+    with open(log, "a") as f:
+        f.write(f"\n==== {attempt['started']} {attempt['command']}\n")
+        f.flush()
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                stdin=subprocess.DEVNULL)
+        # a worker thread never sees Ctrl-C: the child gets it, saves a checkpoint and exits 130
+        status = proc.wait()
+    with record.lock:
+        attempt["wall_time_s"] = round(time.perf_counter() - t0, 1)
+        attempt["exit_status"] = status
+        if status != 0:
+            attempt["error"] = _last_error(log)
+        rec["status"] = "finished" if status == 0 else ("interrupted" if status in (130, -2) else "failed")
+    record.save()
+    return attempt
+
+
+def _last_error(log: Path) -> str:
+    text = log.read_text(errors="replace")
+    text = text[text.rfind("\n==== ") + 1:]  # this attempt's output only (the log is appended to)
+    lines = [ln.strip() for ln in text.replace("\r", "\n").splitlines() if ln.strip()][1:]
+    for ln in reversed(lines):
+        if ln.startswith("error:") or "Error" in ln.split(":")[0]:
+            return ln[:300]
+    return lines[-1][:300] if lines else "no output"
+
+
+def run(argv: list[str] | None = None) -> int:
+    from tqdm.auto import tqdm
+
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    pairs, spec = plan(args)
+    out: Path = spec["out"]
+    try:
+        prior = json.loads((out / "runs.json").read_text()) if (out / "runs.json").is_file() else {}
+    except json.JSONDecodeError:
+        raise ExperimentError(f"--out: {_rel(out / 'runs.json')} is not valid JSON; fix or remove it") from None
+    for key in ("task", "preset"):
+        if prior.get(key) not in (None, spec[key]):
+            raise ExperimentError(f"--out: {args.out} holds the {prior.get('task')}/{prior.get('preset')} "
+                                  f"experiment; use another folder for {args.task}/{args.preset}")
+    states = {}
+    for pair in pairs:
+        state, why = pair_state(pair)
+        if state in ("finished", "resume"):
+            bad = _mismatch(pair)
+            if bad:
+                raise ExperimentError(f"{_rel(pair.run_dir)} holds a run with {bad}; use another --out "
+                                      "or delete that folder")
+        states[pair.key] = (state, why)
+    record = Record(out, spec)
+
+    commit, dirty = _git()
+    invocation = {"command": shlex.join(["python", "-m", "cory.experiments",
+                                          *(sys.argv[1:] if argv is None else argv)]),
+                  "started": _now(), "git_commit": commit, "git_dirty": dirty, "python": sys.version.split()[0],
+                  "ran": 0, "skipped": 0, "failed": 0}
+    record.data["invocations"].append(invocation)
+    record.save()
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if spec["jobs"] > 1 and "OMP_NUM_THREADS" not in env:
+        # parallel runs share the cores instead of each starting one thread per core
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec["jobs"]))
+    todo = []
+    for pair in pairs:
+        state, why = states[pair.key]
+        if state == "finished":
+            invocation["skipped"] += 1
+            record.run(pair)["status"] = "finished"
+            tqdm.write(f"skip   {pair.key}: {why}")
+        else:
+            todo.append((pair, state, why))
+    record.save()
+
+    bar = tqdm(total=len(pairs), initial=len(pairs) - len(todo), desc=f"{args.task} {args.preset}", unit="run",
+               dynamic_ncols=True)
+    failed = []
+    interrupted = False
+    pool = ThreadPoolExecutor(max_workers=spec["jobs"])
+    try:
+        futures = {}
+        for pair, state, why in todo:
+            futures[pool.submit(execute, pair, state, record, out, env, why)] = pair
+        for fut in as_completed(futures):
+            pair = futures[fut]
+            attempt = fut.result()
+            invocation["ran"] += 1
+            if attempt["exit_status"] == 0:
+                tqdm.write(f"done   {pair.key} in {attempt['wall_time_s']:.0f} s")
+            else:
+                failed.append(pair.key)
+                invocation["failed"] += 1
+                tqdm.write(f"FAILED {pair.key} (exit {attempt['exit_status']}): {attempt.get('error')}; "
+                           f"log: {attempt['log']}", file=sys.stderr)
+            bar.update(1)
+            record.save()
+    except KeyboardInterrupt:
+        interrupted = True
+        tqdm.write("interrupted: waiting for the current run(s) to save a checkpoint ...")
+        while True:  # a second Ctrl-C reaches the runs too (they stop at once): keep waiting for them
+            try:
+                pool.shutdown(wait=True, cancel_futures=True)
+                break
+            except KeyboardInterrupt:
+                pass
+    finally:
+        pool.shutdown(wait=True)
+        bar.close()
+        invocation["finished"] = _now()
+        record.save()
+    if interrupted:
+        print(f"interrupted: rerun the same command to continue (records in {_rel(record.path)})", file=sys.stderr)
+        return 130
+    if not args.no_report:
+        from cory.report import ReportError, build_report
+
+        try:
+            print(f"report: {_rel(build_report(out))}")
+        except ReportError as e:
+            print(f"error: report: {e}", file=sys.stderr)
+            return 1
+    if failed:
+        print(f"{len(failed)} of {len(pairs)} run(s) failed: {', '.join(failed)} (see {_rel(out / 'logs')})",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        status = run(argv)
+    except ExperimentError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
+    raise SystemExit(status)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""The experiment runner: planning (no training), and skip/resume on the tiny preset (real runs)."""
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from cory import experiments
+from cory.experiments import _parser, command, pair_state, plan
+from cory.outputs import read_jsonl
+
+
+def planned(*argv):
+    return plan(_parser().parse_args(list(argv)))
+
+
+def by_key(pairs):
+    return {p.key: p for p in pairs}
+
+
+def test_plan_maps_methods_to_scripts_and_flags(tmp_path):
+    pairs, spec = planned("--task", "imdb", "--preset", "tiny", "--methods", "ppo,cory,cory_no_kt,cory_no_swap",
+                          "--seeds", "0,1", "--steps", "3", "--out", str(tmp_path / "x"),
+                          "--set", "learning_rate=5e-5", "--set", "swap_period=3")
+    assert len(pairs) == 8
+    p = by_key(pairs)
+    assert p["ppo/seed_1"].script == "imdb_train/ppo.py" and p["ppo/seed_1"].preset == "configs/imdb/ppo_tiny.yaml"
+    # swap_period is not a PPO field: it only reaches the CORY runs; the ablations' own flags come last and win
+    assert p["ppo/seed_0"].flags == ["--learning_rate", "5e-5"]
+    assert p["cory/seed_0"].flags == ["--learning_rate", "5e-5", "--swap_period", "3"]
+    assert p["cory_no_kt/seed_0"].flags[-2:] == ["--knowledge_transfer", "false"]
+    assert p["cory_no_swap/seed_0"].flags[-2:] == ["--swap_period", "0"]
+    assert p["cory_no_swap/seed_0"].intended["swap_period"] == 0
+    cmd = command(p["cory/seed_1"], "new")
+    assert cmd[1:] == ["imdb_train/cory.py", "--config", "configs/imdb/cory_tiny.yaml", "--learning_rate", "5e-5",
+                       "--swap_period", "3", "--seed", "1", "--steps", "3", "--output_dir",
+                       str(tmp_path / "x" / "runs" / "cory" / "seed_1")]
+    assert command(p["ppo/seed_0"], "resume")[-2:] == ["--resume", str(p["ppo/seed_0"].run_dir)]
+    assert command(p["ppo/seed_0"], "overwrite")[-2:] == ["--overwrite", "true"]
+    # the preset's steps when --steps is not given
+    pairs, _ = planned("--preset", "tiny", "--methods", "ppo", "--seeds", "0", "--out", str(tmp_path / "y"))
+    assert pairs[0].steps == 3
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_plan_kl_sweep_folders(tmp_path):
+    pairs, spec = planned("--preset", "tiny", "--methods", "ppo,cory", "--seeds", "0", "--kl_coefs", "0.01,1e-5",
+                          "--out", str(tmp_path))
+    assert sorted(p.key for p in pairs) == ["cory_kl0.01/seed_0", "cory_kl1e-05/seed_0", "ppo_kl0.01/seed_0",
+                                            "ppo_kl1e-05/seed_0"]
+    p = by_key(pairs)["ppo_kl1e-05/seed_0"]
+    assert p.flags == ["--init_kl_coef", "1e-05"] and p.intended["init_kl_coef"] == 1e-5
+    assert p.run_dir == tmp_path / "runs" / "ppo_kl1e-05" / "seed_0"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--task", "mnist"], "--task: 'mnist' is not one of imdb, gsm8k"),
+    (["--preset", "huge"], "--preset: 'huge' is not one of cpu, paper, tiny"),
+    (["--methods", "ppo,dpo"], "--methods: 'dpo' is not one of ppo, cory, cory_no_kt, cory_no_swap, ppo_2x"),
+    (["--seeds", "0,x"], "--seeds: expected an integer, got 'x'"),
+    (["--steps", "0"], "--steps: must be >= 1, got 0"),
+    (["--kl_coefs", "0.1,-1"], "--kl_coefs: must be finite and >= 0, got -1"),
+    (["--set", "lr=1"], "--set lr: unknown field"),
+    (["--set", "seed=3"], "--set seed: set by the runner itself"),
+    (["--methods", "ppo", "--set", "swap_period=3"], "--set swap_period: not a field of any of the methods ppo"),
+    (["--set", "batch_size=3"], "ppo: batch_size: 3 is not divisible"),
+    (["--methods", "ppo_2x"], "--methods ppo_2x: no model twice the size of 'tiny' is known"),
+    (["--jobs", "0"], "--jobs: must be >= 1, got 0"),
+])
+def test_user_mistakes_one_line_exit_2_nothing_written(tmp_path, capsys, argv, message):
+    out = tmp_path / "exp"
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["--preset", "tiny", "--out", str(out), *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message}") and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+
+
+def test_ppo_2x_without_a_larger_model_offline(tmp_path, capsys):
+    # the cpu preset's larger sibling is a hub model: offline (conftest) it is unavailable, said in one line
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["--preset", "cpu", "--methods", "ppo,ppo_2x", "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "ppo_2x" in err and "SmolLM2-360M" in err and len(err.strip().splitlines()) == 1
+    (tmp_path / "big").mkdir()
+    (tmp_path / "big" / "config.json").write_text("{}")
+    pairs, _ = planned("--preset", "tiny", "--methods", "ppo_2x", "--model_2x", str(tmp_path / "big"),
+                       "--seeds", "0", "--out", str(tmp_path / "y"))
+    assert pairs[0].flags == ["--model_name", str(tmp_path / "big")] and pairs[0].script == "imdb_train/ppo.py"
+
+
+def runner(*argv, timeout=600):
+    return subprocess.run([sys.executable, "-m", "cory.experiments", *map(str, argv)], capture_output=True,
+                          text=True, cwd=REPO, timeout=timeout)
+
+
+def attempts(out):
+    runs = json.loads((out / "runs.json").read_text())["runs"]
+    return {k: [a["mode"] for a in r["attempts"]] for k, r in runs.items()}
+
+
+def test_runner_runs_skips_and_resumes(tmp_path, capsys):
+    out = tmp_path / "exp"
+    # a checkpoint every iteration (two kept), so a run cut off in its last iteration has one to resume from
+    base = ["--task", "imdb", "--preset", "tiny", "--seeds", "0,1", "--steps", "2", "--out", out,
+            "--set", "save_every=1", "--set", "keep_checkpoints=2", "--jobs", "2"]
+    p = runner(*base, "--methods", "ppo,cory")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert attempts(out) == {k: ["new"] for k in ("ppo/seed_0", "ppo/seed_1", "cory/seed_0", "cory/seed_1")}
+    record = json.loads((out / "runs.json").read_text())
+    assert record["invocations"][0]["ran"] == 4 and record["invocations"][0]["git_commit"]
+    for r in record["runs"].values():
+        a = r["attempts"][0]
+        assert a["exit_status"] == 0 and a["wall_time_s"] > 0 and a["command"].startswith("python imdb_train/")
+        assert r["status"] == "finished"
+    for key in ("ppo/seed_0", "cory/seed_1"):
+        assert [row["step"] for row in read_jsonl(out / "runs" / key / "metrics.jsonl")] == [0, 1]
+    report = (out / "REPORT.md").read_text()
+    assert "## Verdict" in report and (out / "fig_kl.png").stat().st_size > 0
+
+    # again: everything is finished, nothing runs
+    p = runner(*base, "--methods", "ppo,cory")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert attempts(out) == {k: ["new"] for k in ("ppo/seed_0", "ppo/seed_1", "cory/seed_0", "cory/seed_1")}
+    assert json.loads((out / "runs.json").read_text())["invocations"][1]["skipped"] == 4
+    assert p.stdout.count("skip ") == 4
+
+    # a run made with other settings is not mixed in: one line, exit 2, nothing runs
+    before = (out / "runs.json").read_text()
+    with pytest.raises(SystemExit) as e:
+        experiments.main([*map(str, base), "--methods", "ppo", "--set", "learning_rate=5e-5"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "learning_rate" in err and len(err.strip().splitlines()) == 1
+    assert (out / "runs.json").read_text() == before
+
+    # cut one run off in its last iteration: no final/, no last row, no checkpoint after iteration 1
+    cut = out / "runs" / "cory" / "seed_1"
+    shutil.rmtree(cut / "final")
+    shutil.rmtree(cut / "checkpoints" / "step_000002")
+    lines = (cut / "metrics.jsonl").read_text().splitlines()
+    (cut / "metrics.jsonl").write_text(lines[0] + "\n" + lines[1][:40])  # the kill cut the last line
+    first_row = lines[0]
+    # and add a method whose model cannot load: its runs fail, the resumed run still completes
+    broken = tmp_path / "not_a_model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")  # passes the config check, fails to load
+    p = runner(*base, "--methods", "ppo,cory,ppo_2x", "--model_2x", broken)
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert attempts(out) == {"ppo/seed_0": ["new"], "ppo/seed_1": ["new"], "cory/seed_0": ["new"],
+                             "cory/seed_1": ["new", "resume"], "ppo_2x/seed_0": ["new"], "ppo_2x/seed_1": ["new"]}
+    runs = json.loads((out / "runs.json").read_text())["runs"]
+    assert runs["cory/seed_1"]["attempts"][1]["command"].endswith(f"--resume {cut}")
+    assert runs["cory/seed_1"]["status"] == "finished"
+    assert runs["ppo_2x/seed_0"]["status"] == "failed" and runs["ppo_2x/seed_0"]["attempts"][0]["exit_status"] != 0
+    assert "FAILED ppo_2x/seed_0" in p.stderr and "2 of 6 run(s) failed" in p.stderr
+    assert [row["step"] for row in read_jsonl(cut / "metrics.jsonl")] == [0, 1]
+    assert (cut / "metrics.jsonl").read_text().splitlines()[0] == first_row  # resumed, not redone
+    assert (cut / "final" / "llm1").is_dir()
+    assert "ppo_2x" in (out / "REPORT.md").read_text()
+
+    # the states the runner reads, on the folders it wrote (no training)
+    pairs = by_key(planned(*map(str, base), "--methods", "ppo,cory")[0])
+    assert pair_state(pairs["cory/seed_1"])[0] == "finished"
+    shutil.rmtree(cut / "final")
+    assert pair_state(pairs["cory/seed_1"])[0] == "resume"
+    shutil.rmtree(cut / "checkpoints")
+    assert pair_state(pairs["cory/seed_1"])[0] == "overwrite"
+    # asking for more iterations continues a finished run from its last checkpoint
+    longer = planned("--preset", "tiny", "--methods", "ppo", "--seeds", "0", "--steps", "5", "--out", str(out),
+                     "--set", "save_every=1", "--set", "keep_checkpoints=2")[0][0]
+    assert pair_state(longer)[0] == "resume"

@@ -1,0 +1,260 @@
+"""The report builder on synthetic metrics files: statistics against numpy, figures, verdict, robustness."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from cory import report
+from cory.report import build_report, curve, final_value, load_experiment, pooled_std, verdict
+
+ETA = 0.2
+
+
+def write_run(root, label, seed, rows, config=None, samples=None):
+    d = root / "runs" / label / f"seed_{seed}"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = {"task": "imdb", "seed": seed, "steps": len(rows), "model_name": "tiny", "reward_model": "vader",
+           "init_kl_coef": ETA, "learning_rate": 1e-4, **(config or {})}
+    import yaml
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    if samples is not None:
+        (d / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    return d
+
+
+def agent_row(prefix, reward, kl, length=10.0):
+    return {f"{prefix}/task_reward": reward, f"{prefix}/kl": kl, f"{prefix}/kl_coef": ETA,
+            f"{prefix}/combined_reward": None if reward is None or kl is None else reward - ETA * kl,
+            f"{prefix}/response_length": length}
+
+
+def ppo_rows(reward, kl, length=None):
+    length = np.full(len(reward), 12.0) if length is None else length
+    return [{"step": i, **agent_row("policy", float(r), float(k), float(n)), "time/iteration_s": 2.0}
+            for i, (r, k, n) in enumerate(zip(reward, kl, length))]
+
+
+def cory_rows(r1, k1, r2, k2):
+    rows = []
+    for i in range(len(r1)):
+        rows.append({"step": i, "pioneer": "llm1" if (i // 5) % 2 == 0 else "llm2",
+                     **agent_row("llm1", float(r1[i]), float(k1[i])), **agent_row("llm2", float(r2[i]), float(k2[i])),
+                     "time/iteration_s": 5.0})
+    return rows
+
+
+def synthetic(root, *, cory_wins: bool, seeds=(0, 1, 2), steps=15, seed=0):
+    """PPO's KL grows fast; CORY's reward is similar with lower KL (cory_wins) or worse on every count."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(steps)
+    data = {}
+    for s in seeds:
+        ppo_r = 0.5 + 0.03 * t + rng.normal(0, 0.02, steps)
+        ppo_k = 0.4 * t + rng.normal(0, 0.1, steps)
+        if cory_wins:
+            c = [0.5 + 0.03 * t + rng.normal(0, 0.02, steps), 0.1 * t + rng.normal(0, 0.05, steps),
+                 0.49 + 0.03 * t + rng.normal(0, 0.02, steps), 0.12 * t + rng.normal(0, 0.05, steps)]
+        else:
+            c = [0.2 + 0.01 * t + rng.normal(0, 0.02, steps), 0.8 * t + rng.normal(0, 0.05, steps),
+                 0.2 + 0.01 * t + rng.normal(0, 0.02, steps), 0.9 * t + rng.normal(0, 0.05, steps)]
+        write_run(root, "ppo", s, ppo_rows(ppo_r, ppo_k),
+                  samples=[{"step": i, "query": "The film", "response": f" was great {i}", "reward": 0.5}
+                           for i in (0, 0, steps - 1)])
+        write_run(root, "cory", s, cory_rows(*c), config={"swap_period": 5, "knowledge_transfer": True},
+                  samples=[{"step": i, "pioneer": "llm1", "query": "The plot", "pioneer_response": f" a1 {i}",
+                            "pioneer_reward": 0.1, "observer_prompt": "x", "observer_response": f" a2 {i}",
+                            "observer_reward": -0.2} for i in (0, steps - 1)])
+        data[s] = {"ppo_r": ppo_r, "ppo_k": ppo_k, "c": c}
+    return data
+
+
+def test_curve_mean_std_and_last10_match_numpy(tmp_path):
+    data = synthetic(tmp_path, cory_wins=True)
+    exp = load_experiment(tmp_path)
+    ppo = exp.groups["ppo"]
+    kl = np.stack([data[s]["ppo_k"] for s in (0, 1, 2)])
+    c = curve(ppo, "policy", "kl")
+    assert list(c.steps) == list(range(15))
+    np.testing.assert_allclose(c.mean, kl.mean(axis=0))
+    np.testing.assert_allclose(c.std, kl.std(axis=0, ddof=1))
+    f = final_value(ppo, "policy", "kl")
+    per_seed = kl[:, -10:].mean(axis=1)
+    assert f.last == 10
+    np.testing.assert_allclose(f.per_seed, per_seed)
+    assert f.mean == pytest.approx(per_seed.mean())
+    assert f.std == pytest.approx(per_seed.std(ddof=1))
+    # r_c is the logged combined reward, not recomputed
+    rc = np.stack([data[s]["ppo_r"] - ETA * data[s]["ppo_k"] for s in (0, 1, 2)])
+    assert final_value(ppo, "policy", "combined_reward").mean == pytest.approx(rc[:, -10:].mean())
+    llm2 = np.stack([data[s]["c"][2] for s in (0, 1, 2)])
+    assert final_value(exp.groups["cory"], "llm2", "task_reward").mean == pytest.approx(llm2[:, -10:].mean())
+    # the table in REPORT.md shows the same numbers
+    text = build_report(tmp_path).read_text()
+    assert f"{per_seed.mean():.3g} ± {per_seed.std(ddof=1):.3g}" in text
+    r2 = llm2[:, -10:].mean(axis=1)
+    assert f"{r2.mean():.3g} ± {r2.std(ddof=1):.3g}" in text
+
+
+def test_fewer_than_ten_iterations_use_all():
+    rows = ppo_rows([1.0, 2.0, 4.0], [0.0, 1.0, 2.0])
+    g = report.Group("ppo", "ppo", None, {0: report.SeedRun(0, None, rows, {})})
+    f = final_value(g, "policy", "task_reward")
+    assert f.last == 3 and f.mean == pytest.approx(7 / 3) and f.n == 1 and np.isnan(f.std)
+
+
+def test_pooled_std_by_hand():
+    a = report.Final(np.array([1.0, 2.0, 3.0]), 10, [0, 1, 2])          # var 1, n 3
+    b = report.Final(np.array([0.0, 4.0]), 10, [0, 1])                  # var 8, n 2
+    assert pooled_std(a, b) == pytest.approx(np.sqrt((2 * 1 + 1 * 8) / 3))
+    one = report.Final(np.array([1.0]), 10, [0])
+    assert pooled_std(one, one) == 0.0
+
+
+def test_figures_written_and_nonempty(tmp_path):
+    synthetic(tmp_path, cory_wins=True)
+    rng = np.random.default_rng(1)
+    t = np.arange(15)
+    for s in (0, 1):
+        for label in ("cory_no_kt", "cory_no_swap"):
+            write_run(tmp_path, label, s, cory_rows(0.5 + 0.02 * t, 0.3 * t, 0.5 + 0.02 * t + rng.normal(0, .01, 15),
+                                                   0.2 * t))
+        for eta, slope in ((0.01, 1.0), (0.1, 0.5)):
+            write_run(tmp_path, f"ppo_kl{eta:g}", s, ppo_rows(0.6 + 0.03 * t, slope * t), {"init_kl_coef": eta})
+            write_run(tmp_path, f"cory_kl{eta:g}", s, cory_rows(0.6 + 0.03 * t, slope * t / 3, 0.6 + 0.03 * t,
+                                                              slope * t / 2), {"init_kl_coef": eta})
+    md = build_report(tmp_path)
+    expected = [f"fig_{m}.png" for m in ("task_reward", "kl", "combined_reward", "response_length")]
+    expected += [f"fig_ablation_{m}.png" for m in ("task_reward", "kl", "combined_reward")] + ["fig_kl_sweep.png"]
+    for name in expected:
+        data = (tmp_path / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name
+        assert f"]({name})" in md.read_text()
+    # the sweep holds the two swept etas plus the preset's own (0.2, from the unsuffixed runs)
+    points = report.sweep_points(load_experiment(tmp_path))
+    assert [p[0] for p in points[("ppo", "policy")]] == [0.01, 0.1, 0.2]
+    assert set(points) == {("ppo", "policy"), ("cory", "llm1"), ("cory", "llm2")}
+    kl01 = final_value(load_experiment(tmp_path).groups["ppo_kl0.1"], "policy", "kl").mean
+    assert points[("ppo", "policy")][1][2].mean == pytest.approx(kl01) == pytest.approx(0.5 * np.arange(5, 15).mean())
+
+
+def test_verdict_flips_between_cory_and_ppo_wins(tmp_path):
+    synthetic(tmp_path / "win", cory_wins=True)
+    synthetic(tmp_path / "lose", cory_wins=False)
+    win, lose = verdict(load_experiment(tmp_path / "win")), verdict(load_experiment(tmp_path / "lose"))
+    assert win.answer == "yes" and lose.answer == "no"
+    assert "**yes**" in build_report(tmp_path / "win").read_text().split("## Verdict")[1].split("##")[0]
+    section = build_report(tmp_path / "lose").read_text().split("## Verdict")[1].split("## Figures")[0]
+    assert "**no**" in section and "not lower" in section and "not higher" in section
+    # the deciding numbers are in the text
+    exp = load_experiment(tmp_path / "lose")
+    kl = final_value(exp.groups["ppo"], "policy", "kl")
+    assert f"{kl.mean:.3g} ± {kl.std:.3g}" in section
+
+
+def test_verdict_partly_when_kl_lower_but_reward_far_behind(tmp_path):
+    t = np.arange(12)
+    for s in (0, 1):
+        write_run(tmp_path, "ppo", s, ppo_rows(1.0 + 0.01 * s + 0 * t, 2.0 + 0 * t))
+        # reward far lower (beyond one pooled std) but KL lower and r_c = 0.5 - 0.2*0.1 < 1.0 - 0.2*2 = 0.6
+        write_run(tmp_path, "cory", s, cory_rows(0.5 + 0.01 * s + 0 * t, 0.1 + 0 * t, 0.4 + 0 * t, 0.1 + 0 * t))
+    v = verdict(load_experiment(tmp_path))
+    assert v.answer == "partly" and "lower by more than one pooled std" in v.text
+
+
+def test_verdict_not_decided_without_cory(tmp_path):
+    synthetic(tmp_path, cory_wins=True)
+    import shutil
+    shutil.rmtree(tmp_path / "runs" / "cory")
+    assert verdict(load_experiment(tmp_path)).answer == "not decided"
+    text = build_report(tmp_path).read_text()
+    assert "not decided" not in text.split("## Verdict")[0] and "no cory runs" in text
+
+
+def test_partial_results_nan_none_and_different_lengths(tmp_path):
+    rng = np.random.default_rng(3)
+    kl = rng.uniform(0, 5, size=(3, 20))
+    kl[1, 4] = np.nan
+    for s in range(3):
+        n = 20 if s < 2 else 14  # seed 2 was cut off after 14 iterations
+        rows = ppo_rows(np.ones(n), kl[s, :n])
+        if s == 1:
+            rows[4]["policy/kl"] = None          # NaN is written as null by the trainer
+            rows[6]["policy/task_reward"] = float("nan")
+        write_run(tmp_path, "ppo", s, rows)
+    # a line cut by a kill, a seed folder without metrics, a stray folder, a cory run without llm2 keys
+    with open(tmp_path / "runs" / "ppo" / "seed_0" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 20, "policy/kl": 1.')
+    (tmp_path / "runs" / "ppo" / "seed_3").mkdir()
+    (tmp_path / "runs" / "ppo" / "notes").mkdir()
+    rows = [{"step": i, **agent_row("llm1", 1.0, 0.5)} for i in range(5)]
+    write_run(tmp_path, "cory", 0, rows)
+
+    exp = load_experiment(tmp_path)
+    c = curve(exp.groups["ppo"], "policy", "kl")
+    common = [i for i in range(14) if i != 4]
+    assert list(c.steps) == common
+    np.testing.assert_allclose(c.mean, kl[:, common].mean(axis=0))
+    np.testing.assert_allclose(c.std, kl[:, common].std(axis=0, ddof=1))
+    f = final_value(exp.groups["ppo"], "policy", "kl")
+    np.testing.assert_allclose(f.per_seed, kl[:, common[-10:]].mean(axis=1))
+    assert exp.groups["cory"].agents == ["llm1"]
+
+    text = build_report(tmp_path).read_text()
+    assert "present in all of them" in text and "seed 2: 14" in text
+    assert "unreadable line" in text and "seed_3" in text
+    assert (tmp_path / "fig_kl.png").stat().st_size > 0
+    assert report.verdict(exp).answer in ("yes", "no", "partly")
+
+
+def test_samples_and_provenance_in_report(tmp_path):
+    synthetic(tmp_path, cory_wins=True)
+    runs = {"task": "imdb", "preset": "tiny", "invocations": [
+        {"command": "python -m cory.experiments --task imdb --preset tiny --out results/x", "started": "2025-01-01",
+         "git_commit": "abc123", "git_dirty": False, "ran": 6, "skipped": 0, "failed": 0}],
+        "runs": {f"ppo/seed_{s}": {"script": "imdb_train/ppo.py", "status": "finished", "attempts": [
+            {"mode": "new", "command": f"python imdb_train/ppo.py --seed {s}", "wall_time_s": 30.0,
+             "exit_status": 0}]} for s in (0, 1, 2)}}
+    (tmp_path / "runs.json").write_text(json.dumps(runs))
+    text = build_report(tmp_path).read_text()
+    samples = text.split("## Samples")[1].split("## What was run")[0]
+    assert "iteration 0:" in samples and "iteration 14:" in samples
+    assert "The film ⟶  was great 14" in samples and "[LLM1 pioneer r=+0.100]" in samples
+    assert "[LLM2 observer r=-0.200]" in samples
+    run = text.split("## What was run")[1]
+    assert "abc123" in run and "python imdb_train/ppo.py --seed 2" in run
+    assert "| ppo | imdb_train/ppo.py | 0, 1, 2 | 90 s | 2.0 s |" in run
+    assert "| model_name | tiny | tiny |" in run
+
+
+def test_cli(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "cory.report", str(tmp_path / "nope")], capture_output=True,
+                       text=True, cwd=REPO)
+    assert p.returncode == 2 and p.stderr.startswith("error:") and len(p.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "nope").exists()
+    synthetic(tmp_path, cory_wins=False)
+    p = subprocess.run([sys.executable, "-m", "cory.report", str(tmp_path)], capture_output=True, text=True,
+                       cwd=REPO)
+    assert p.returncode == 0, p.stderr
+    first = (tmp_path / "REPORT.md").read_text()
+    build_report(tmp_path)  # rebuilding gives the same file
+    assert (tmp_path / "REPORT.md").read_text() == first
+
+
+def test_verdict_compares_methods_over_the_iterations_all_reached(tmp_path):
+    # PPO ran 20 iterations, CORY was cut off after 12: both are judged on iterations 2-11
+    t = np.arange(20)
+    for s in (0, 1):
+        write_run(tmp_path, "ppo", s, ppo_rows(0.5 + 0.0 * t + 0.01 * s, 0.5 * t))
+        write_run(tmp_path, "cory", s, cory_rows(0.5 + 0.0 * t[:12], 0.6 * t[:12], 0.5 + 0.0 * t[:12], 0.6 * t[:12]))
+    v = verdict(load_experiment(tmp_path))
+    # over 2-11 CORY's KL (0.6 * 6.5 = 3.9) is above PPO's (0.5 * 6.5 = 3.25); over PPO's own last 10 it would
+    # be compared with 0.5 * 14.5 = 7.25 and look lower
+    assert v.answer == "no", v.text
+    assert "iterations 2–11" in v.text and "compared up to iteration 11" in v.text
+    assert "3.9 ± 0" in v.text and "3.25 ± 0" in v.text
+    table = build_report(tmp_path).read_text().split("## Final values")[1]
+    assert "| PPO | 0.2 | 2 | 10–19 |" in table and "| CORY-LLM1 | 0.2 | 2 | 2–11 |" in table
