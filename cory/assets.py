@@ -520,6 +520,37 @@ def load_policy(
     return model
 
 
+def load_policies(spec: str, names: list[str], *, use_peft: bool = False, shared_base: bool = True, **kwargs):
+    """One policy per agent name. With LoRA (and ``shared_base``) the agents share ONE frozen base
+    model, each with its own adapter (named after the agent) and its own value head, instead of one
+    base copy each: call ``activate_adapter(policy)`` before using a policy.
+    """
+    if not use_peft or len(names) == 1 or not shared_base:
+        return {name: load_policy(spec, use_peft=use_peft, **kwargs) for name in names}
+    from peft import PeftModel
+    from trl import AutoModelForCausalLMWithValueHead
+
+    first = load_policy(spec, use_peft=True, **kwargs)
+    peft_model: PeftModel = first.pretrained_model
+    lora_config = peft_model.peft_config["default"]
+    policies = {names[0]: first}
+    first.adapter_name = "default"
+    for name in names[1:]:
+        peft_model.add_adapter(name, lora_config)
+        with _quiet():
+            policy = AutoModelForCausalLMWithValueHead.from_pretrained(peft_model)
+        policy.adapter_name = name
+        policies[name] = policy
+    return policies
+
+
+def activate_adapter(policy) -> None:
+    """Make ``policy``'s own LoRA adapter the active (and only trainable) one of a shared base."""
+    name = getattr(policy, "adapter_name", None)
+    if name is not None and policy.pretrained_model.active_adapter != name:
+        policy.pretrained_model.set_adapter(name)
+
+
 def load_reference(spec: str, policy=None, *, use_peft: bool = False):
     """The frozen KL reference pi0, or None when the policy uses LoRA adapters.
 

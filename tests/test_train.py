@@ -140,3 +140,28 @@ def test_resume_equals_uninterrupted(tmp_path, method, cls):
             else:
                 assert ra[k] == rb[k], (ra["step"], k)
     assert read_jsonl(tmp_path / "a" / "run" / "samples.jsonl") == read_jsonl(out / "samples.jsonl")
+
+
+def test_lora_agents_share_one_frozen_base(tmp_path):
+    base = load_yaml(REPO / "configs" / "gsm8k" / "cory_tiny.yaml")
+    base.update(output_dir=str(tmp_path / "run"), steps=2, swap_period=1, dataset="generated")
+    cfg = build(CoryArgs, base)
+    run = prepare_run(cfg, "cory")
+    a1, a2 = run.agents["llm1"], run.agents["llm2"]
+    shared = a1.policy.pretrained_model
+    assert shared is a2.policy.pretrained_model and run.reference is None  # no copy, no separate reference
+    frozen = {n: p.clone() for n, p in shared.named_parameters() if "lora_" not in n}
+    own = [{id(p) for g in a.trainer.optimizer.param_groups for p in g["params"]} for a in (a1, a2)]
+    assert own[0] and own[1] and not own[0] & own[1]
+    run.fit()
+    for n, p in shared.named_parameters():
+        if "lora_" not in n:
+            assert torch.equal(p, frozen[n]), n  # the base (the KL reference) never moves
+    lora_b = {a: {n: p for n, p in shared.named_parameters() if f"lora_B.{a}." in n} for a in ("default", "llm2")}
+    assert any(p.abs().sum() > 0 for p in lora_b["default"].values())  # both adapters trained
+    assert any(p.abs().sum() > 0 for p in lora_b["llm2"].values())
+    m1 = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final" / "llm1")
+    m2 = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final" / "llm2")
+    w1, w2 = dict(m1.named_parameters()), dict(m2.named_parameters())
+    assert not any("lora" in n for n in w1)  # merged: plain models
+    assert any(not torch.equal(w1[n], w2[n]) for n in w1)
