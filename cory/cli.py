@@ -1,10 +1,11 @@
 """The command line shared by the training scripts: ``--config FILE.yaml`` then ``--field value``."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
-from cory.config import ConfigError, build, field_help, load_yaml
+from cory.config import INVOCATION_FIELDS, ConfigError, build, field_help, load_yaml
 
 USAGE = "usage: {prog} [--config FILE.yaml] [--field value ...] [--resume RUN_DIR] [--overwrite]"
 
@@ -55,6 +56,9 @@ def parse(cls, argv: list[str] | None = None, prog: str | None = None):
         raise SystemExit(0)
     config, flags = split_flags(cls, argv)
     base = load_yaml(config) if config else {}
+    for key in INVOCATION_FIELDS:
+        if key in base:
+            raise ConfigError(f"{key}: a command-line flag (--{key}), not a config-file field ({config})")
     if flags.get("resume"):
         run_dir = Path(flags["resume"])
         saved = run_dir / "config.yaml"
@@ -74,10 +78,19 @@ def main(cls, method: str, argv: list[str] | None = None) -> None:
         cfg = parse(cls, argv)
         out = train(cfg, method)
     except (ConfigError, AssetError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(str(e))}", file=sys.stderr)
         raise SystemExit(2)
     except RunError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(str(e))}", file=sys.stderr)
         raise SystemExit(1)
-    print(f"done: metrics in {out / 'metrics.jsonl'}, samples in {out / 'samples.jsonl'}, "
-          f"models in {out / 'final'}")
+    if os.environ.get("RANK", "0") == "0":  # data-parallel runs: the main process reports
+        print(f"done: metrics in {out / 'metrics.jsonl'}, samples in {out / 'samples.jsonl'}, "
+              f"models in {out / 'final'}")
+
+
+_LINE_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"  # what str.splitlines() splits on
+
+
+def one_line(text: str) -> str:
+    """``text`` with line breaks escaped (a value or path the user typed may hold one)."""
+    return "".join(repr(c)[1:-1] if c in _LINE_BREAKS else c for c in text.strip())

@@ -6,8 +6,10 @@ Every user mistake (unknown field, wrong type, out-of-range value, missing file)
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, fields
@@ -133,6 +135,8 @@ def _coerce(name: str, value, tp, from_cli: bool):
         except ValueError:
             raise ConfigError(f"{name}: expected a {base.__name__}, got {text!r}") from None
     # YAML values are already typed: accept only the declared type (ints where floats go)
+    if base is float and isinstance(value, str) and _YAML_11_FLOAT.fullmatch(value.strip()):
+        value = float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string
     if base is bool:
         ok = isinstance(value, bool)
     elif base is int:
@@ -147,6 +151,9 @@ def _coerce(name: str, value, tp, from_cli: bool):
     return value
 
 
+_YAML_11_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def load_yaml(path: str | os.PathLike) -> dict:
     p = Path(path)
     if not p.is_file():
@@ -159,6 +166,10 @@ def load_yaml(path: str | os.PathLike) -> dict:
         raise ConfigError(f"config: {path} is not valid YAML{where}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"config: {path} is not a text file") from None
+    except (ValueError, OverflowError, RecursionError) as e:  # e.g. a date like 2024-02-30, absurd nesting
+        raise ConfigError(f"config: {path} is not valid YAML ({type(e).__name__}: {e})") from None
+    except OSError as e:
+        raise ConfigError(f"config: cannot read {path} ({e.strerror})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -187,7 +198,7 @@ def _one_of(name, value, allowed):
 
 def validate(cfg: PPOArgs) -> None:
     """Range and consistency checks that need no model."""
-    from cory.assets import MODEL_SPECS_HELP, is_valid_model_spec
+    from cory.assets import MODEL_SPECS_HELP, SMOLLM2_SPEC, TINY_SPEC, is_valid_model_spec
 
     def positive(name, integer=True):
         v = getattr(cfg, name)
@@ -209,8 +220,12 @@ def validate(cfg: PPOArgs) -> None:
         positive(name)
     for name in ("learning_rate", "target", "horizon", "temperature", "repetition_penalty"):
         positive(name, integer=False)
-    if cfg.seed < 0:
-        raise ConfigError(f"seed: must be >= 0, got {cfg.seed}")
+    if not 0 <= cfg.seed < 2 ** 31:  # numpy seeds below 2**32, and each process adds its rank
+        raise ConfigError(f"seed: must be in [0, 2**31), got {cfg.seed}")
+    if not cfg.output_dir.strip():
+        raise ConfigError("output_dir: must not be empty")
+    if cfg.resume is not None and not cfg.resume.strip():
+        raise ConfigError("resume: must name a run folder")
     if cfg.samples_per_step < 0:
         raise ConfigError(f"samples_per_step: must be >= 0, got {cfg.samples_per_step}")
     if cfg.top_k < 0:
@@ -245,11 +260,18 @@ def validate(cfg: PPOArgs) -> None:
     _one_of("on_nonfinite", cfg.on_nonfinite, ON_NONFINITE)
     if not is_valid_model_spec(cfg.model_name):
         raise ConfigError(f"model_name: {cfg.model_name!r} is not a model spec; allowed: {MODEL_SPECS_HELP}")
+    if cfg.model_name not in (TINY_SPEC, SMOLLM2_SPEC) and Path(cfg.model_name).expanduser().is_dir():
+        _model_folder("model_name", Path(cfg.model_name).expanduser())
     if cfg.task == "imdb":
         from cory.tasks.imdb import REWARD_NAMES
         if cfg.reward_model not in REWARD_NAMES and not Path(cfg.reward_model).is_dir():
             raise ConfigError(
                 f"reward_model: {cfg.reward_model!r} is not one of {', '.join(REWARD_NAMES)} or a local model folder")
+        if cfg.reward_model not in REWARD_NAMES:
+            id2label = _model_folder("reward_model", Path(cfg.reward_model)).get("id2label")
+            labels = [str(v) for v in id2label.values()] if isinstance(id2label, dict) else []
+            if "positive" not in (label.lower() for label in labels):
+                raise ConfigError(f"reward_model: {cfg.reward_model} has no POSITIVE label (its labels: {labels})")
     elif cfg.reward_model not in ("correctness",):
         raise ConfigError(f"reward_model: {cfg.reward_model!r} is not allowed for gsm8k; allowed: correctness")
     if cfg.dataset == "local" and not cfg.dataset_path:
@@ -267,6 +289,19 @@ def validate(cfg: PPOArgs) -> None:
     if isinstance(cfg, CoryArgs):
         if cfg.swap_period < 0:
             raise ConfigError(f"swap_period: must be >= 0 (0 = never exchange roles), got {cfg.swap_period}")
+
+
+def _model_folder(name: str, folder: Path) -> dict:
+    """The config.json of a local model folder (a folder without one is a mistake, not a model)."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{name}: {folder} is not a model folder (no config.json)") from None
+    except (OSError, ValueError):
+        raise ConfigError(f"{name}: {folder}/config.json is not readable JSON") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{name}: {folder}/config.json is not a model config")
+    return config
 
 
 def to_dict(cfg) -> dict:

@@ -28,6 +28,10 @@ def check_output_dir(output_dir: str, *, resume: bool, overwrite: bool) -> None:
         raise ConfigError(
             f"output_dir: {output_dir} already holds a run; pass --resume {output_dir} to continue it "
             f"or --overwrite true to replace it")
+    if overwrite and path.is_dir() and any(path.iterdir()) and not (path / "config.yaml").is_file():
+        # --overwrite deletes the folder: only ever a run folder (every run writes config.yaml first)
+        raise ConfigError(f"output_dir: {output_dir} is not a run folder (no config.yaml); "
+                          f"--overwrite only replaces runs, choose another output_dir")
 
 
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
@@ -73,6 +77,9 @@ class RunDir:
             # rows logged after the checkpoint are redone by the resumed run: drop them, keep the rest
             for p in (self.metrics_path, self.samples_path):
                 _truncate_jsonl(p, resume_step)
+            # a save cut short by a kill leaves its temporary folder behind
+            for tmp in (self.path / CHECKPOINTS).glob(".tmp_step_*"):
+                shutil.rmtree(tmp, ignore_errors=True)
 
     def log_metrics(self, row: dict) -> None:
         self._append(self.metrics_path, [row])

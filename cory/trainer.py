@@ -8,7 +8,9 @@ pioneer and observer every ``swap_period`` iterations.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -110,24 +112,112 @@ def ppo_config(cfg: PPOArgs, learning_rate: float | None = None):
         )
 
 
+def _accepts_logits_to_keep(model) -> bool:
+    model = getattr(model, "module", model)  # DDP
+    base = getattr(model, "pretrained_model", model)
+    if hasattr(base, "get_base_model"):  # peft
+        base = base.get_base_model()
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
+
+
+@functools.cache
+def windowed_ppo_trainer():
+    """trl's PPOTrainer computing vocabulary logits only where PPO reads them (trl imported on first use).
+
+    trl projects every position of query + response onto the vocabulary and, with
+    ``kl_penalty="full"``, takes two log-softmaxes and a KL over all of them, then masks all but the
+    response. For the observer, whose prompt carries the query and the pioneer's answer, that is most
+    of the sequence. Here each sample's response positions are gathered (``logits_to_keep``) into a
+    [batch, longest response] window before the LM head, and every tensor PPO uses afterwards
+    (log-probs, values, masks, logits) lives on that window, aligned at the response start. Rewards,
+    advantages, losses and statistics get the same numbers, up to float rounding: positions outside
+    the window were masked out, and GAE runs backwards, so nothing before a response reaches it.
+    """
+    from trl import PPOTrainer
+    from trl.core import logprobs_from_logits
+
+    class WindowedPPOTrainer(PPOTrainer):
+        _window = None  # the longest response while step() runs on the window; None = trl's own path
+
+        def step(self, queries, responses, scores, response_masks=None):
+            usable = (response_masks is None and not self.is_encoder_decoder
+                      and _accepts_logits_to_keep(self.model)
+                      and (self.ref_model is None or _accepts_logits_to_keep(self.ref_model)))
+            self._window = max(len(r) for r in responses) if usable else None
+            try:
+                return super().step(queries, responses, scores, response_masks)
+            finally:
+                self._window = None
+
+        def batched_forward_pass(self, model, queries, responses, model_inputs, return_logits=False,
+                                 response_masks=None):
+            if self._window is None:
+                return super().batched_forward_pass(model, queries, responses, model_inputs, return_logits,
+                                                    response_masks)
+            attention = model_inputs["attention_mask"]
+            first = attention.argmax(dim=1)  # first real token (0 unless padded on the left)
+            q_len = torch.tensor([len(q) for q in queries], device=attention.device)
+            r_len = torch.tensor([len(r) for r in responses], device=attention.device)
+            k = torch.arange(self._window, device=attention.device)
+            # the logits at position t score token t + 1: response token k is scored at first + len(q) - 1 + k
+            positions = ((first + q_len - 1)[:, None] + k).clamp(max=attention.shape[1] - 2)
+            masks = (k[None, :] < r_len[:, None]).to(attention.dtype)
+            fbs = self.config.mini_batch_size
+            all_logprobs, all_logits, all_values = [], [], []
+            model.eval()
+            for i in range(0, len(queries), fbs):
+                inputs = {key: value[i:i + fbs] for key, value in model_inputs.items()}
+                pos = positions[i:i + fbs]
+                logits, _, values = model(**inputs, logits_to_keep=pos, use_cache=False)
+                all_logprobs.append(logprobs_from_logits(logits, inputs["input_ids"].gather(1, pos + 1)))
+                all_values.append(values.gather(1, pos))
+                if return_logits:
+                    all_logits.append(logits)
+            return (torch.cat(all_logprobs), torch.cat(all_logits) if return_logits else None,
+                    torch.cat(all_values), masks)
+
+        def loss(self, old_logprobs, values, logits, vpreds, logprobs, mask, advantages, returns):
+            # trl reads the logits here only for the entropy statistic: keep them out of the autograd graph
+            return super().loss(old_logprobs, values, logits.detach(), vpreds, logprobs, mask, advantages,
+                                returns)
+
+    return WindowedPPOTrainer
+
+
 class Agent:
     """One trainable LLM with everything that must travel with it when roles are exchanged."""
 
     def __init__(self, name: str, cfg: PPOArgs, policy, ref_model, tokenizer):
-        from trl import PPOTrainer
-
         self.name = name
         self.cfg = cfg
         self.tokenizer = tokenizer
+        self._policy = policy
+        self.activate()  # trl builds the optimizer from the parameters that require grad right now
         with warnings.catch_warnings(), _frozen_models_not_wrapped():
             warnings.simplefilter("ignore")  # deprecation and "no dataset" notices of the classic API
-            self.trainer = PPOTrainer(config=ppo_config(cfg), model=policy, ref_model=ref_model, tokenizer=tokenizer)
+            self.trainer = self.trainer_class()(config=ppo_config(cfg), model=policy, ref_model=ref_model,
+                                                tokenizer=tokenizer, optimizer=self.make_optimizer(policy))
         self.normalizer = ScoreNormalizer()
+
+    def trainer_class(self):
+        return windowed_ppo_trainer()
+
+    def make_optimizer(self, policy):
+        """trl's default optimizer (Adam at the configured rate) in torch's fused form: the same update
+        to float rounding, about 4x faster on CPU (benchmarks/README.md). None lets trl build its own."""
+        trainable = [p for p in policy.parameters() if p.requires_grad]
+        return torch.optim.Adam(trainable, lr=self.cfg.learning_rate, fused=True)
 
     @property
     def policy(self):
         """The unwrapped value-head model (DDP adds a wrapper in multi-process runs)."""
         return self.trainer.accelerator.unwrap_model(self.trainer.model)
+
+    def activate(self) -> None:
+        """Switch a shared LoRA base to this agent's adapter (a no-op for agents with their own model)."""
+        from cory.assets import activate_adapter
+
+        activate_adapter(self._policy)
 
     @property
     def kl_coef(self) -> float:
@@ -137,12 +227,14 @@ class Agent:
     def generate(self, prompts: list[torch.Tensor], max_new_tokens: int, gen_kwargs: dict) -> list[torch.Tensor]:
         # trl leaves the model in train mode after step(), so its next generation would sample with
         # dropout on (GPT-2 has 0.1) while PPO scores those tokens with dropout off: sample in eval mode.
+        self.activate()
         self.trainer.model.eval()
         # one batched call for the whole batch (trl's default of 4 per call is several times slower)
         return self.trainer.generate(prompts, batch_size=len(prompts), return_prompt=False,
                                      max_new_tokens=max_new_tokens, **gen_kwargs)
 
     def step(self, queries, responses, scores: list[float]) -> dict:
+        self.activate()
         if self.cfg.score_norm:
             # statistics over the whole data-parallel batch (as trl's own score scaling), so every
             # process holds the same normaliser and the checkpoint's copy is right for all of them
@@ -164,6 +256,7 @@ class Agent:
         self.normalizer = ScoreNormalizer()
 
     def state_dict(self) -> dict:
+        self.activate()  # "requires grad" marks this agent's own adapter on a shared base
         return {
             "params": {n: p.detach() for n, p in self.policy.named_parameters() if p.requires_grad},
             "optimizer": self.trainer.optimizer.state_dict(),
@@ -172,6 +265,7 @@ class Agent:
         }
 
     def load_state_dict(self, state: dict) -> None:
+        self.activate()
         params = dict(self.policy.named_parameters())
         with torch.no_grad():
             for n, value in state["params"].items():
@@ -503,11 +597,13 @@ class Run:
 
     def save_final(self) -> None:
         """The plain final models, from the main process, once every process holds the same weights."""
-        digests = {name: weights_digest(agent.policy.named_parameters()) for name, agent in self.agents.items()}
+        digests = ({name: weights_digest(agent.state_dict()["params"]) for name, agent in self.agents.items()}
+                   if self.world_size > 1 else {})
         everyone = _all_gather_objects(digests)
         if self.run_dir.enabled:
             for name, agent in self.agents.items():
                 out = self.run_dir.path / "final" / name
+                agent.activate()  # merge_and_unload merges the active adapter only
                 model = agent.policy.pretrained_model
                 if getattr(agent.policy, "is_peft_model", False):
                     # a plain model that loads from the query alone, without peft or the base
@@ -525,12 +621,13 @@ class Run:
                                f"process in {self.run_dir.path / 'final' / 'weight_digests.json'})")
 
 
-def weights_digest(named_parameters) -> str:
-    """sha256 of the trainable parameters (name and bytes, in name order): equal digests, equal weights."""
+def weights_digest(params: dict) -> str:
+    """sha256 of ``{name: tensor}`` (names and bytes, in name order): equal digests, equal weights.
+    Applied to an agent's trainable parameters, as its checkpoint saves them under ``params``."""
     h = hashlib.sha256()
-    for name, p in sorted(((n, p) for n, p in named_parameters if p.requires_grad), key=lambda np_: np_[0]):
+    for name in sorted(params):
         h.update(name.encode())
-        h.update(p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(params[name].detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
@@ -562,12 +659,12 @@ def prepare_run(cfg: PPOArgs, method: str) -> Run:
     task = make_task(cfg, tokenizer, rank=rank)
     names = ["policy"] if method == "ppo" else list(AGENTS)
     reference = assets.load_reference(cfg.model_name, use_peft=cfg.use_peft)  # loaded once, shared
-    agents = {}
-    for name in names:
-        policy = assets.load_policy(cfg.model_name, use_peft=cfg.use_peft, lora_r=cfg.lora_r,
-                                    lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                                    load_in_4bit=cfg.load_in_4bit)
-        agents[name] = Agent(name, cfg, policy, reference, tokenizer)
+    # with LoRA both agents' adapters sit on one shared frozen base (single process only: DDP wants
+    # one wrapper per set of weights)
+    policies = assets.load_policies(cfg.model_name, names, use_peft=cfg.use_peft, shared_base=world == 1,
+                                    lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
+                                    lora_dropout=cfg.lora_dropout, load_in_4bit=cfg.load_in_4bit)
+    agents = {name: Agent(name, cfg, policies[name], reference, tokenizer) for name in names}
 
     run = Run(cfg=cfg, method=method, task=task, tokenizer=tokenizer, agents=agents,
               run_dir=RunDir(cfg.output_dir, enabled=rank == 0), reference=reference,

@@ -33,7 +33,7 @@ def test_yaml_then_flags(tmp_path):
 
 
 def test_every_preset_is_valid(repo):
-    presets = sorted((repo / "configs").glob("*/*.yaml"))
+    presets = sorted(p for p in (repo / "configs").glob("*/*.yaml") if p.parent.name != "accelerate")
     assert len(presets) >= 6
     for p in presets:
         cls = CoryArgs if p.name.startswith("cory") else PPOArgs
