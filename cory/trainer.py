@@ -322,24 +322,30 @@ def tokenize_prompts(tokenizer, examples, texts: list[str] | None = None) -> lis
 
 
 def score_batch(task, examples, responses: list[str], reward_name: str | None = None) -> list[float]:
+    name = reward_name or getattr(task, "reward_name", task.name)
     try:
-        scores = task.score(examples, responses)
+        scores = _scores(task, examples, responses)
     except Exception as e:  # a reward model's failure must say what it was scoring
         index = getattr(e, "index", None)
         if index is None:
             index = _first_failing_text(task, examples, responses)
         where = f" on text {index} ({responses[index][:60]!r})" if index is not None else ""
         first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        name = reward_name or getattr(task, "reward_name", task.name)
         raise RunError(f"reward {name} failed{where}: {type(e).__name__}: {first_line}") from e
-    return [float(s) for s in scores]
+    if len(scores) != len(responses):
+        raise RunError(f"reward {name} returned {len(scores)} scores for {len(responses)} texts")
+    return scores
+
+
+def _scores(task, examples, responses) -> list[float]:
+    return [float(s) for s in task.score(examples, responses)]
 
 
 def _first_failing_text(task, examples, responses) -> int | None:
     """The index of the first text the reward fails on alone: the batch failed, so find which text did."""
     for i, (example, response) in enumerate(zip(examples, responses)):
         try:
-            task.score([example], [response])
+            _scores(task, [example], [response])
         except Exception:
             return i
     return None
