@@ -1,0 +1,567 @@
+"""Score trained models on held-out prompts, from the query alone (how either CORY model is used
+after training), next to the base model they started from.
+
+    python -m cory.evaluate --task imdb  --model runs/imdb_cory_cpu            # every model in final/
+    python -m cory.evaluate --task imdb  --model runs/a/final/llm1 --model runs/b/final/policy
+    python -m cory.evaluate --task gsm8k --model runs/gsm8k_cory_cpu --dataset_path ../gsm8k --k 1,4 --n 4
+
+IMDB rows: mean task reward, KL(pi || pi0) to the reference (full vocabulary, summed over the
+response tokens, mean over prompts), distinct-1/2 of the answers and their mean length in tokens.
+GSM8K rows: unbiased pass@k from ``n`` samples per test question, mean accuracy, and the share of
+answers that ran to the token limit (the paper's sign of collapse).
+
+A user mistake prints one line and exits with status 2 before any model is loaded.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+TASKS = ("imdb", "gsm8k")
+IMDB_LIMIT = 256  # the paper's IMDB batch; the built-in eval openings are fewer (110)
+DEFAULT_KS = (1, 4, 16)
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class EvalError(ValueError):
+    """A user mistake on the command line; the message is one line."""
+
+
+# ----------------------------------------------------------------------------- metrics
+
+def distinct_n(texts: Sequence[str], n: int) -> float:
+    """Unique n-grams / total n-grams over all ``texts`` (whitespace words; n-grams never span two
+    texts). 0.0 when there is no n-gram at all. A collapsed policy repeating itself scores low."""
+    grams: list[tuple[str, ...]] = []
+    for text in texts:
+        words = text.split()
+        grams.extend(tuple(words[i:i + n]) for i in range(len(words) - n + 1))
+    return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def _left_pad(seqs: Sequence[Sequence[int]], pad_id: int):
+    import torch
+
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s):] = torch.tensor(list(s), dtype=torch.long)
+            mask[i, width - len(s):] = 1
+    return ids, mask
+
+
+def _positions(mask):
+    # Left padding shifts every sequence: position ids must count real tokens only, as generate() does.
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def sequence_kl(model, reference, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
+                pad_id: int) -> list[float]:
+    """Per sequence: sum over the response tokens of the full-vocabulary KL(model || reference) of
+    the next-token distributions given everything before the token (trl's ``kl_penalty="full"``).
+
+    One plain forward pass of each model on the left-padded prompt + response; prompt and padding
+    positions are masked out.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    if len(prompts) != len(responses):
+        raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+    if not prompts:
+        return []
+    seqs = [list(p) + list(r) for p, r in zip(prompts, responses)]
+    ids, mask = _left_pad(seqs, pad_id)
+    width = ids.shape[1]
+    is_response = torch.zeros_like(mask, dtype=torch.bool)
+    for i, r in enumerate(responses):
+        if len(r):
+            is_response[i, width - len(r):] = True
+    # logits at position t predict token t+1
+    predicts_response = is_response[:, 1:]
+    device = next(model.parameters()).device
+    kw = dict(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=_positions(mask).to(device))
+    with torch.inference_mode():
+        logp = F.log_softmax(model(**kw).logits[:, :-1][predicts_response.to(device)].float(), dim=-1)
+        ref_device = next(reference.parameters()).device
+        kw = {k: v.to(ref_device) for k, v in kw.items()}
+        logq = F.log_softmax(reference(**kw).logits[:, :-1][predicts_response.to(ref_device)].float(), dim=-1)
+        per_token = (logp.exp() * (logp - logq.to(logp.device))).sum(-1).cpu()
+    out, start = [], 0
+    for r in responses:
+        out.append(float(per_token[start:start + len(r)].sum()))
+        start += len(r)
+    return out
+
+
+def _response_ids(row: list[int], eos_id: int | None, pad_id: int | None) -> list[int]:
+    """Generated tokens up to and including the first EOS (what trl keeps), without trailing padding."""
+    if eos_id is not None and eos_id in row:
+        return row[: row.index(eos_id) + 1]
+    if pad_id is not None:
+        while row and row[-1] == pad_id:
+            row = row[:-1]
+    return row
+
+
+def sample(model, tokenizer, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+           extra: dict | None = None) -> list[list[int]]:
+    """One generate() call for the whole batch (left padding), sampling like training: top_k 0,
+    top_p 1, temperature 1, no repetition penalty, so the answers are draws from the policy itself."""
+    import torch
+
+    ids, mask = _left_pad(prompts, tokenizer.pad_token_id)
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=True, top_k=0, top_p=1.0,
+            temperature=1.0, repetition_penalty=1.0, max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **(extra or {}))
+    return [_response_ids(row, tokenizer.eos_token_id, tokenizer.pad_token_id)
+            for row in out[:, ids.shape[1]:].tolist()]
+
+
+# ----------------------------------------------------------------------------- models
+
+@dataclass
+class ModelEntry:
+    label: str
+    spec: str                   # what the loaders take: a folder, 'tiny', 'embedded:...' or a hub id
+    run_dir: Path | None = None  # the training run it came from (for its config.yaml)
+
+
+def _is_builtin_spec(spec: str) -> bool:
+    from cory.assets import SMOLLM2_SPEC, TINY_SPEC
+
+    return spec in (TINY_SPEC, SMOLLM2_SPEC)
+
+
+def _hub_id_or_error(arg: str, flag: str) -> str:
+    from cory.assets import MODEL_SPECS_HELP, AssetError, check_hub_asset, is_valid_model_spec
+
+    first = Path(arg).expanduser().parts[0] if arg else ""
+    pathlike = arg.startswith((".", "/", "~")) or (os.sep in arg and Path(first).is_dir())
+    if pathlike or not is_valid_model_spec(arg):
+        raise EvalError(f"{flag} {arg}: no such directory ({MODEL_SPECS_HELP})")
+    try:
+        check_hub_asset(arg, "model", hint="give a model or run folder, 'tiny' or 'embedded:smollm2-135m'")
+    except AssetError as e:  # fails within seconds when offline
+        raise EvalError(f"{flag} {arg}: no such directory; as a hub id: {e}") from None
+    return arg
+
+
+def expand_model(arg: str) -> list[ModelEntry]:
+    """The models a ``--model`` argument names: a model folder, a run folder (all of final/*), or a spec."""
+    if _is_builtin_spec(arg):
+        return [ModelEntry(arg, arg)]
+    path = Path(arg).expanduser()
+    if not path.is_dir():
+        return [ModelEntry(arg, _hub_id_or_error(arg, "--model"))]
+    if (path / "config.json").is_file():
+        run = path.parent.parent if path.parent.name == "final" else None
+        if run is not None and not (run / "config.yaml").is_file():
+            run = None
+        label = f"{run.resolve().name}/{path.name}" if run is not None else path.resolve().name
+        return [ModelEntry(label, str(path), run)]
+    final = path / "final"
+    models = sorted(d for d in final.iterdir() if (d / "config.json").is_file()) if final.is_dir() else []
+    if models:
+        return [ModelEntry(f"{path.resolve().name}/{d.name}", str(d), path) for d in models]
+    if (path / "config.yaml").is_file():
+        raise EvalError(f"--model {arg}: run folder has no trained models in final/ (has training finished?)")
+    raise EvalError(f"--model {arg}: not a model folder (no config.json) nor a run folder (no final/)")
+
+
+def _run_config(run: Path) -> dict:
+    from cory.config import ConfigError, load_yaml
+
+    try:
+        return load_yaml(run / "config.yaml")
+    except ConfigError as e:
+        raise EvalError(str(e)) from None
+
+
+def load_model(spec: str, dtype: str = "float32"):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from cory.assets import _quiet, resolve_model_path
+
+    path = resolve_model_path(spec)
+    with _quiet():
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
+
+
+# ----------------------------------------------------------------------------- arguments
+
+def _positive_int(name: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+        return value
+    parse.__name__ = name
+    return parse
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _ks(text: str) -> list[int]:
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        ks = [int(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers like 1,4,16, got {text!r}") from None
+    if not ks or min(ks) < 1:
+        raise argparse.ArgumentTypeError(f"every k must be >= 1, got {text!r}")
+    return sorted(set(ks))
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not argparse's usage block
+        raise EvalError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m cory.evaluate", description=__doc__.split("\n\n")[0],
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", required=True, help="imdb or gsm8k")
+    p.add_argument("--model", action="append", required=True, metavar="DIR",
+                   help="a model folder (e.g. RUN/final/llm1), a run folder (all of its final/ models), "
+                        "or a model spec ('tiny', 'embedded:smollm2-135m', a hub id), evaluated as-is; repeatable")
+    p.add_argument("--reference", metavar="SPEC",
+                   help="the base model pi0 (KL reference and the 'base' row); default: model_name in the "
+                        "run's config.yaml; a model given as a spec is its own reference")
+    p.add_argument("--no_base", action="store_true", help="do not evaluate the base model as a row")
+    p.add_argument("--limit", type=_positive_int("limit"),
+                   help=f"held-out prompts/questions to use (default: imdb {IMDB_LIMIT}, gsm8k all 1,319)")
+    p.add_argument("--max_new_tokens", type=_positive_int("max_new_tokens"), help="default: imdb 15, gsm8k 256")
+    p.add_argument("--batch_size", type=_positive_int("batch_size"), default=32,
+                   help="sequences per generate() call (default 32)")
+    p.add_argument("--seed", type=_seed, default=0, help="sampling seed, the same for every model (default 0)")
+    p.add_argument("--dataset", help="imdb: auto|hub|builtin; gsm8k: auto|hub|local|generated "
+                                     "(default: the run's, else auto)")
+    p.add_argument("--dtype", choices=DTYPES, default="float32", help="model weights (default float32)")
+    p.add_argument("--json", metavar="OUT.json",
+                   help="where to write the results (default: RUN/eval_<task>.json when all models come "
+                        "from one run folder, else nowhere)")
+    imdb = p.add_argument_group("imdb")
+    imdb.add_argument("--reward", help="vader | distilbert-imdb | a classifier folder (default: the run's)")
+    gsm = p.add_argument_group("gsm8k")
+    gsm.add_argument("--k", type=_ks, help="comma-separated k of pass@k (default: those of 1,4,16 that are <= n)")
+    gsm.add_argument("--n", type=_positive_int("n"), help="samples per question (default 16)")
+    gsm.add_argument("--dataset_path", metavar="DIR", help="folder with GSM8K's test.jsonl (the original release)")
+    return p
+
+
+@dataclass
+class Plan:
+    task: str
+    rows: list[ModelEntry]     # what to evaluate, the base first
+    reference: str | None      # the KL reference / base spec
+    dataset: str
+    dataset_path: str | None
+    reward: str | None
+    limit: int | None
+    max_new_tokens: int
+    batch_size: int
+    seed: int
+    dtype: str
+    json_path: Path | None
+    n: int | None = None
+    ks: list[int] | None = None
+
+
+def plan(argv: Sequence[str] | None) -> Plan:
+    """Validate everything that needs no model (raises EvalError, ConfigError or AssetError)."""
+    from cory.config import DATASETS
+    from cory.tasks.imdb import REWARD_NAMES
+
+    args = build_parser().parse_args(argv)
+    if args.task not in TASKS:
+        raise EvalError(f"--task {args.task!r} is not one of {', '.join(TASKS)}")
+    gsm = args.task == "gsm8k"
+    wrong = ([("--reward", args.reward)] if gsm else
+             [("--k", args.k), ("--n", args.n), ("--dataset_path", args.dataset_path)])
+    for flag, value in wrong:
+        if value is not None:
+            raise EvalError(f"{flag} applies to the other task, not --task {args.task}")
+
+    entries = [e for arg in args.model for e in expand_model(arg)]
+    runs = list(dict.fromkeys(e.run_dir.resolve() for e in entries if e.run_dir is not None))
+    configs = {run: _run_config(run) for run in runs}
+    same_task = [c for c in configs.values() if c.get("task", args.task) == args.task]
+
+    # reference: the flag, else the runs' base model, else a spec model is its own base
+    reference = args.reference
+    if reference is not None:
+        if _is_builtin_spec(reference):
+            pass
+        elif not Path(reference).expanduser().is_dir():
+            _hub_id_or_error(reference, "--reference")
+        elif not (Path(reference).expanduser() / "config.json").is_file():
+            raise EvalError(f"--reference {reference}: not a model folder (no config.json)")
+    else:
+        bases = {str(c["model_name"]) for c in configs.values() if c.get("model_name")}
+        if len(bases) > 1:
+            raise EvalError(f"the runs start from different base models ({', '.join(sorted(bases))}); "
+                            "pass --reference SPEC or evaluate them separately")
+        if bases:
+            reference = bases.pop()
+        elif len(entries) == 1 and entries[0].run_dir is None and not Path(entries[0].spec).is_dir():
+            reference = entries[0].spec
+    needs_reference = not gsm or not args.no_base
+    if reference is None and needs_reference:
+        why = "the KL reference" if not gsm else "the 'base' row (or pass --no_base)"
+        raise EvalError(f"--reference: needed for {why}; no run config.yaml found at DIR/../../config.yaml")
+
+    rows = [] if args.no_base else [ModelEntry("base", reference)]
+    rows += [e for e in entries if args.no_base or e.spec != reference]
+    labels: dict[str, int] = {}
+    for e in rows:  # the same folder name in two runs must stay two rows
+        labels[e.label] = labels.get(e.label, 0) + 1
+        if labels[e.label] > 1:
+            e.label = f"{e.label}#{labels[e.label]}"
+
+    inherited = same_task[0] if same_task else {}
+    dataset = args.dataset
+    dataset_path = args.dataset_path
+    if dataset is None and dataset_path is None and inherited.get("dataset"):
+        dataset = inherited["dataset"]
+        path = inherited.get("dataset_path")
+        if path and Path(path).is_dir():
+            dataset_path = path
+        elif dataset == "local":
+            raise EvalError(f"the run read GSM8K from {path}, which is not found here; pass --dataset_path DIR")
+    dataset = dataset or ("local" if dataset_path else "auto")
+    if dataset not in DATASETS[args.task]:
+        raise EvalError(f"--dataset {dataset!r} is not one of {', '.join(DATASETS[args.task])} for {args.task}")
+    if dataset_path is not None:
+        if not (Path(dataset_path) / "test.jsonl").is_file():
+            raise EvalError(f"--dataset_path {dataset_path}: no test.jsonl there (expected GSM8K's release files)")
+        if dataset not in ("local", "auto"):
+            raise EvalError(f"--dataset_path needs --dataset local (or auto), got {dataset}")
+
+    reward = None
+    if not gsm:
+        reward = args.reward or inherited.get("reward_model") or "vader"
+        if reward not in REWARD_NAMES and not Path(reward).is_dir():
+            raise EvalError(f"--reward {reward!r} is not one of {', '.join(REWARD_NAMES)} or a classifier folder")
+
+    n = ks = None
+    if gsm:
+        n = args.n or 16
+        ks = args.k or [k for k in DEFAULT_KS if k <= n]
+        too_big = [k for k in ks if k > n]
+        if too_big:
+            raise EvalError(f"--k {too_big[0]} is larger than --n {n}: pass@k needs at least k samples per question")
+
+    json_path = Path(args.json) if args.json else (runs[0] / f"eval_{args.task}.json" if len(runs) == 1 and
+                                                   all(e.run_dir is not None for e in entries) else None)
+    if json_path is not None and json_path.is_dir():
+        raise EvalError(f"--json {json_path}: is a folder, expected a file name")
+    return Plan(task=args.task, rows=rows, reference=reference, dataset=dataset, dataset_path=dataset_path,
+                reward=reward, limit=args.limit if args.limit is not None else (IMDB_LIMIT if not gsm else None),
+                max_new_tokens=args.max_new_tokens or (256 if gsm else 15), batch_size=args.batch_size,
+                seed=args.seed, dtype=args.dtype, json_path=json_path, n=n, ks=ks)
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+def _progress(total: int, label: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=label, unit="prompt", dynamic_ncols=True, leave=False, file=sys.stderr)
+
+
+def _same_vocabulary(tok_a, tok_b) -> bool:
+    return len(tok_a) == len(tok_b) and tok_a.get_vocab() == tok_b.get_vocab()
+
+
+def evaluate_imdb_model(model, reference, tokenizer, task, examples, *, max_new_tokens: int, batch_size: int,
+                        seed: int, label: str = "") -> dict:
+    """Task reward, KL to ``reference``, distinct-1/2 and length of ``model``'s answers to ``examples``."""
+    import torch
+
+    torch.manual_seed(seed)
+    texts, rewards, kls, lengths = [], [], [], []
+    bar = _progress(len(examples), label)
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start:start + batch_size]
+        prompts = [ex.prompt_ids for ex in chunk]  # the pioneer's prompt: the review opening alone
+        responses = sample(model, tokenizer, prompts, max_new_tokens)
+        answers = [task.clean_response(tokenizer.decode(r, skip_special_tokens=True)) for r in responses]
+        rewards += task.score(chunk, answers)
+        kls += sequence_kl(model, reference, prompts, responses, tokenizer.pad_token_id)
+        lengths += [len(r) for r in responses]
+        texts += answers
+        bar.update(len(chunk))
+    bar.close()
+    return {
+        "task_reward": float(sum(rewards) / len(rewards)),
+        "kl": float(sum(kls) / len(kls)),
+        "distinct_1": distinct_n(texts, 1),
+        "distinct_2": distinct_n(texts, 2),
+        "response_length": float(sum(lengths) / len(lengths)),
+        "n_prompts": len(examples),
+        "samples": [{"query": ex.query, "response": t, "reward": r}
+                    for ex, t, r in list(zip(examples, texts, rewards))[:5]],
+    }
+
+
+def evaluate_gsm8k_model(model, tokenizer, task, examples, *, n: int, ks: Sequence[int], max_new_tokens: int,
+                         batch_size: int, seed: int, label: str = "") -> dict:
+    """pass@k (unbiased, from ``n`` samples per question), accuracy, and the share of answers cut by the
+    token limit, for ``model`` answering ``examples`` from the one-shot prompt alone."""
+    import torch
+
+    from cory.passk import mean_pass_at_k
+    from cory.trainer import decode_and_clean
+
+    torch.manual_seed(seed)
+    stop = dict(stop_strings=[task.stop], tokenizer=tokenizer) if task.stop else {}
+    per_call = max(1, batch_size // n)  # whole questions per step; a question's n samples stay together
+    correct, lengths, at_limit, samples = [], [], 0, []
+    bar = _progress(len(examples), label)
+    for start in range(0, len(examples), per_call):
+        chunk = examples[start:start + per_call]
+        prompts = [tokenizer(ex.prompt, add_special_tokens=False)["input_ids"] for ex in chunk]
+        flat = [p for p in prompts for _ in range(n)]
+        raw = []
+        for i in range(0, len(flat), batch_size):  # only splits when n > batch_size
+            raw += sample(model, tokenizer, flat[i:i + batch_size], max_new_tokens, stop)
+        # the trainer's own cleaning: cut at a model-started "Question:", keep the matching tokens
+        answers, kept = decode_and_clean(task, tokenizer, [torch.tensor(r, dtype=torch.long) for r in raw])
+        scores = task.score([ex for ex in chunk for _ in range(n)], answers)
+        for j, ex in enumerate(chunk):
+            correct.append(int(sum(scores[j * n:(j + 1) * n])))
+            if len(samples) < 3:
+                samples.append({"question": ex.query, "reference": ex.reference, "response": answers[j * n],
+                                "correct": scores[j * n]})
+        for r, ids in zip(raw, kept):
+            lengths.append(len(ids))
+            ran_out = len(r) >= max_new_tokens and tokenizer.eos_token_id not in r
+            at_limit += int(ran_out and len(ids) == len(r))  # ended neither by EOS nor by a new "Question:"
+        bar.update(len(chunk))
+    bar.close()
+    result = {f"pass@{k}": v for k, v in mean_pass_at_k(correct, n, ks).items()}
+    total = len(examples) * n
+    result.update(accuracy=sum(correct) / total, hit_limit=at_limit / total,
+                  response_length=float(sum(lengths) / len(lengths)), n_questions=len(examples), n_samples=n,
+                  samples=samples)
+    return result
+
+
+def _table(columns: list[tuple[str, str, str]], rows: list[tuple[str, dict]]) -> str:
+    """columns: (header, key, format)."""
+    width = max([len("model")] + [len(label) for label, _ in rows])
+    head = f"{'model':<{width}}  " + "  ".join(f"{h:>10}" for h, _, _ in columns)
+    lines = [head, "-" * len(head)]
+    for label, res in rows:
+        cells = []
+        for _, key, fmt in columns:
+            v = res.get(key)
+            cells.append(f"{format(v, fmt) if isinstance(v, (int, float)) and math.isfinite(v) else 'n/a':>10}")
+        lines.append(f"{label:<{width}}  " + "  ".join(cells))
+    return "\n".join(lines)
+
+
+def _task(make):
+    try:
+        return make()
+    except (FileNotFoundError, ValueError) as e:  # a data file that is not GSM8K, a bad reward folder
+        text = str(e).strip()
+        raise EvalError(text.splitlines()[0] if text else type(e).__name__) from None
+
+
+def run(p: Plan) -> dict:
+    """Evaluate every row of the plan; returns the JSON document (also written to ``p.json_path``)."""
+    from cory.assets import load_tokenizer
+
+    other_task = ("n", "ks", "dataset_path") if p.task == "imdb" else ("reward",)
+    settings = {k: v for k, v in vars(p).items() if k not in ("rows", "json_path", *other_task)}
+    results = []
+    if p.task == "imdb":
+        from cory.tasks.imdb import ImdbTask
+
+        tokenizer = load_tokenizer(p.reference)
+        # the reward and the prompts first: a missing reward model fails before any LM is loaded
+        task = _task(lambda: ImdbTask(tokenizer, source=p.dataset, reward=p.reward))
+        examples = task.eval_examples(p.limit)
+        settings.update(dataset=task.source, n_prompts=len(examples))
+        for entry in p.rows:
+            if entry.spec != p.reference and not _same_vocabulary(load_tokenizer(entry.spec), tokenizer):
+                raise EvalError(f"--model {entry.spec}: its tokenizer differs from the reference "
+                                f"{p.reference}'s, so KL cannot be computed token by token")
+        reference = load_model(p.reference, p.dtype)
+        for entry in p.rows:
+            model = reference if entry.spec == p.reference else load_model(entry.spec, p.dtype)
+            res = evaluate_imdb_model(model, reference, tokenizer, task, examples, max_new_tokens=p.max_new_tokens,
+                                      batch_size=p.batch_size, seed=p.seed, label=entry.label)
+            results.append({"name": entry.label, "model": entry.spec, **res})
+            del model
+        columns = [("reward", "task_reward", ".4f"), ("KL", "kl", ".4f"), ("distinct-1", "distinct_1", ".3f"),
+                   ("distinct-2", "distinct_2", ".3f"), ("length", "response_length", ".2f")]
+    else:
+        from cory.tasks.gsm8k import Gsm8kTask
+
+        task = _task(lambda: Gsm8kTask(source=p.dataset, dataset_path=p.dataset_path))
+        examples = task.eval_examples(p.limit)
+        settings.update(dataset=task.source, n_questions=len(examples))
+        for entry in p.rows:
+            tokenizer = load_tokenizer(entry.spec)
+            model = load_model(entry.spec, p.dtype)
+            res = evaluate_gsm8k_model(model, tokenizer, task, examples, n=p.n, ks=p.ks,
+                                       max_new_tokens=p.max_new_tokens, batch_size=p.batch_size, seed=p.seed,
+                                       label=entry.label)
+            results.append({"name": entry.label, "model": entry.spec, **res})
+            del model
+        columns = [(f"pass@{k}", f"pass@{k}", ".4f") for k in p.ks]
+        columns += [("accuracy", "accuracy", ".4f"), ("hit limit", "hit_limit", ".3f"),
+                    ("length", "response_length", ".1f")]
+    doc = {"task": p.task, "settings": settings, "results": results}
+    print(_table(columns, [(r["name"], r) for r in results]))
+    if p.task == "gsm8k" and task.source == "generated":
+        print("note: generated GSM8K-style stand-in problems, NOT GSM8K (pass --dataset_path for the real test set)")
+    if p.json_path is not None:
+        p.json_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.json_path.with_name(p.json_path.name + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=2) + "\n")
+        os.replace(tmp, p.json_path)
+        print(f"results: {p.json_path}")
+    return doc
+
+
+def main(argv: Sequence[str] | None = None) -> dict | None:
+    from cory.assets import AssetError
+    from cory.config import ConfigError
+
+    try:
+        return run(plan(argv))
+    except (EvalError, ConfigError, AssetError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""cory.evaluate: IMDB reward/KL/diversity and GSM8K pass@k on tiny real models, and its input checks."""
+import json
+import math
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+from transformers import AutoModelForCausalLM
+
+from conftest import REPO
+from cory import assets
+from cory.evaluate import distinct_n, main, sequence_kl
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A run folder as training leaves it: config.yaml naming the base, and two final models, llm1 an
+    exact copy of the base and llm2 the base with noise added to every weight."""
+    run = tmp_path_factory.mktemp("evalrun") / "run"
+    config = yaml.safe_load((REPO / "configs" / "imdb" / "cory_tiny.yaml").read_text())
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump({**config, "output_dir": str(run)}))
+    base = assets.tiny_model_dir()
+    shutil.copytree(base, run / "final" / "llm1")
+    model = AutoModelForCausalLM.from_pretrained(base)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    model.save_pretrained(run / "final" / "llm2")
+    assets.load_tokenizer("tiny").save_pretrained(run / "final" / "llm2")
+    return run
+
+
+def test_distinct_n_hand_examples():
+    texts = ["the cat sat", "the cat ran"]
+    assert distinct_n(texts, 1) == pytest.approx(4 / 6)   # the, cat, sat, ran out of 6 words
+    assert distinct_n(texts, 2) == pytest.approx(3 / 4)   # (the cat) twice; bigrams never span two texts
+    collapsed = ["great great great great"]
+    assert distinct_n(collapsed, 1) == pytest.approx(1 / 4)
+    assert distinct_n(collapsed, 2) == pytest.approx(1 / 3)
+    assert distinct_n([], 1) == 0.0
+    assert distinct_n(["word"], 2) == 0.0
+
+
+def _hand_kl(model, reference, prompt, response):
+    """sum_t sum_v p(v|x<t) log(p(v|x<t) / q(v|x<t)) over the response positions, one unpadded sequence."""
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        p = torch.softmax(model(ids).logits[0].double(), -1)
+        q = torch.softmax(reference(ids).logits[0].double(), -1)
+    total = 0.0
+    for t in range(len(prompt), len(prompt) + len(response)):  # token t is predicted at position t - 1
+        total += float((p[t - 1] * (p[t - 1].log() - q[t - 1].log())).sum())
+    return total
+
+
+def test_sequence_kl_matches_hand_computation(tiny_run):
+    base = AutoModelForCausalLM.from_pretrained(tiny_run / "final" / "llm1").eval()
+    other = AutoModelForCausalLM.from_pretrained(tiny_run / "final" / "llm2").eval()
+    tok = assets.load_tokenizer("tiny")
+    # different prompt and response lengths, so the batch has left padding to mask
+    prompts = [tok("This movie", add_special_tokens=False).input_ids,
+               tok("I watched it twice and", add_special_tokens=False).input_ids]
+    responses = [tok(" was fun", add_special_tokens=False).input_ids,
+                 tok(" loved every minute of it", add_special_tokens=False).input_ids]
+    assert len(prompts[0]) != len(prompts[1]) and len(responses[0]) != len(responses[1])
+    got = sequence_kl(other, base, prompts, responses, tok.pad_token_id)
+    want = [_hand_kl(other, base, p, r) for p, r in zip(prompts, responses)]
+    assert got == pytest.approx(want, rel=1e-4)
+    assert min(got) > 0
+    # two separately loaded copies of the same weights: exactly no divergence
+    same = AutoModelForCausalLM.from_pretrained(assets.tiny_model_dir()).eval()
+    assert sequence_kl(same, base, prompts, responses, tok.pad_token_id) == pytest.approx([0, 0], abs=1e-6)
+
+
+def test_imdb_evaluation_of_a_run_folder(tiny_run, capsys):
+    doc = main(["--task", "imdb", "--model", str(tiny_run), "--limit", "6", "--max_new_tokens", "5",
+                "--batch_size", "4"])
+    out = capsys.readouterr().out
+    rows = {r["name"]: r for r in doc["results"]}
+    assert list(rows) == ["base", "run/llm1", "run/llm2"]
+    assert doc["settings"]["reference"] == "tiny"       # from the run's config.yaml
+    assert doc["settings"]["reward"] == "vader"
+    for r in rows.values():
+        assert -1 <= r["task_reward"] <= 1 and math.isfinite(r["task_reward"])
+        assert 0 < r["distinct_1"] <= 1 and 0 < r["distinct_2"] <= 1
+        assert 1 <= r["response_length"] <= 5
+        assert r["n_prompts"] == 6
+    assert abs(rows["base"]["kl"]) < 1e-5
+    assert abs(rows["run/llm1"]["kl"]) < 1e-5
+    assert rows["run/llm2"]["kl"] > 1e-3
+    # same seed for every model: identical weights give identical answers
+    assert rows["run/llm1"]["samples"] == rows["base"]["samples"]
+    assert rows["run/llm2"]["samples"] != rows["base"]["samples"]
+    assert "distinct-2" in out and "run/llm2" in out
+    saved = json.loads((tiny_run / "eval_imdb.json").read_text())
+    assert saved["results"] == json.loads(json.dumps(doc["results"]))
+
+
+def test_gsm8k_pass_at_k_on_generated_problems(tiny_run, tmp_path, capsys):
+    out_json = tmp_path / "sub" / "gsm8k.json"
+    doc = main(["--task", "gsm8k", "--model", str(tiny_run / "final" / "llm2"), "--dataset", "generated",
+                "--limit", "3", "--n", "4", "--k", "1,2", "--max_new_tokens", "8", "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert "pass@1" in out and "pass@2" in out and "hit limit" in out and "NOT GSM8K" in out
+    saved = json.loads(out_json.read_text())
+    assert saved["task"] == "gsm8k" and saved["settings"]["dataset"] == "generated"
+    assert [r["name"] for r in saved["results"]] == ["base", "run/llm2"]
+    for r in saved["results"]:
+        assert {"pass@1", "pass@2", "accuracy", "hit_limit", "response_length", "n_questions", "n_samples"} <= set(r)
+        assert r["n_questions"] == 3 and r["n_samples"] == 4
+        assert 0 <= r["pass@1"] <= r["pass@2"] <= 1
+        assert r["accuracy"] == pytest.approx(r["pass@1"])  # unbiased pass@1 is the mean accuracy
+        assert 0 <= r["hit_limit"] <= 1 and 1 <= r["response_length"] <= 8
+    assert doc["results"][0]["model"] == "tiny"
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--task", "gsm8k", "--model", "tiny", "--n", "2", "--k", "1,4"], "--k 4 is larger than --n 2"),
+    (["--task", "mnist", "--model", "tiny"], "'mnist' is not one of imdb, gsm8k"),
+    (["--task", "imdb", "--model", "{tmp}/nope"], "no such directory"),
+    (["--task", "imdb", "--model", "tiny", "--limit", "0"], "--limit: must be >= 1"),
+    (["--task", "gsm8k", "--model", "tiny", "--n", "abc"], "--n: expected a positive integer"),
+    (["--task", "gsm8k", "--model", "tiny", "--k", "1,x"], "--k: expected comma-separated"),
+    (["--task", "imdb", "--model", "tiny", "--seed", "-1"], "--seed: must be >= 0"),
+    (["--task", "imdb", "--model", "tiny", "--batch_size", "2.5"], "--batch_size: expected a positive integer"),
+    (["--task", "imdb", "--model", "tiny", "--k", "1"], "--k applies to the other task"),
+    (["--task", "imdb", "--model", "tiny", "--reward", "sentiment"], "--reward 'sentiment' is not one of"),
+    (["--task", "imdb", "--model", "tiny", "--dataset", "local"], "--dataset 'local' is not one of auto, hub, builtin"),
+    (["--task", "gsm8k", "--model", "tiny", "--dataset_path", "{tmp}"], "no test.jsonl"),
+    (["--task", "imdb", "--model", "tiny", "--bogus", "1"], "unrecognized arguments: --bogus"),
+    (["--task", "imdb", "--model", "{tmp}/plain"], "--reference: needed"),
+    (["--task", "imdb", "--model", "{tmp}/unfinished"], "no trained models in final/"),
+    (["--task", "gsm8k", "--model", "{tmp}/plain"], "--reference: needed for the 'base' row"),
+    (["--task", "imdb", "--model", "tiny", "--reference", "{tmp}/unfinished"], "not a model folder"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, expected, tmp_path, capsys):
+    shutil.copytree(assets.tiny_model_dir(), tmp_path / "plain")   # a model folder with no run around it
+    (tmp_path / "unfinished").mkdir()
+    (tmp_path / "unfinished" / "config.yaml").write_text("task: imdb\nmodel_name: tiny\n")
+    with pytest.raises(SystemExit) as exc:
+        main([a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], captured.err
+    assert captured.out == ""
+
+
+def test_cli_error_in_a_fresh_process():
+    p = subprocess.run([sys.executable, "-m", "cory.evaluate", "--task", "gsm8k", "--model", "tiny",
+                        "--n", "2", "--k", "4"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == ["error: --k 4 is larger than --n 2: pass@k needs at least k samples "
+                                             "per question"]
