@@ -1,0 +1,502 @@
+"""Where a PPO and a CORY iteration spend their time and memory, and how close they get to the machine.
+
+    python benchmarks/iteration.py --preset cpu --batch_size 16 --iterations 3
+    python benchmarks/iteration.py --preset tiny --batch_size 4 --iterations 2      # seconds, a smoke check
+
+Each variant runs in a fresh subprocess (so peak resident memory is its own), on the IMDB preset's
+model (configs/imdb/{ppo,cory}_<preset>.yaml: embedded SmolLM2-135M + VADER for ``cpu``), with the
+same seed and so the same prompts and response lengths, the full batch in one PPO mini-batch:
+
+    ppo        our PPO iteration (Run.ppo_iteration)
+    cory       our CORY iteration (Run.cory_iteration)
+    authors    CORY as the released code runs it, built from the same pieces: trl's stock PPOTrainer and
+               Adam, trl's default list generation in batches of 4, and role exchange by save_pretrained
+               + reload into new PPOTrainers every swap_period iterations
+    ppo_peft, cory_peft   the same with LoRA adapters (use_peft), for memory only
+
+Reported per variant: seconds per iteration (median over --iterations after --warmup), split into
+pioneer generation, observer generation, reward, pioneer PPO step, observer PPO step, role exchange and
+other; tokens per second; peak resident memory; model FLOPs per second as a fraction of this machine's fp32
+matmul peak, measured in the same worker right before and after its iterations (the best of the run is
+used). Model FLOPs count 2 x (non-embedding weights x tokens + LM-head weights x scored tokens) per
+forward pass and 3x that per training pass: generation, the policy's and the reference's no-grad passes,
+and ppo_epochs training passes, on the real (unpadded) prompt + response tokens; attention's own
+products (about 2% at these lengths) are left out.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PRESETS = ("tiny", "cpu")
+VARIANTS = ("ppo", "cory", "authors", "ppo_peft", "cory_peft")
+COMPONENTS = {
+    "ppo": [("generate", "time/generate_s"), ("reward", "time/reward_s"), ("step", "time/step_s")],
+    "cory": [("pioneer_generate", "time/pioneer_generate_s"), ("observer_generate", "time/observer_generate_s"),
+             ("reward", "time/reward_s"), ("pioneer_step", "time/pioneer_step_s"),
+             ("observer_step", "time/observer_step_s"), ("exchange", "time/swap_s")],
+}
+TARGETS = {"outside_share": 0.05, "step_mfu": 0.60, "exchange_s": 0.050, "speedup": 1.5, "peft_extra": 0.30}
+
+
+class UsageError(Exception):
+    pass
+
+
+# ----------------------------------------------------------------------------- measurements
+
+def matmul_peak_gflops(size: int = 2048, repeats: int = 5) -> float:
+    """fp32 GEMM throughput, best of ``repeats``: the machine's practical limit for these models."""
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * size ** 3 / best / 1e9
+
+
+def weight_counts(policy) -> dict:
+    """Weights that multiply activations: the transformer's (every linear layer but the LM head) and the head's."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    lm = policy.pretrained_model
+    if hasattr(lm, "get_base_model"):  # peft
+        lm = lm.get_base_model()
+    head = lm.get_output_embeddings()
+    body = sum(m.weight.numel() for m in lm.modules()
+               if isinstance(m, (torch.nn.Linear, Conv1D)) and m is not head)
+    trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in policy.parameters())
+    return {"body": body, "head": head.weight.numel(), "total": total, "trainable": trainable}
+
+
+def forward_flops(w: dict, tokens: int, scored: int) -> float:
+    return 2.0 * (w["body"] * tokens + w["head"] * scored)
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kilobytes
+
+
+def reset_window_peak() -> bool:
+    """Restart the kernel's resident-memory high-water mark (VmHWM), to read one phase's own peak."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def window_peak_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+# ----------------------------------------------------------------------------- the worker
+
+def build_cfg(args, variant: str, out_dir: str):
+    from cory.config import CoryArgs, PPOArgs, build, load_yaml
+
+    method = "ppo" if variant.startswith("ppo") else "cory"
+    base = load_yaml(REPO / "configs" / "imdb" / f"{method}_{args.preset}.yaml")
+    base.update(output_dir=out_dir, batch_size=args.batch_size, mini_batch_size=args.batch_size,
+                gradient_accumulation_steps=1, steps=args.warmup + args.iterations, seed=args.seed,
+                use_peft=variant.endswith("_peft"))
+    if method == "cory":
+        base.update(swap_period=args.swap_period)
+    for field in ("response_length_min", "response_length_max"):
+        if getattr(args, field) is not None:
+            base[field] = getattr(args, field)
+    return method, build(CoryArgs if method == "cory" else PPOArgs, base)
+
+
+def authors_agent_class():
+    from cory.trainer import Agent
+
+    class AuthorsAgent(Agent):
+        """An agent as the released code has it: trl's stock PPOTrainer, Adam and list generation."""
+
+        def trainer_class(self):
+            from trl import PPOTrainer
+            return PPOTrainer
+
+        def make_optimizer(self, policy):
+            return None  # trl builds its own Adam
+
+        def generate(self, prompts, max_new_tokens, gen_kwargs):
+            # trl's _generate_batched with its default batch_size=4
+            return self.trainer.generate(prompts, return_prompt=False, max_new_tokens=max_new_tokens, **gen_kwargs)
+
+    return AuthorsAgent
+
+
+def authors_exchange(run, folder: Path) -> float:
+    """The released code's role exchange: both models to disk, then new PPOTrainers on the reloaded copies."""
+    from cory import assets
+    from cory.trainer import AGENTS
+
+    t0 = time.perf_counter()
+    agent_cls = authors_agent_class()
+    for name in AGENTS:
+        run.agents[name].policy.save_pretrained(folder / name)
+    run.agents.clear()
+    gc.collect()
+    for name in AGENTS:
+        policy = assets.load_policy(str(folder / name))
+        run.agents[name] = agent_cls(name, run.cfg, policy, run.reference, run.tokenizer)
+    return time.perf_counter() - t0
+
+
+def instrument(run, log: list) -> None:
+    """Log each agent's generation and PPO step: wall and CPU seconds, tokens, and the step's memory
+    (resident before it, and its own peak). The FLOPs and tokens/s come from these counts."""
+    for agent in run.agents.values():
+        if getattr(agent, "_instrumented", False):
+            continue
+        generate, step = agent.generate, agent.step
+
+        def timed_generate(prompts, max_new_tokens, gen_kwargs, _generate=generate, _name=agent.name):
+            w0, c0 = time.perf_counter(), time.process_time()
+            out = _generate(prompts, max_new_tokens, gen_kwargs)
+            log.append({"agent": _name, "phase": "generate", "wall_s": time.perf_counter() - w0,
+                        "cpu_s": time.process_time() - c0})
+            return out
+
+        def timed_step(queries, responses, scores, _step=step, _name=agent.name):
+            q, r = [len(x) for x in queries], [len(x) for x in responses]
+            before = rss_mb()
+            reset_window_peak()
+            w0, c0 = time.perf_counter(), time.process_time()
+            stats = _step(queries, responses, scores)
+            log.append({"agent": _name, "phase": "step", "wall_s": time.perf_counter() - w0,
+                        "cpu_s": time.process_time() - c0, "rss_before_mb": before, "rss_peak_mb": window_peak_mb(),
+                        "prompt_tokens": sum(q), "response_tokens": sum(r),
+                        "padded_tokens": len(q) * max(a + b for a, b in zip(q, r))})
+            return stats
+
+        agent.generate, agent.step = timed_generate, timed_step
+        agent._instrumented = True
+
+
+def worker(args) -> dict:
+    import numpy as np
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from cory.trainer import AGENTS, is_swap_step, prepare_run
+
+    variant = args.worker
+    tmp = tempfile.mkdtemp(prefix=f"cory_bench_{variant}_")
+    method, cfg = build_cfg(args, variant, os.path.join(tmp, "run"))
+    t0 = time.perf_counter()
+    run = prepare_run(cfg, method)
+    if variant == "authors":
+        agent_cls = authors_agent_class()
+        for name in AGENTS:
+            old = run.agents[name]
+            run.agents[name] = agent_cls(name, cfg, old.policy, run.reference, run.tokenizer)
+            del old
+        # as prepare_run does after building trainers (trl seeds every RNG in its constructor)
+        torch.manual_seed(cfg.seed)
+        np.random.seed(cfg.seed)
+    gc.collect()
+    load_s = time.perf_counter() - t0
+    weights = weight_counts(next(iter(run.agents.values())).policy)
+    rss_loaded = rss_mb()
+    peaks = [matmul_peak_gflops()]
+    load_avg = [os.getloadavg()[0]]
+
+    iteration = run.cory_iteration if method == "cory" else run.ppo_iteration
+    rows, steps_log = [], []
+    for step in range(args.warmup + args.iterations):
+        steps_log.clear()
+        instrument(run, steps_log)
+        t0, c0 = time.perf_counter(), time.process_time()
+        exchange = exchange_cpu = 0.0
+        if variant == "authors" and is_swap_step(step, cfg.swap_period):
+            c1 = time.process_time()
+            exchange = authors_exchange(run, Path(tmp) / f"exchange_{step}")
+            exchange_cpu = time.process_time() - c1
+            instrument(run, steps_log)
+        batch = run.task.sample(cfg.batch_size)
+        row, _ = iteration(step, batch)
+        total, cpu = time.perf_counter() - t0, time.process_time() - c0
+        if row is None:
+            raise RuntimeError(f"iteration {step} was skipped (non-finite reward)")
+        times = {k: v for k, v in row.items() if k.startswith("time/")}
+        if variant == "authors":
+            times["time/swap_s"] += exchange
+        rows.append({"step": step, "warmup": step < args.warmup, "total_s": total, "cpu_s": cpu, "times": times,
+                     "exchange_s": exchange, "exchange_cpu_s": exchange_cpu,
+                     "swap_step": method == "cory" and is_swap_step(step, cfg.swap_period),
+                     "pioneer": row.get("pioneer"), "agents": list(steps_log)})
+        print(f"[{variant}] iteration {step}: {total:.1f}s", file=sys.stderr, flush=True)
+    peaks.append(matmul_peak_gflops())
+    load_avg.append(os.getloadavg()[0])
+    return {"variant": variant, "method": method, "threads": torch.get_num_threads(), "preset": args.preset,
+            "batch_size": cfg.batch_size, "ppo_epochs": cfg.ppo_epochs, "swap_period": getattr(cfg, "swap_period", None),
+            "use_peft": cfg.use_peft, "weights": weights, "load_s": load_s, "rss_loaded_mb": rss_loaded,
+            "peak_rss_mb": peak_rss_mb(), "matmul_peak_gflops": peaks, "load_average": load_avg, "rows": rows}
+
+
+# ----------------------------------------------------------------------------- the summary
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def roles(row: dict, method: str) -> dict:
+    """agent name -> role in this iteration."""
+    if method == "ppo":
+        return {"policy": "policy"}
+    p = row["pioneer"]
+    return {p: "pioneer", ("llm2" if p == "llm1" else "llm1"): "observer"}
+
+
+def summarize(res: dict, peak: float) -> dict:
+    """Medians over the timed iterations; for CORY the exchange is charged 1/swap_period per iteration."""
+    method, w, epochs = res["method"], res["weights"], res["ppo_epochs"]
+    timed = [r for r in res["rows"] if not r["warmup"]] or res["rows"]
+    cory = method == "cory"
+    per_iter = []
+    for r in timed:
+        comps = {name: r["times"].get(key, 0.0) for name, key in COMPONENTS[method]}
+        role = roles(r, method)
+        steps = {role[a["agent"]]: a for a in r["agents"] if a["phase"] == "step"}
+        gens = {role[a["agent"]]: a for a in r["agents"] if a["phase"] == "generate"}
+        tok = {k: (a["prompt_tokens"] + a["response_tokens"], a["response_tokens"]) for k, a in steps.items()}
+        step_flops = {k: (2 + 3 * epochs) * forward_flops(w, *tok[k]) for k in steps}
+        flops = sum(step_flops.values()) + sum(forward_flops(w, *tok[k]) for k in steps)
+        exchange = comps.get("exchange", 0.0)
+        core = sum(a["wall_s"] for a in r["agents"])  # the generations and PPO steps
+        core_cpu = sum(a["cpu_s"] for a in r["agents"])
+        per_iter.append({
+            "steady_s": r["total_s"] - exchange, "steady_cpu_s": r["cpu_s"] - r.get("exchange_cpu_s", 0.0),
+            "exchange_s": exchange, "exchange_cpu_s": r.get("exchange_cpu_s", 0.0), "swap_step": r["swap_step"], "components": comps,
+            "outside_s": r["total_s"] - exchange - core, "outside_cpu_s": r["cpu_s"] - r.get("exchange_cpu_s", 0.0) - core_cpu,
+            "tokens": sum(t for t, _ in tok.values()), "padded": sum(a["padded_tokens"] for a in steps.values()),
+            "flops": flops,
+            "step_mfu": {k: step_flops[k] / steps[k]["wall_s"] / 1e9 / peak for k in steps},
+            "step_mfu_cpu": {k: step_flops[k] / steps[k]["cpu_s"] / 1e9 / peak for k in steps},
+            "step_cpu_s": {k: steps[k]["cpu_s"] for k in steps}, "generate_cpu_s": {k: gens[k]["cpu_s"] for k in gens},
+            "step_memory_mb": {k: {"before": steps[k]["rss_before_mb"], "peak": steps[k]["rss_peak_mb"]} for k in steps},
+        })
+    swaps = [p["exchange_s"] for p in per_iter if p["swap_step"]]
+    exchange_s = median(swaps) if swaps else (0.0 if cory else None)
+    period = res["swap_period"] or 1
+    steady, steady_cpu = median([p["steady_s"] for p in per_iter]), median([p["steady_cpu_s"] for p in per_iter])
+    comps = {k: median([p["components"][k] for p in per_iter]) for k in per_iter[0]["components"]}
+    if cory:
+        comps["exchange"] = exchange_s / period
+    total = steady + (exchange_s / period if cory else 0.0)
+    comps["other"] = median([p["outside_s"] - p["components"]["reward"] for p in per_iter])
+    out = {
+        "variant": res["variant"], "iterations": len(per_iter), "threads": res["threads"],
+        "seconds_per_iteration": total, "cpu_seconds_per_iteration": steady_cpu, "components_s": comps,
+        "tokens_per_s": median([p["tokens"] / p["steady_s"] for p in per_iter]),
+        "padding_waste": 1 - sum(p["tokens"] for p in per_iter) / max(1, sum(p["padded"] for p in per_iter)),
+        "peak_rss_mb": res["peak_rss_mb"], "rss_loaded_mb": res["rss_loaded_mb"],
+        "model_gflops_per_s": median([p["flops"] / p["steady_s"] / 1e9 for p in per_iter]),
+        "load_average": res["load_average"], "matmul_peak_gflops_worker": res["matmul_peak_gflops"],
+    }
+    out["mfu"] = out["model_gflops_per_s"] / peak
+    names = list(per_iter[0]["step_mfu"])
+    out["step_mfu"] = {k: median([p["step_mfu"][k] for p in per_iter]) for k in names}
+    out["step_mfu_cpu"] = {k: median([p["step_mfu_cpu"][k] for p in per_iter]) for k in names}
+    out["step_cpu_s"] = {k: median([p["step_cpu_s"][k] for p in per_iter]) for k in names}
+    out["generate_cpu_s"] = {k: median([p["generate_cpu_s"][k] for p in per_iter]) for k in names}
+    out["step_memory_mb"] = {k: {"before": max(p["step_memory_mb"][k]["before"] for p in per_iter),
+                                 "peak": max(p["step_memory_mb"][k]["peak"] for p in per_iter)} for k in names}
+    if cory:
+        out["exchange_s"] = exchange_s
+        out["amortized_s"] = {str(k): steady + exchange_s / k for k in sorted({period, 5})}
+        exchange_cpu = median([p["exchange_cpu_s"] for p in per_iter if p["swap_step"]]) if swaps else 0.0
+        out["exchange_cpu_s"] = exchange_cpu
+        out["amortized_cpu_s"] = {str(k): steady_cpu + exchange_cpu / k for k in sorted({period, 5})}
+        out["outside_share"] = (median([p["outside_s"] for p in per_iter]) + exchange_s / period) / total
+        out["outside_share_cpu"] = median([p["outside_cpu_s"] / p["steady_cpu_s"] for p in per_iter])
+    return out
+
+
+def targets(summary: dict, raw: dict) -> list[dict]:
+    """Each target of the issue next to its figure: wall clock, and CPU seconds of the process (steadier
+    than wall clock when other processes share the cores)."""
+    rows = []
+    cory, ppo, authors = summary.get("cory"), summary.get("ppo"), summary.get("authors")
+
+    def add(target, goal, measured, met):
+        rows.append({"target": target, "goal": goal, "measured": measured, "met": bool(met)})
+
+    if cory:
+        add("CORY time outside its 2 generations + 2 PPO steps", "< 5%",
+            f"{cory['outside_share']:.2%} wall, {cory['outside_share_cpu']:.2%} CPU",
+            cory["outside_share"] < TARGETS["outside_share"])
+    if ppo:
+        wall, cpu = ppo["step_mfu"]["policy"], ppo["step_mfu_cpu"]["policy"]
+        add("PPO update: model FLOP/s / fp32 matmul peak", ">= 60%", f"{wall:.0%} wall, {cpu:.0%} CPU",
+            wall >= TARGETS["step_mfu"])
+    if cory:
+        add("role exchange", "< 50 ms", f"{cory['exchange_s'] * 1e3:.3f} ms", cory["exchange_s"] < TARGETS["exchange_s"])
+    if cory and authors:
+        for k in authors["amortized_s"]:
+            wall = authors["amortized_s"][k] / cory["amortized_s"][k]
+            cpu = authors["amortized_cpu_s"][k] / cory["amortized_cpu_s"][k]
+            add(f"our CORY vs the authors' loop, swap_period {k}", ">= 1.5x", f"{wall:.2f}x wall, {cpu:.2f}x CPU",
+                wall >= TARGETS["speedup"])
+    if cory and ppo:
+        w = raw["cory"]["weights"]
+        # one policy (all its weights) and Adam's two moments per trainable weight, fp32
+        budget = (w["total"] + 2 * w["trainable"]) * 4 / 2 ** 20
+        extra = cory["peak_rss_mb"] - ppo["peak_rss_mb"]
+        add("peak memory CORY - PPO", f"<= policy + Adam = {budget:.0f} MB", f"{extra:.0f} MB", extra <= budget)
+    cp, pp = summary.get("cory_peft"), summary.get("ppo_peft")
+    if cp and pp:
+        extra = cp["peak_rss_mb"] / pp["peak_rss_mb"] - 1
+        add("peak memory CORY vs PPO, both use_peft", "< +30%", f"{extra:+.1%}", extra < TARGETS["peft_extra"])
+    return rows
+
+
+def print_table(summary: dict, checks: list[dict], peak: float) -> None:
+    print(f"\nfp32 matmul peak (best in this run): {peak:.1f} GFLOP/s")
+    cols = ["pioneer_generate", "observer_generate", "generate", "reward", "pioneer_step", "observer_step",
+            "step", "exchange", "other"]
+    short = {"pioneer_generate": "pio_gen", "observer_generate": "obs_gen", "pioneer_step": "pio_step",
+             "observer_step": "obs_step"}
+    print(f"{'variant':<10} {'s/iter':>7} {'CPU s':>7} " + " ".join(f"{short.get(c, c):>8}" for c in cols)
+          + f" {'tok/s':>6} {'MFU':>4}")
+    for name, s in summary.items():
+        comps = s["components_s"]
+        cells = " ".join(f"{comps[c]:8.2f}" if c in comps else f"{'':>8}" for c in cols)
+        print(f"{name:<10} {s['seconds_per_iteration']:7.2f} {s['cpu_seconds_per_iteration']:7.2f} {cells} "
+              f"{s['tokens_per_s']:6.1f} {s['mfu']:4.0%}")
+    print("\nPPO update, model FLOP/s / matmul peak (wall clock | CPU time):")
+    for name, s in summary.items():
+        print(f"  {name:<10} " + ", ".join(f"{k} {s['step_mfu'][k]:.0%} | {s['step_mfu_cpu'][k]:.0%}" for k in s["step_mfu"]))
+    print("\nmemory, MB: peak RSS; RSS after loading; per PPO step: RSS before it -> its peak")
+    for name, s in summary.items():
+        steps = ", ".join(f"{k} {m['before']:.0f} -> {m['peak']:.0f}" for k, m in s["step_memory_mb"].items())
+        print(f"  {name:<10} {s['peak_rss_mb']:6.0f}; {s['rss_loaded_mb']:5.0f}; {steps}")
+    print(f"\n{'target':<52} {'goal':<30} measured")
+    for c in checks:
+        print(f"{c['target']:<52} {c['goal']:<30} {c['measured']:<28} {'met' if c['met'] else 'NOT met'}")
+
+
+# ----------------------------------------------------------------------------- the command
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    p.add_argument("--preset", default="cpu")
+    p.add_argument("--batch_size", type=int, default=16)
+    p.add_argument("--iterations", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--swap_period", type=int, default=2, help="CORY and the authors' loop (default 2)")
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--peft_iterations", type=int, default=1, help="iterations of the memory-only LoRA variants")
+    p.add_argument("--response_length_min", type=int, default=None)
+    p.add_argument("--response_length_max", type=int, default=None)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="write the full results here")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--worker_out", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.preset not in PRESETS:
+        raise UsageError(f"--preset: {args.preset!r} is not one of {', '.join(PRESETS)}")
+    for name, low in (("batch_size", 1), ("iterations", 1), ("warmup", 0), ("swap_period", 1),
+                      ("peft_iterations", 1), ("threads", 0)):
+        if getattr(args, name) < low:
+            raise UsageError(f"--{name}: must be >= {low}, got {getattr(args, name)}")
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad or not variants:
+        raise UsageError(f"--variants: {','.join(bad) or 'nothing'} is not a subset of {','.join(VARIANTS)}")
+    args.variants = variants
+    if "authors" in variants and args.warmup + args.iterations <= args.swap_period:
+        raise UsageError(f"--iterations: the authors' loop needs warmup + iterations > swap_period "
+                         f"({args.swap_period}) so that an exchange is timed")
+    if args.json is not None and not Path(args.json).resolve().parent.is_dir():
+        raise UsageError(f"--json: folder {Path(args.json).parent} does not exist")
+    return args
+
+
+def run_worker(args, variant: str) -> dict:
+    out = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
+    iterations, warmup = ((args.peft_iterations, 0) if variant.endswith("_peft") else (args.iterations, args.warmup))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", variant, "--worker_out", out,
+           "--preset", args.preset, "--batch_size", str(args.batch_size), "--iterations", str(iterations),
+           "--warmup", str(warmup), "--swap_period", str(args.swap_period), "--threads", str(args.threads),
+           "--seed", str(args.seed), "--variants", variant]
+    for field in ("response_length_min", "response_length_max"):
+        if getattr(args, field) is not None:
+            cmd += [f"--{field}", str(getattr(args, field))]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
+    print(f"running {variant} ...", file=sys.stderr, flush=True)
+    proc = subprocess.run(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        raise RuntimeError(f"{variant} failed (exit {proc.returncode}):\n{tail}")
+    for line in proc.stderr.splitlines():
+        if line.startswith(f"[{variant}]"):
+            print(line, file=sys.stderr)
+    with open(out) as f:
+        result = json.load(f)
+    os.unlink(out)
+    return result
+
+
+def main(argv=None) -> int:
+    try:
+        args = parse(sys.argv[1:] if argv is None else argv)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.worker:
+        sys.path.insert(0, str(REPO))
+        result = worker(args)
+        with open(args.worker_out, "w") as f:
+            json.dump(result, f)
+        return 0
+    started = time.perf_counter()
+    raw = {v: run_worker(args, v) for v in args.variants}
+    peak = max(max(r["matmul_peak_gflops"]) for r in raw.values())
+    summary = {v: summarize(r, peak) for v, r in raw.items()}
+    checks = targets(summary, raw)
+    print_table(summary, checks, peak)
+    report = {"command": "python benchmarks/iteration.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "matmul_peak_gflops": peak, "wall_s": time.perf_counter() - started, "summary": summary,
+              "targets": checks}
+    print("\n" + json.dumps({"matmul_peak_gflops": peak, "summary": summary, "targets": checks}, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({**report, "raw": raw}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
