@@ -94,12 +94,16 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
 
 
+_EARLIER_PEAK = [0.0]  # the highest VmHWM before the last reset (a reset also hides it from getrusage)
+
+
 def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kilobytes
+    return max(_EARLIER_PEAK[0], window_peak_mb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
 def reset_window_peak() -> bool:
     """Restart the kernel's resident-memory high-water mark (VmHWM), to read one phase's own peak."""
+    _EARLIER_PEAK[0] = max(_EARLIER_PEAK[0], window_peak_mb())
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
