@@ -18,10 +18,14 @@ Reported per variant: seconds per iteration (median over --iterations after --wa
 pioneer generation, observer generation, reward, pioneer PPO step, observer PPO step, role exchange and
 other; tokens per second; peak resident memory; model FLOPs per second as a fraction of this machine's fp32
 matmul peak, measured in the same worker right before and after its iterations (the best of the run is
-used). Model FLOPs count 2 x (non-embedding weights x tokens + LM-head weights x scored tokens) per
-forward pass and 3x that per training pass: generation, the policy's and the reference's no-grad passes,
-and ppo_epochs training passes, on the real (unpadded) prompt + response tokens; attention's own
-products (about 2% at these lengths) are left out.
+used). Model FLOPs are the work PPO's math needs, on the real (unpadded) prompt + response tokens:
+a forward pass is 2 x (non-embedding weights x tokens + LM-head weights x scored tokens); its backward
+is one more of that for the activations' gradients plus 2 x trainable weights x tokens for the weights'
+(so a training pass is 3 forwards when every weight trains, about 2 with LoRA's frozen base). A PPO step
+needs the reference's forward, ppo_epochs training passes and, unless its epoch-0 forward can give them
+(one mini-batch), a forward for the rollout's log-probs and values; a generation counts one forward over
+prompt + response. Redundant passes (trl runs the rollout forward and then the same epoch-0 forward) are
+not credited, and attention's own products (about 2% at these lengths) are left out.
 """
 from __future__ import annotations
 
@@ -46,6 +50,7 @@ COMPONENTS = {
              ("reward", "time/reward_s"), ("pioneer_step", "time/pioneer_step_s"),
              ("observer_step", "time/observer_step_s"), ("exchange", "time/swap_s")],
 }
+OVERRIDES = ("response_length_min", "response_length_max", "max_pass_tokens")  # preset fields settable by flag
 TARGETS = {"outside_share": 0.05, "step_mfu": 0.60, "exchange_s": 0.050, "speedup": 1.5, "peft_extra": 0.30}
 
 
@@ -70,7 +75,8 @@ def matmul_peak_gflops(size: int = 2048, repeats: int = 5) -> float:
 
 
 def weight_counts(policy) -> dict:
-    """Weights that multiply activations: the transformer's (every linear layer but the LM head) and the head's."""
+    """Weights that multiply activations: the transformer's (every linear layer but the LM head) and the
+    head's, all and trainable."""
     import torch
     from transformers.pytorch_utils import Conv1D
 
@@ -78,15 +84,24 @@ def weight_counts(policy) -> dict:
     if hasattr(lm, "get_base_model"):  # peft
         lm = lm.get_base_model()
     head = lm.get_output_embeddings()
-    body = sum(m.weight.numel() for m in lm.modules()
-               if isinstance(m, (torch.nn.Linear, Conv1D)) and m is not head)
-    trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in policy.parameters())
-    return {"body": body, "head": head.weight.numel(), "total": total, "trainable": trainable}
+    body = [m.weight for m in lm.modules() if isinstance(m, (torch.nn.Linear, Conv1D)) and m is not head]
+    return {"body": sum(w.numel() for w in body), "head": head.weight.numel(),
+            "body_trainable": sum(w.numel() for w in body if w.requires_grad),
+            "head_trainable": head.weight.numel() if head.weight.requires_grad else 0,
+            "total": sum(p.numel() for p in policy.parameters()),
+            "trainable": sum(p.numel() for p in policy.parameters() if p.requires_grad)}
 
 
 def forward_flops(w: dict, tokens: int, scored: int) -> float:
     return 2.0 * (w["body"] * tokens + w["head"] * scored)
+
+
+def ppo_step_flops(w: dict, tokens: int, scored: int, epochs: int, one_minibatch: bool) -> float:
+    """The model FLOPs a PPO step needs (see the module's docstring)."""
+    forward = forward_flops(w, tokens, scored)
+    backward = forward + 2.0 * (w["body_trainable"] * tokens + w["head_trainable"] * scored)
+    rollout = 0.0 if one_minibatch else forward
+    return rollout + forward + epochs * (forward + backward)
 
 
 def rss_mb() -> float:
@@ -132,7 +147,7 @@ def build_cfg(args, variant: str, out_dir: str):
                 use_peft=variant.endswith("_peft"))
     if method == "cory":
         base.update(swap_period=args.swap_period)
-    for field in ("response_length_min", "response_length_max"):
+    for field in OVERRIDES:
         if getattr(args, field) is not None:
             base[field] = getattr(args, field)
     return method, build(CoryArgs if method == "cory" else PPOArgs, base)
@@ -263,7 +278,8 @@ def worker(args) -> dict:
     peaks.append(matmul_peak_gflops())
     load_avg.append(os.getloadavg()[0])
     return {"variant": variant, "method": method, "threads": torch.get_num_threads(), "preset": args.preset,
-            "batch_size": cfg.batch_size, "ppo_epochs": cfg.ppo_epochs, "swap_period": getattr(cfg, "swap_period", None),
+            "batch_size": cfg.batch_size, "ppo_epochs": cfg.ppo_epochs,
+            "one_minibatch": cfg.mini_batch_size >= cfg.batch_size, "max_pass_tokens": cfg.max_pass_tokens, "swap_period": getattr(cfg, "swap_period", None),
             "use_peft": cfg.use_peft, "weights": weights, "load_s": load_s, "rss_loaded_mb": rss_loaded,
             "peak_rss_mb": peak_rss_mb(), "matmul_peak_gflops": peaks, "load_average": load_avg, "rows": rows}
 
@@ -294,7 +310,7 @@ def summarize(res: dict, peak: float) -> dict:
         steps = {role[a["agent"]]: a for a in r["agents"] if a["phase"] == "step"}
         gens = {role[a["agent"]]: a for a in r["agents"] if a["phase"] == "generate"}
         tok = {k: (a["prompt_tokens"] + a["response_tokens"], a["response_tokens"]) for k, a in steps.items()}
-        step_flops = {k: (2 + 3 * epochs) * forward_flops(w, *tok[k]) for k in steps}
+        step_flops = {k: ppo_step_flops(w, *tok[k], epochs, res.get("one_minibatch", True)) for k in steps}
         flops = sum(step_flops.values()) + sum(forward_flops(w, *tok[k]) for k in steps)
         exchange = comps.get("exchange", 0.0)
         core = sum(a["wall_s"] for a in r["agents"])  # the generations and PPO steps
@@ -306,7 +322,8 @@ def summarize(res: dict, peak: float) -> dict:
             "tokens": sum(t for t, _ in tok.values()), "padded": sum(a["padded_tokens"] for a in steps.values()),
             "flops": flops,
             "step_mfu": {k: step_flops[k] / steps[k]["wall_s"] / 1e9 / peak for k in steps},
-            "step_mfu_cpu": {k: step_flops[k] / steps[k]["cpu_s"] / 1e9 / peak for k in steps},
+            # per core: the peak was measured with all of the run's threads
+            "step_mfu_cpu": {k: step_flops[k] / steps[k]["cpu_s"] / 1e9 / (peak / res["threads"]) for k in steps},
             "step_cpu_s": {k: steps[k]["cpu_s"] for k in steps}, "generate_cpu_s": {k: gens[k]["cpu_s"] for k in gens},
             "step_memory_mb": {k: {"before": steps[k]["rss_before_mb"], "peak": steps[k]["rss_peak_mb"]} for k in steps},
         })
@@ -321,6 +338,7 @@ def summarize(res: dict, peak: float) -> dict:
     comps["other"] = median([p["outside_s"] - p["components"]["reward"] for p in per_iter])
     out = {
         "variant": res["variant"], "iterations": len(per_iter), "threads": res["threads"],
+        "max_pass_tokens": res.get("max_pass_tokens"),
         "seconds_per_iteration": total, "cpu_seconds_per_iteration": steady_cpu, "components_s": comps,
         "tokens_per_s": median([p["tokens"] / p["steady_s"] for p in per_iter]),
         "padding_waste": 1 - sum(p["tokens"] for p in per_iter) / max(1, sum(p["padded"] for p in per_iter)),
@@ -387,6 +405,8 @@ def targets(summary: dict, raw: dict) -> list[dict]:
 
 def print_table(summary: dict, checks: list[dict], peak: float) -> None:
     print(f"\nfp32 matmul peak (best in this run): {peak:.1f} GFLOP/s")
+    budgets = ", ".join(f"{k} {v['max_pass_tokens'] or 'no limit'}" for k, v in summary.items())
+    print(f"tokens per PPO forward pass (max_pass_tokens; the authors' loop runs trl's own passes): {budgets}")
     cols = ["pioneer_generate", "observer_generate", "generate", "reward", "pioneer_step", "observer_step",
             "step", "exchange", "other"]
     short = {"pioneer_generate": "pio_gen", "observer_generate": "obs_gen", "pioneer_step": "pio_step",
@@ -423,6 +443,8 @@ def parse(argv):
     p.add_argument("--peft_iterations", type=int, default=1, help="iterations of the memory-only LoRA variants")
     p.add_argument("--response_length_min", type=int, default=None)
     p.add_argument("--response_length_max", type=int, default=None)
+    p.add_argument("--max_pass_tokens", type=int, default=None,
+                   help="tokens per PPO forward pass for ppo/cory variants (default: the preset's)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the full results here")
@@ -435,6 +457,8 @@ def parse(argv):
                       ("peft_iterations", 1), ("threads", 0)):
         if getattr(args, name) < low:
             raise UsageError(f"--{name}: must be >= {low}, got {getattr(args, name)}")
+    if args.max_pass_tokens is not None and args.max_pass_tokens < 0:
+        raise UsageError(f"--max_pass_tokens: must be >= 0 (0 = no limit), got {args.max_pass_tokens}")
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     bad = [v for v in variants if v not in VARIANTS]
     if bad or not variants:
@@ -455,7 +479,7 @@ def run_worker(args, variant: str) -> dict:
            "--preset", args.preset, "--batch_size", str(args.batch_size), "--iterations", str(iterations),
            "--warmup", str(warmup), "--swap_period", str(args.swap_period), "--threads", str(args.threads),
            "--seed", str(args.seed), "--variants", variant]
-    for field in ("response_length_min", "response_length_max"):
+    for field in OVERRIDES:
         if getattr(args, field) is not None:
             cmd += [f"--{field}", str(getattr(args, field))]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",

@@ -8,9 +8,10 @@ Levers (each timed best-of-``--repeats`` in this one process, on the same inputs
                every core
   generation   one batched call for the whole batch vs trl's default batches of 4; KV cache off;
                torch.no_grad instead of inference_mode
-  ppo step     trl's stock PPOTrainer.step vs ours (response-window logits, entropy out of the graph, fused
-               Adam), on the pioneer's and the observer's batch, with the difference in every statistic and
-               in the updated weights; ours under bf16 autocast, with its deviation from fp32
+  ppo step     trl's stock PPOTrainer.step, then ours one change at a time (response-window logits, the
+               rollout pass reused as epoch 0's training pass, fused Adam, packed passes), on the pioneer's and the
+               observer's batch, with each one's difference from trl in the statistics and in the weight
+               update; ours under bf16 autocast, with its deviation; a profile of trl's step and ours
   adam         torch Adam: default (for-loop on CPU), foreach, fused
   compile      (only with --compile) torch.compile of the language model: compile time and steady state
 PPO steps here use --ppo_epochs (default 1) to keep the run short; the iteration benchmark uses the preset's.
@@ -205,9 +206,21 @@ def main(argv=None) -> int:
         def make_optimizer(self, policy):
             return None
 
-    class WindowOnly(Agent):
-        def make_optimizer(self, policy):
-            return None
+    def ours_but(reuse=True, pack=True, trl_adam=False):
+        class Variant(Agent):
+            def trainer_class(self):
+                class Trainer(windowed_ppo_trainer()):
+                    reuse_rollout = reuse
+                Trainer.pack = pack
+                return Trainer
+
+            def make_optimizer(self, policy):
+                return None if trl_adam else super().make_optimizer(policy)
+        return Variant
+
+    WindowOnly = ours_but(reuse=False, pack=False, trl_adam=True)
+    WindowReuse = ours_but(pack=False, trl_adam=True)
+    WindowReuseFused = ours_but(pack=False)
 
     def run_step(cls, role, autocast=False, profiled=False):
         from contextlib import nullcontext
@@ -235,8 +248,10 @@ def main(argv=None) -> int:
     for role in ("pioneer", "observer"):
         rows = {}
         ref_stats = ref_params = None
-        for label, cls, autocast in (("trl stock", Stock, False), ("window, trl Adam", WindowOnly, False),
-                                     ("ours: window + fused Adam", Agent, False), ("ours + bf16 autocast", Agent, True)):
+        for label, cls, autocast in (("trl stock", Stock, False), ("+ response window", WindowOnly, False),
+                                     ("+ rollout pass reused", WindowReuse, False), ("+ fused Adam", WindowReuseFused, False),
+                                     ("+ packed passes = ours", Agent, False),
+                                     ("ours + bf16 autocast", Agent, True)):
             elapsed, stats, params = min((run_step(cls, role, autocast) for _ in range(args.repeats)),
                                          key=lambda x: x[0])
             row = {"s": elapsed, "trl_timing": {k: float(v) for k, v in stats.items() if k.startswith("time/ppo")},
@@ -249,7 +264,7 @@ def main(argv=None) -> int:
                 row["max_rel_stat_diff"] = max(row["rel_stat_diff"].values())
                 # how far the weight update moved from trl's, relative to the update itself (L2)
                 row["update_rel_diff"] = ((params - ref_params).norm() / (ref_params - before).norm()).item()
-            if label in ("trl stock", "ours: window + fused Adam"):
+            if label in ("trl stock", "+ packed passes = ours"):
                 cats = run_step(cls, role, autocast, profiled=True)
                 row["profile_self_cpu_s"] = cats
                 say(f"  profile ({label}): " + ", ".join(f"{k} {v:.1f}s" for k, v in cats.items()))

@@ -61,6 +61,9 @@ class PPOArgs:
     vf_coef: float = 0.1
     kl_penalty: str = "full"
     max_grad_norm: float | None = None
+    # memory: the most tokens (samples x longest sequence) one forward pass of a PPO step may hold; a
+    # mini-batch over it runs as several passes whose gradients add up to the one-pass gradient; 0 = no limit
+    max_pass_tokens: int = 0
     # generation: one response length per batch, drawn from [min, max] (the paper's LengthSampler(4, 16))
     response_length_min: int = 4
     response_length_max: int = 15
@@ -226,6 +229,8 @@ def validate(cfg: PPOArgs) -> None:
         raise ConfigError("output_dir: must not be empty")
     if cfg.resume is not None and not cfg.resume.strip():
         raise ConfigError("resume: must name a run folder")
+    if cfg.max_pass_tokens < 0:
+        raise ConfigError(f"max_pass_tokens: must be >= 0 (0 = no limit), got {cfg.max_pass_tokens}")
     if cfg.samples_per_step < 0:
         raise ConfigError(f"samples_per_step: must be >= 0, got {cfg.samples_per_step}")
     if cfg.top_k < 0:

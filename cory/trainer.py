@@ -120,61 +120,223 @@ def _accepts_logits_to_keep(model) -> bool:
     return "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
+def pass_plan(lengths: list[int], max_tokens: int, packed: bool = False) -> list[list[int]]:
+    """Sample indices grouped into forward passes of at most ``max_tokens`` tokens each: the sum of the
+    lengths for ``packed`` passes, else samples x longest (padding counts); 0 = no limit, everything in
+    one pass in the given order.
+
+    Over the limit, the fewest passes that fit: for padded passes runs of like-length sequences (longest
+    first, so little is padded) of near-equal count, for packed ones near-equal token counts. A sequence
+    longer than the limit gets a pass of its own.
+    """
+    def cost(group):  # groups are sorted longest first
+        return sum(lengths[i] for i in group) if packed else len(group) * lengths[group[0]]
+
+    n = len(lengths)
+    order = sorted(range(n), key=lambda i: (-lengths[i], i))
+    if max_tokens <= 0 or cost(order) <= max_tokens:
+        return [list(range(n))]
+    for k in range(2, n + 1):
+        if packed:  # padding costs nothing: balance the token counts (each sequence to the lightest pass)
+            groups, load = [[] for _ in range(k)], [0] * k
+            for i in order:
+                j = load.index(min(load))
+                groups[j].append(i)
+                load[j] += lengths[i]
+        else:  # like lengths together, so little is padded
+            sizes = [n // k + (j < n % k) for j in range(k)]
+            groups = [order[sum(sizes[:j]): sum(sizes[:j + 1])] for j in range(k)]
+        if all(cost(g) <= max_tokens for g in groups):
+            return groups
+    return [[i] for i in order]
+
+
+def _hf_config(model):
+    """The transformers config of a (DDP-wrapped) value-head model."""
+    return getattr(model, "module", model).pretrained_model.config
+
+
 @functools.cache
 def windowed_ppo_trainer():
-    """trl's PPOTrainer computing vocabulary logits only where PPO reads them (trl imported on first use).
+    """trl's PPOTrainer doing only the work PPO reads, within a memory budget, with the same results up to
+    float rounding (trl imported on first use). Three changes, each measured in benchmarks/README.md:
 
-    trl projects every position of query + response onto the vocabulary and, with
-    ``kl_penalty="full"``, takes two log-softmaxes and a KL over all of them, then masks all but the
-    response. For the observer, whose prompt carries the query and the pioneer's answer, that is most
-    of the sequence. Here each sample's response positions are gathered (``logits_to_keep``) into a
-    [batch, longest response] window before the LM head, and every tensor PPO uses afterwards
-    (log-probs, values, masks, logits) lives on that window, aligned at the response start. Rewards,
-    advantages, losses and statistics get the same numbers, up to float rounding: positions outside
-    the window were masked out, and GAE runs backwards, so nothing before a response reaches it.
+    * Logits on the response window. trl projects every position of query + response onto the
+      vocabulary and, with ``kl_penalty="full"``, takes two log-softmaxes and a KL over all of them,
+      then masks all but the response; for the observer, whose prompt carries the query and the
+      pioneer's answer, that is most of the sequence. Here each sample's response positions are
+      gathered (``logits_to_keep``) into a [batch, longest response] window before the LM head, and
+      every tensor PPO uses afterwards (log-probs, values, masks, logits) lives on that window,
+      aligned at the response start. Positions outside it were masked out, and GAE runs backwards,
+      so nothing before a response could reach it.
+    * The rollout pass is epoch 0's training pass. With one mini-batch per epoch, trl's first
+      training forward sees the same weights and inputs as its no-grad rollout forward (both in eval
+      mode), so the rollout pass keeps its autograd graph and that training forward is skipped.
+    * A token budget per forward pass (``max_pass_tokens``). Activation memory grows with the tokens
+      of one pass, and the observer's prompts are two to three times the pioneer's. A mini-batch over
+      the budget is run as several passes of like-length sequences, each pass's loss weighted by its
+      share of the mini-batch's response tokens and back-propagated at once, so the gradients add up
+      to the one-pass gradient (trl's losses are token means over the mini-batch) while only one
+      pass's activations are alive. trl's rule that skips a mini-batch whose mean probability ratio
+      exceeds ``ratio_threshold`` is applied once, to the whole mini-batch, as trl does.
     """
     from trl import PPOTrainer
-    from trl.core import logprobs_from_logits
+    from trl.core import logprobs_from_logits, masked_mean
 
     class WindowedPPOTrainer(PPOTrainer):
+        reuse_rollout = True
+        pack = True  # padding-free passes (cory.packing) where the model allows them
+        max_pass_tokens = 0  # set per agent from the config; 0 = one pass per mini-batch (trl's way)
         _window = None  # the longest response while step() runs on the window; None = trl's own path
+        _reuse = False  # whether this step() keeps the rollout pass's graph for epoch 0
+        _passes = 0  # forward passes so far in this step(): rollout, reference, then training
+        _rollout = None
+        _deferred = None  # a training mini-batch over the budget: run pass by pass in train_minibatch
 
         def step(self, queries, responses, scores, response_masks=None):
             usable = (response_masks is None and not self.is_encoder_decoder
                       and _accepts_logits_to_keep(self.model)
                       and (self.ref_model is None or _accepts_logits_to_keep(self.ref_model)))
             self._window = max(len(r) for r in responses) if usable else None
+            self._reuse = (self.reuse_rollout and usable and self.config.mini_batch_size >= len(queries)
+                           and not self.is_distributed and len(self._plan(queries, responses)) == 1)
+            self._passes, self._rollout, self._deferred = 0, None, None
             try:
                 return super().step(queries, responses, scores, response_masks)
             finally:
-                self._window = None
+                self._window, self._rollout, self._deferred = None, None, None
+
+        def _plan(self, queries, responses) -> list[list[int]]:
+            from cory import packing
+
+            packed = self.pack and packing.supported(_hf_config(self.model))
+            return pass_plan([len(q) + len(r) for q, r in zip(queries, responses)], self.max_pass_tokens, packed)
 
         def batched_forward_pass(self, model, queries, responses, model_inputs, return_logits=False,
                                  response_masks=None):
             if self._window is None:
                 return super().batched_forward_pass(model, queries, responses, model_inputs, return_logits,
                                                     response_masks)
-            attention = model_inputs["attention_mask"]
-            first = attention.argmax(dim=1)  # first real token (0 unless padded on the left)
-            q_len = torch.tensor([len(q) for q in queries], device=attention.device)
-            r_len = torch.tensor([len(r) for r in responses], device=attention.device)
-            k = torch.arange(self._window, device=attention.device)
-            # the logits at position t score token t + 1: response token k is scored at first + len(q) - 1 + k
-            positions = ((first + q_len - 1)[:, None] + k).clamp(max=attention.shape[1] - 2)
-            masks = (k[None, :] < r_len[:, None]).to(attention.dtype)
-            fbs = self.config.mini_batch_size
-            all_logprobs, all_logits, all_values = [], [], []
+            self._passes += 1
+            if self._passes == 1 and self._reuse:  # the policy's rollout pass (trl runs it under no_grad)
+                with torch.enable_grad():
+                    out = self._window_pass(model, queries, responses, True)
+                self._rollout = (out, list(queries), list(responses))
+                logprobs, logits, values, masks = out
+                return logprobs.detach(), logits.detach() if return_logits else None, values.detach(), masks
+            if self._passes == 3 and self._rollout is not None:  # epoch 0's only mini-batch
+                reused, self._rollout = self._from_rollout(queries, responses), None
+                if reused is not None:
+                    return reused
+            if self._passes >= 3 and len(self._plan(queries, responses)) > 1:
+                # a training mini-batch over the budget: train_minibatch, which trl calls next with these
+                # outputs and nothing else, runs it pass by pass
+                self._deferred = (list(queries), list(responses))
+                placeholder = torch.zeros(len(queries), self._window, device=self.current_device)
+                return placeholder, placeholder, placeholder, placeholder
+            return self._window_pass(model, queries, responses, return_logits)
+
+        def _from_rollout(self, queries, responses):
+            """The rollout outputs in the order of trl's shuffled mini-batch (same tensors, so matched by identity)."""
+            (logprobs, logits, values, masks), rollout_queries, rollout_responses = self._rollout
+            index = {id(q): i for i, q in enumerate(rollout_queries)}
+            if len(index) != len(rollout_queries) or any(id(q) not in index for q in queries):
+                return None
+            order = [index[id(q)] for q in queries]
+            if any(rollout_responses[i] is not r for i, r in zip(order, responses)):
+                return None
+            order = torch.tensor(order, device=logprobs.device)
+            return logprobs[order], logits[order], values[order], masks[order]
+
+        def _window_pass(self, model, queries, responses, return_logits):
+            """Log-probs, logits (or None), values and masks on the response window, in the order given,
+            computed pass by pass as ``max_pass_tokens`` allows, each pass packed (cory.packing) when the
+            model allows it, else right-padded. With grad on, every pass's graph stays alive."""
+            from cory import packing
+
+            device = self.current_device
+            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+            config = _hf_config(model)
+            pack = self.pack and packing.supported(config)
+            k = torch.arange(self._window, device=device)
+            pieces, order = [], []
             model.eval()
-            for i in range(0, len(queries), fbs):
-                inputs = {key: value[i:i + fbs] for key, value in model_inputs.items()}
-                pos = positions[i:i + fbs]
-                logits, _, values = model(**inputs, logits_to_keep=pos, use_cache=False)
-                all_logprobs.append(logprobs_from_logits(logits, inputs["input_ids"].gather(1, pos + 1)))
-                all_values.append(values.gather(1, pos))
-                if return_logits:
-                    all_logits.append(logits)
-            return (torch.cat(all_logprobs), torch.cat(all_logits) if return_logits else None,
-                    torch.cat(all_values), masks)
+            for idx in self._plan(queries, responses):
+                qs, rs = [queries[i] for i in idx], [responses[i] for i in idx]
+                seqs = [torch.cat([q, r]).to(device) for q, r in zip(qs, rs)]
+                q_len = torch.tensor([len(q) for q in qs], device=device)
+                r_len = torch.tensor([len(r) for r in rs], device=device)
+                masks = (k[None, :] < r_len[:, None]).long()
+                if pack:
+                    with packing.packed(config, [len(s) for s in seqs], device) as layout:
+                        input_ids = torch.cat(seqs).unsqueeze(0)
+                        # the logits at position t score token t + 1: response token k of sequence i is
+                        # scored at start_i + len(q_i) - 1 + k (past the response: its last position, masked)
+                        positions = torch.minimum((layout.starts + q_len - 1)[:, None] + k,
+                                                  (layout.starts + q_len + r_len - 2)[:, None])
+                        logits, _, values = model(input_ids=input_ids, position_ids=layout.position_ids,
+                                                  logits_to_keep=positions.reshape(1, -1), use_cache=False)
+                    logits = logits.reshape(len(idx), self._window, -1)
+                    values, labels = values[0][positions], input_ids[0][positions + 1]
+                else:
+                    input_ids = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=pad)
+                    attention = torch.nn.utils.rnn.pad_sequence([torch.ones_like(s) for s in seqs], batch_first=True)
+                    positions = ((q_len - 1)[:, None] + k).clamp(max=input_ids.shape[1] - 2)
+                    logits, _, values = model(input_ids=input_ids, attention_mask=attention,
+                                              logits_to_keep=positions, use_cache=False)
+                    values, labels = values.gather(1, positions), input_ids.gather(1, positions + 1)
+                pieces.append((logprobs_from_logits(logits, labels), logits if return_logits else None, values, masks))
+                order += idx
+            if len(pieces) == 1 and order == list(range(len(order))):
+                return pieces[0]
+            inverse = torch.empty(len(order), dtype=torch.long, device=device)
+            inverse[torch.tensor(order, device=device)] = torch.arange(len(order), device=device)
+
+            def joined(j):
+                return torch.cat([p[j] for p in pieces])[inverse] if pieces[0][j] is not None else None
+            return joined(0), joined(1), joined(2), joined(3)
+
+        def train_minibatch(self, old_logprobs, values, logprobs, logits, vpreds, mask, advantages, returns):
+            if self._deferred is None:
+                return super().train_minibatch(old_logprobs, values, logprobs, logits, vpreds, mask, advantages,
+                                               returns)
+            queries, responses = self._deferred
+            self._deferred = None
+            self.model.train()
+            total = mask.sum()
+            plan = self._plan(queries, responses)
+            outputs = [None] * len(queries)
+            threshold = self.config.ratio_threshold
+            self.config.ratio_threshold = float("inf")  # applied below, once, over the whole mini-batch
+            try:
+                for j, idx in enumerate(plan):
+                    # in data-parallel runs gradients are averaged over processes once, on the last pass
+                    last = j == len(plan) - 1
+                    sync = contextlib.nullcontext() if last or not self.is_distributed else self.accelerator.no_sync(self.model)
+                    with sync:
+                        lp, lg, vp, _ = self._window_pass(self.model, [queries[i] for i in idx],
+                                                          [responses[i] for i in idx], True)
+                        t = torch.tensor(idx, device=mask.device)
+                        pg_loss, vf_loss, _ = self.loss(old_logprobs[t], values[t], lg, vp, lp, mask[t],
+                                                        advantages[t], returns[t])
+                        # trl's losses are means over the mini-batch's response tokens: weight by this pass's share
+                        self.accelerator.backward((pg_loss + vf_loss) * (mask[t].sum() / total))
+                    for row, i in enumerate(idx):
+                        outputs[i] = (lp[row].detach(), lg[row].detach(), vp[row].detach())
+            finally:
+                self.config.ratio_threshold = threshold
+            logprobs, logits, vpreds = (torch.stack([o[j] for o in outputs]) for j in range(3))
+            # trl's statistics, from the whole mini-batch
+            _, _, train_stats = self.loss(old_logprobs, values, logits, vpreds, logprobs, mask, advantages, returns)
+            if masked_mean(torch.exp(logprobs - old_logprobs), mask).item() > threshold:
+                for p in self.model_params:  # trl zeroes this mini-batch's loss (the optimizer still steps)
+                    if p.grad is not None:
+                        p.grad.zero_()
+            if self.config.max_grad_norm is not None and self.accelerator.sync_gradients:
+                self.accelerator.clip_grad_norm_(self.model_params, self.config.max_grad_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+            return train_stats
 
         def loss(self, old_logprobs, values, logits, vpreds, logprobs, mask, advantages, returns):
             # trl reads the logits here only for the entropy statistic: keep them out of the autograd graph
@@ -197,6 +359,7 @@ class Agent:
             warnings.simplefilter("ignore")  # deprecation and "no dataset" notices of the classic API
             self.trainer = self.trainer_class()(config=ppo_config(cfg), model=policy, ref_model=ref_model,
                                                 tokenizer=tokenizer, optimizer=self.make_optimizer(policy))
+        self.trainer.max_pass_tokens = cfg.max_pass_tokens
         self.normalizer = ScoreNormalizer()
 
     def trainer_class(self):
@@ -637,6 +800,21 @@ def weights_digest(params: dict) -> str:
     return h.hexdigest()
 
 
+def return_freed_memory(threshold: int = 1 << 20) -> bool:
+    """Have glibc serve every allocation of ``threshold`` bytes or more with its own mapping, handed back
+    to the system when freed. By default glibc raises that threshold after each large free (up to 32 MB),
+    so one phase's activations stay in its heap afterwards and the next phase's land beside them: resident
+    memory then peaks above what is alive at any moment (measured in benchmarks/README.md). False where
+    the C library is not glibc (nothing changes there)."""
+    import ctypes
+
+    try:
+        m_mmap_threshold = -3
+        return bool(ctypes.CDLL("libc.so.6").mallopt(m_mmap_threshold, threshold))
+    except (OSError, AttributeError):
+        return False
+
+
 def _distributed_setup() -> tuple[int, int]:
     """(rank, world size). Under torchrun on CPU, accelerate must be told cpu=True before trl loads
     a model, or every process silently trains alone (checked with trl 0.11.4 + accelerate 1.15)."""
@@ -659,6 +837,7 @@ def prepare_run(cfg: PPOArgs, method: str) -> Run:
     if cfg.load_in_4bit and not torch.cuda.is_available():
         raise ConfigError("load_in_4bit: needs a CUDA GPU and bitsandbytes; set load_in_4bit: false on CPU")
     rank, world = _distributed_setup()
+    return_freed_memory()
 
     torch.manual_seed(cfg.seed)
     tokenizer = assets.load_tokenizer(cfg.model_name)
