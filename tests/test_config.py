@@ -94,3 +94,10 @@ def test_gsm8k_rules(tmp_path):
     assert "dataset_path" in errors(base + ["--dataset", "local"])
     assert "dataset_path" in errors(base + ["--dataset_path", str(tmp_path)])  # no train/test.jsonl
     assert "dataset" in errors(base + ["--dataset", "builtin"])
+
+
+def test_max_pass_tokens_is_a_budget_or_zero():
+    assert build(PPOArgs).max_pass_tokens == 0  # trl's own passes unless asked
+    assert parse(PPOArgs, ["--max_pass_tokens", "512"]).max_pass_tokens == 512
+    msg = errors(["--max_pass_tokens", "-1"])
+    assert msg.startswith("max_pass_tokens:") and "-1" in msg
