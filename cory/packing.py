@@ -26,7 +26,6 @@ class Layout:
     """Where each sequence sits in the packed row, and the index maps to and from [sequences, longest]."""
 
     def __init__(self, lengths: list[int], device):
-        self.lengths = lengths
         self.tokens = sum(lengths)
         longest = max(lengths)
         lens = torch.tensor(lengths, device=device)

@@ -159,7 +159,7 @@ def _hf_config(model):
 @functools.cache
 def windowed_ppo_trainer():
     """trl's PPOTrainer doing only the work PPO reads, within a memory budget, with the same results up to
-    float rounding (trl imported on first use). Three changes, each measured in benchmarks/README.md:
+    float rounding (trl imported on first use). Four changes, each measured in benchmarks/README.md:
 
     * Logits on the response window. trl projects every position of query + response onto the
       vocabulary and, with ``kl_penalty="full"``, takes two log-softmaxes and a KL over all of them,
@@ -179,6 +179,8 @@ def windowed_ppo_trainer():
       to the one-pass gradient (trl's losses are token means over the mini-batch) while only one
       pass's activations are alive. trl's rule that skips a mini-batch whose mean probability ratio
       exceeds ``ratio_threshold`` is applied once, to the whole mini-batch, as trl does.
+    * Packed passes (cory.packing): the sequences of a pass share one row, so the linear layers see no
+      padding; attention alone is run per sequence. Models it cannot serve get right-padded passes.
     """
     from trl import PPOTrainer
     from trl.core import logprobs_from_logits, masked_mean
@@ -206,11 +208,15 @@ def windowed_ppo_trainer():
             finally:
                 self._window, self._rollout, self._deferred = None, None, None
 
-        def _plan(self, queries, responses) -> list[list[int]]:
+        def _packs(self, model) -> bool:
+            """Whether ``model``'s passes are packed (cory.packing) or right-padded."""
             from cory import packing
 
-            packed = self.pack and packing.supported(_hf_config(self.model))
-            return pass_plan([len(q) + len(r) for q, r in zip(queries, responses)], self.max_pass_tokens, packed)
+            return self.pack and packing.supported(_hf_config(model))
+
+        def _plan(self, queries, responses, model=None) -> list[list[int]]:
+            return pass_plan([len(q) + len(r) for q, r in zip(queries, responses)], self.max_pass_tokens,
+                             self._packs(self.model if model is None else model))
 
         def batched_forward_pass(self, model, queries, responses, model_inputs, return_logits=False,
                                  response_masks=None):
@@ -256,12 +262,11 @@ def windowed_ppo_trainer():
 
             device = self.current_device
             pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-            config = _hf_config(model)
-            pack = self.pack and packing.supported(config)
+            config, pack = _hf_config(model), self._packs(model)
             k = torch.arange(self._window, device=device)
             pieces, order = [], []
             model.eval()
-            for idx in self._plan(queries, responses):
+            for idx in self._plan(queries, responses, model):
                 qs, rs = [queries[i] for i in idx], [responses[i] for i in idx]
                 seqs = [torch.cat([q, r]).to(device) for q, r in zip(qs, rs)]
                 q_len = torch.tensor([len(q) for q in qs], device=device)
