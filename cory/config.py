@@ -61,8 +61,9 @@ class PPOArgs:
     vf_coef: float = 0.1
     kl_penalty: str = "full"
     max_grad_norm: float | None = None
-    # memory: the most tokens (samples x longest sequence) one forward pass of a PPO step may hold; a
-    # mini-batch over it runs as several passes whose gradients add up to the one-pass gradient; 0 = no limit
+    # memory: the most tokens one forward pass of a PPO step may hold (real tokens when passes are packed,
+    # samples x longest sequence when padded); a mini-batch over it runs as several passes whose gradients
+    # add up to the one-pass gradient; 0 = no limit
     max_pass_tokens: int = 0
     # generation: one response length per batch, drawn from [min, max] (the paper's LengthSampler(4, 16))
     response_length_min: int = 4
