@@ -68,6 +68,10 @@ class PPOArgs:
     # generation: one response length per batch, drawn from [min, max] (the paper's LengthSampler(4, 16))
     response_length_min: int = 4
     response_length_max: int = 15
+    # False (the paper's regime): an answer runs to its drawn length, EOS cannot end it sooner. GPT-2 practically
+    # never emits EOS within 4-15 tokens, but an instruct model does, and PPO then learns to end every answer at
+    # once. True lets EOS end an answer early (GSM8K: answers end where the model stops)
+    allow_early_eos: bool = False
     top_k: int = 0
     top_p: float = 1.0
     temperature: float = 1.0

@@ -267,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "from one run folder, else nowhere)")
     imdb = p.add_argument_group("imdb")
     imdb.add_argument("--reward", help="vader | distilbert-imdb | a classifier folder (default: the run's)")
+    imdb.add_argument("--allow_early_eos", choices=("true", "false"),
+                      help="true: EOS may end an answer before --max_new_tokens; false: every answer has that "
+                           "length, as in training (default: the run's allow_early_eos, else false)")
     gsm = p.add_argument_group("gsm8k")
     gsm.add_argument("--k", type=_ks, help="comma-separated k of pass@k (default: those of 1,4,16 that are <= n)")
     gsm.add_argument("--n", type=_positive_int("n"), help="samples per question (default 16)")
@@ -290,6 +293,7 @@ class Plan:
     json_path: Path | None
     n: int | None = None
     ks: list[int] | None = None
+    allow_early_eos: bool = True
 
 
 def plan(argv: Sequence[str] | None) -> Plan:
@@ -301,7 +305,7 @@ def plan(argv: Sequence[str] | None) -> Plan:
     if args.task not in TASKS:
         raise EvalError(f"--task {args.task!r} is not one of {', '.join(TASKS)}")
     gsm = args.task == "gsm8k"
-    wrong = ([("--reward", args.reward)] if gsm else
+    wrong = ([("--reward", args.reward), ("--allow_early_eos", args.allow_early_eos)] if gsm else
              [("--k", args.k), ("--n", args.n), ("--dataset_path", args.dataset_path)])
     for flag, value in wrong:
         if value is not None:
@@ -368,6 +372,11 @@ def plan(argv: Sequence[str] | None) -> Plan:
         if reward not in REWARD_NAMES and not Path(reward).is_dir():
             raise EvalError(f"--reward {reward!r} is not one of {', '.join(REWARD_NAMES)} or a classifier folder")
 
+    allow_early_eos = True  # GSM8K answers end where the model stops
+    if not gsm:
+        allow_early_eos = (args.allow_early_eos == "true" if args.allow_early_eos is not None
+                           else bool(inherited.get("allow_early_eos", False)))
+
     n = ks = None
     if gsm:
         n = args.n or 16
@@ -383,7 +392,8 @@ def plan(argv: Sequence[str] | None) -> Plan:
     return Plan(task=args.task, rows=rows, reference=reference, dataset=dataset, dataset_path=dataset_path,
                 reward=reward, limit=args.limit if args.limit is not None else (IMDB_LIMIT if not gsm else None),
                 max_new_tokens=args.max_new_tokens or (256 if gsm else 15), batch_size=args.batch_size,
-                seed=args.seed, dtype=args.dtype, json_path=json_path, n=n, ks=ks)
+                seed=args.seed, dtype=args.dtype, json_path=json_path, n=n, ks=ks,
+                allow_early_eos=allow_early_eos)
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -399,7 +409,7 @@ def _same_vocabulary(tok_a, tok_b) -> bool:
 
 
 def evaluate_imdb_model(model, reference, tokenizer, task, examples, *, max_new_tokens: int, batch_size: int,
-                        seed: int, label: str = "") -> dict:
+                        seed: int, label: str = "", allow_early_eos: bool = False) -> dict:
     """Task reward, KL to ``reference``, distinct-1/2 and length of ``model``'s answers to ``examples``."""
     import torch
 
@@ -409,7 +419,8 @@ def evaluate_imdb_model(model, reference, tokenizer, task, examples, *, max_new_
     for start in range(0, len(examples), batch_size):
         chunk = examples[start:start + batch_size]
         prompts = [ex.prompt_ids for ex in chunk]  # the pioneer's prompt: the review opening alone
-        responses = sample(model, tokenizer, prompts, max_new_tokens)
+        responses = sample(model, tokenizer, prompts, max_new_tokens,
+                           None if allow_early_eos else {"min_new_tokens": max_new_tokens})
         answers = [task.clean_response(tokenizer.decode(r, skip_special_tokens=True)) for r in responses]
         rewards += task.score(chunk, answers)
         kls += sequence_kl(model, reference, prompts, responses, tokenizer.pad_token_id)
@@ -498,7 +509,7 @@ def run(p: Plan) -> dict:
     """Evaluate every row of the plan; returns the JSON document (also written to ``p.json_path``)."""
     from cory.assets import load_tokenizer
 
-    other_task = ("n", "ks", "dataset_path") if p.task == "imdb" else ("reward",)
+    other_task = ("n", "ks", "dataset_path") if p.task == "imdb" else ("reward", "allow_early_eos")
     settings = {k: v for k, v in vars(p).items() if k not in ("rows", "json_path", *other_task)}
     results = []
     if p.task == "imdb":
@@ -517,7 +528,8 @@ def run(p: Plan) -> dict:
         for entry in p.rows:
             model = reference if entry.spec == p.reference else load_model(entry.spec, p.dtype)
             res = evaluate_imdb_model(model, reference, tokenizer, task, examples, max_new_tokens=p.max_new_tokens,
-                                      batch_size=p.batch_size, seed=p.seed, label=entry.label)
+                                      batch_size=p.batch_size, seed=p.seed, label=entry.label,
+                                      allow_early_eos=p.allow_early_eos)
             results.append({"name": entry.label, "model": entry.spec, **res})
             del model
         columns = [("reward", "task_reward", ".4f"), ("KL", "kl", ".4f"), ("distinct-1", "distinct_1", ".3f"),

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from cory import memory
 from cory.config import ConfigError, CoryArgs, PPOArgs, to_dict
 from cory.outputs import RunDir, check_output_dir, latest_checkpoint
 
@@ -392,12 +393,15 @@ class Agent:
         return float(self.trainer.kl_ctl.value)
 
     @torch.inference_mode()
-    def generate(self, prompts: list[torch.Tensor], max_new_tokens: int, gen_kwargs: dict) -> list[torch.Tensor]:
+    def generate(self, prompts: list[torch.Tensor], max_new_tokens: int, gen_kwargs: dict,
+                 min_new_tokens: int = 0) -> list[torch.Tensor]:
         # trl leaves the model in train mode after step(), so its next generation would sample with
         # dropout on (GPT-2 has 0.1) while PPO scores those tokens with dropout off: sample in eval mode.
         self.activate()
         self.trainer.model.eval()
         # one batched call for the whole batch (trl's default of 4 per call is several times slower)
+        if min_new_tokens:  # EOS is masked out until then
+            gen_kwargs = {**gen_kwargs, "min_new_tokens": min_new_tokens}
         return self.trainer.generate(prompts, batch_size=len(prompts), return_prompt=False,
                                      max_new_tokens=max_new_tokens, **gen_kwargs)
 
@@ -583,12 +587,13 @@ class Run:
             with _StopOnInterrupt(verbose=run_dir.enabled) as interrupt:
                 for step in bar:
                     t0 = time.perf_counter()
+                    memory.reset_peak()
                     self.iteration_start = self.sampler_state()
                     batch = self.task.sample(cfg.batch_size)
                     row, samples = iteration(step, batch)
                     if row is not None:  # None: a batch skipped for non-finite rewards
                         row = {"step": step, **row, "time/iteration_s": time.perf_counter() - t0,
-                               "world_size": self.world_size}
+                               "memory/peak_gib": memory.peak_gib(), "world_size": self.world_size}
                         row = _mean_over_processes(row)
                         run_dir.log_metrics(row)
                         run_dir.log_samples(samples)
@@ -623,12 +628,18 @@ class Run:
     def response_length(self) -> int:
         return int(self.length_rng.integers(self.cfg.response_length_min, self.cfg.response_length_max + 1))
 
+    def answer(self, agent, prompts):
+        """``agent``'s sampled answers to ``prompts``, one drawn length for the batch (the paper's
+        LengthSampler); unless ``allow_early_eos``, every answer has exactly that length."""
+        length = self.response_length()
+        return agent.generate(prompts, length, self.gen_kwargs, 0 if self.cfg.allow_early_eos else length)
+
     def ppo_iteration(self, step: int, batch) -> tuple[dict, list[dict]]:
         agent = self.agents["policy"]
         t = {}
         t0 = time.perf_counter()
         queries = tokenize_prompts(self.tokenizer, batch)
-        raw = agent.generate(queries, self.response_length(), self.gen_kwargs)
+        raw = self.answer(agent, queries)
         texts, responses = decode_and_clean(self.task, self.tokenizer, raw)
         t["time/generate_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -662,7 +673,7 @@ class Run:
 
         t0 = time.perf_counter()
         p_queries = tokenize_prompts(self.tokenizer, batch)
-        p_raw = pioneer.generate(p_queries, self.response_length(), self.gen_kwargs)
+        p_raw = self.answer(pioneer, p_queries)
         p_texts, p_responses = decode_and_clean(self.task, self.tokenizer, p_raw)
         t["time/pioneer_generate_s"] = time.perf_counter() - t0
 
@@ -671,7 +682,7 @@ class Run:
         o_prompts = ([self.task.observer_prompt(ex, a1) for ex, a1 in zip(batch, p_texts)]
                      if cfg.knowledge_transfer else None)
         o_queries = tokenize_prompts(self.tokenizer, batch, o_prompts)
-        o_raw = observer.generate(o_queries, self.response_length(), self.gen_kwargs)
+        o_raw = self.answer(observer, o_queries)
         o_texts, o_responses = decode_and_clean(self.task, self.tokenizer, o_raw)
         t["time/observer_generate_s"] = time.perf_counter() - t0
 

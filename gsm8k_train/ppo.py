@@ -45,6 +45,7 @@ class Hyperparameters(PPOArgs):
     kl_penalty: str = "full"
     response_length_min: int = 256         # answers stop at a new "Question:" or at 256 tokens
     response_length_max: int = 256
+    allow_early_eos: bool = True           # an answer ends at EOS or a new "Question:"
     top_k: int = 0
     top_p: float = 1.0
     repetition_penalty: float = 1.0

@@ -10,7 +10,7 @@ from cory.config import CoryArgs, PPOArgs, build, load_yaml
 from cory.outputs import read_jsonl
 from cory.trainer import prepare_run
 
-TIME_KEYS = ("time/",)
+TIME_KEYS = ("time/", "memory/")  # measurements of the machine, not of the run
 
 
 def tiny(cls, name, tmp_path, **over):
@@ -165,3 +165,9 @@ def test_lora_agents_share_one_frozen_base(tmp_path):
     w1, w2 = dict(m1.named_parameters()), dict(m2.named_parameters())
     assert not any("lora" in n for n in w1)  # merged: plain models
     assert any(not torch.equal(w1[n], w2[n]) for n in w1)
+
+
+def test_every_row_reports_its_peak_memory(tmp_path):
+    rows = read_jsonl(prepare_run(tiny(PPOArgs, "ppo", tmp_path, steps=2), "ppo").fit() / "metrics.jsonl")
+    # CPU: the process's peak resident memory during the iteration (models, trl and torch: well over 100 MiB)
+    assert all(0.1 < r["memory/peak_gib"] < 64 for r in rows)
