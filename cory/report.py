@@ -14,7 +14,8 @@ Conventions, stated again in the report itself:
   mean +- std of that over seeds;
 * the verdict (``VERDICT_RULE``) compares each CORY agent with PPO by one-sided Welch's t-tests over the
   per-seed final values at alpha 0.05: "yes" only when both agents show lower KL and higher r_c with a task
-  reward not shown to be lower; no verdict with fewer than 3 seeds per method.
+  reward not shown to be lower; no verdict with fewer than 3 seeds per method. The confounds ``ppo_norm`` and
+  ``cory_authors`` get the same test on extra lines and their own figures, beside PPO and CORY.
 """
 from __future__ import annotations
 
@@ -53,8 +54,12 @@ METHOD_NAMES = {
     "cory_no_kt": "CORY w/o knowledge transfer",
     "cory_no_swap": "CORY w/o role exchange",
     "ppo_2x": "PPO, 2x model",
+    "ppo_norm": "PPO with score normalisation",
+    "cory_authors": "CORY with the authors' resets",
 }
 MAIN_METHODS = ("ppo", "cory")
+# the two differences between the authors' runs and a like-for-like comparison (see cory.experiments)
+CONFOUND_METHODS = ("ppo_norm", "cory_authors")
 ABLATION_METHODS = ("cory_no_kt", "cory_no_swap", "ppo_2x")
 # one colour per method in every figure; an agent is told apart by the line style (LLM2 dashed)
 PALETTE = {
@@ -63,8 +68,10 @@ PALETTE = {
     "cory_no_kt": "#2ca02c",
     "cory_no_swap": "#9467bd",
     "ppo_2x": "#ff7f0e",
+    "ppo_norm": "#8c564b",
+    "cory_authors": "#17becf",
 }
-_SPARE_COLOURS = ("#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+_SPARE_COLOURS = ("#e377c2", "#7f7f7f", "#bcbd22", "#843c39", "#5254a3")
 LINESTYLES = {"policy": "-", "llm1": "-", "llm2": "--"}
 _LABEL = re.compile(r"^(?P<method>.+?)(?:_kl(?P<kl>[0-9.eE+-]+))?$")
 
@@ -165,12 +172,23 @@ class Group:
         return ["policy"] if "policy" in keys else []
 
     @property
-    def eta(self) -> float | None:
-        """The KL coefficient the runs started from: the folder's suffix, else their config."""
-        if self.kl_coef is not None:
-            return self.kl_coef
+    def config_eta(self) -> float | None:
+        """``init_kl_coef`` from the runs' config.yaml, when all of them agree."""
         etas = {_finite(r.config.get("init_kl_coef")) for r in self.runs.values()} - {None}
         return etas.pop() if len(etas) == 1 else None
+
+    @property
+    def eta_mismatch(self) -> bool:
+        """The folder's suffix names another eta than its runs started from (a method that sets init_kl_coef
+        itself, such as cory_authors, inside a --kl_coefs sweep)."""
+        cfg = self.config_eta
+        return self.kl_coef is not None and cfg is not None and not math.isclose(cfg, self.kl_coef, rel_tol=1e-9)
+
+    @property
+    def eta(self) -> float | None:
+        """The KL coefficient the runs started from: their config, else the folder's suffix."""
+        cfg = self.config_eta
+        return cfg if cfg is not None else self.kl_coef
 
     def name(self, agent: str) -> str:
         base = METHOD_NAMES.get(self.method, self.method) + AGENT_NAMES.get(agent, f"-{agent}")
@@ -583,7 +601,37 @@ def verdict(exp: Experiment) -> Verdict:
         k = min(LAST_N, len(kl.steps) // 2) or 1
         lines.append(f"- For scale: PPO's KL went from {_fmt(kl.mean[:k].mean())} (first {k} iterations) "
                      f"to {_fmt(kl.mean[-k:].mean())} (last {k}).")
-    return Verdict(answer, head + "\n\n" + "\n".join(lines))
+    extra = confound_lines(exp, ppo, cory)
+    return Verdict(answer, head + "\n\n" + "\n".join(lines) + ("\n\n" + extra if extra else ""))
+
+
+def confound_lines(exp: Experiment, ppo: Group, cory: Group) -> str:
+    """The same test against the two confounds, when their runs exist: CORY vs PPO with CORY's score normalisation
+    (``ppo_norm``), and CORY as the authors' code runs it (``cory_authors``) vs PPO. Not part of the answer."""
+    parts = []
+    norm, authors = exp.main_group("ppo_norm"), exp.main_group("cory_authors")
+
+    def setting(g: Group, key: str) -> str:
+        v = g.config_value(key)
+        return "?" if v is None else (_fmt(v) if isinstance(v, float) else str(v).lower())
+
+    pairs = []
+    if norm is not None:
+        pairs.append((f"CORY vs PPO with score normalisation (`ppo_norm`; score_norm: {norm.label} "
+                      f"{setting(norm, 'score_norm')}, {cory.label} {setting(cory, 'score_norm')})", norm, cory))
+    if authors is not None:
+        pairs.append(("CORY with the authors' resets (`cory_authors`: Adam, the KL controller and the score statistics "
+                      f"reset at each role exchange; reset_on_swap {setting(authors, 'reset_on_swap')}, η from "
+                      f"{_fmt(authors.eta)}) vs PPO (η from {_fmt(ppo.eta)})", ppo, authors))
+    for title, base, other in pairs:
+        comps, missing = compare(base, other)
+        if comps:
+            first, end = comps[0].base["task_reward"].steps
+            title += f", iterations {first}–{end}"
+        parts.append(f"{title}:\n\n" + "\n".join([c.line() for c in comps] + [_not_compared(n) for n in missing]))
+    if not parts:
+        return ""
+    return ("Confounds, same test (not part of the answer above):\n\n" + "\n\n".join(parts))
 
 
 # ----------------------------------------------------------------------------- figures
@@ -655,7 +703,7 @@ def sweep_points(exp: Experiment) -> dict[tuple[str, str], list[tuple[float, Fin
     """(method, agent) -> [(eta, final task reward, final KL)] sorted by eta, for methods with >= 2 etas."""
     by_method: dict[str, dict[float, Group]] = {}
     for g in exp.groups.values():
-        if g.kl_coef is not None:
+        if g.kl_coef is not None and not g.eta_mismatch:  # a folder that did not run at its eta is no sweep point
             by_method.setdefault(g.method, {})[g.kl_coef] = g
     for g in exp.groups.values():  # the preset's own eta joins the sweep unless already swept
         if g.kl_coef is None and g.method in by_method and g.eta is not None:
@@ -711,7 +759,7 @@ def _table(header: list[str], rows: list[list]) -> str:
 
 
 def _ordered_groups(exp: Experiment) -> list[Group]:
-    order = {m: i for i, m in enumerate(MAIN_METHODS + ABLATION_METHODS)}
+    order = {m: i for i, m in enumerate(MAIN_METHODS + CONFOUND_METHODS + ABLATION_METHODS)}
     return sorted(exp.groups.values(),
                   key=lambda g: (g.kl_coef is not None, order.get(g.method, len(order)), g.method, g.kl_coef or 0))
 
@@ -866,6 +914,14 @@ def build_report(path: str | Path) -> Path:
             name = f"fig_{metric}.png"
             notes += plot_metric(exp, root / name, metric, main)
             figures.append((name, f"{METRICS[metric][0]}: PPO vs CORY (paper Fig. 3)"))
+    confounds = [(g, a) for m in CONFOUND_METHODS for g in [exp.main_group(m)] if g is not None for a in g.agents]
+    if confounds:
+        for metric in ("task_reward", "kl", "combined_reward"):
+            name = f"fig_confounds_{metric}.png"
+            notes += plot_metric(exp, root / name, metric, confounds, refs=main,
+                                 title=f"confounds, {METRICS[metric][0]}")
+            figures.append((name, f"{METRICS[metric][0]}: confounds, PPO with score normalisation and CORY with "
+                                  "the authors' resets, PPO and CORY as thin reference lines"))
     ablations = [(g, a) for m in ABLATION_METHODS for g in [exp.groups.get(m)] if g is not None for a in g.agents]
     if ablations:
         for metric in ("task_reward", "kl", "combined_reward"):
@@ -878,6 +934,10 @@ def build_report(path: str | Path) -> Path:
         plot_sweep(exp, root / "fig_kl_sweep.png", points)
         figures.append(("fig_kl_sweep.png", "final task reward vs final KL over η (paper Fig. 2c)"))
 
+    for g in _ordered_groups(exp):
+        if g.eta_mismatch:
+            notes.append(f"`{g.label}`: its runs started from init_kl_coef {_fmt(g.config_eta)}, not the folder's "
+                         f"η={_fmt(g.kl_coef)} (the method sets it itself); it is left out of the η sweep.")
     failed = [k for k, r in (exp.runs_json.get("runs") or {}).items() if r.get("status") == "failed"]
     if failed:
         notes.append(f"Failed runs (their partial metrics, if any, are included): {', '.join(sorted(failed))}.")

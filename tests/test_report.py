@@ -351,3 +351,37 @@ def test_welch_both_constant_decided_by_sign():
     assert same.constant and math.isnan(same.p)
     one = report.Final(np.array([1.0]), 10, [0])
     assert math.isnan(report.welch(one, hi, "less").p) and not report.welch(one, hi, "less").constant
+
+
+def test_confounds_in_report_figures_and_verdict(tmp_path):
+    synthetic(tmp_path, cory_wins=True)
+    rng = np.random.default_rng(5)
+    t = np.arange(15)
+    for s in (0, 1, 2):
+        write_run(tmp_path, "ppo_norm", s, ppo_rows(0.5 + 0.03 * t + rng.normal(0, .02, 15),
+                                                    0.2 * t + rng.normal(0, .1, 15)), {"score_norm": True})
+        write_run(tmp_path, "cory_authors", s,
+                  cory_rows(0.5 + 0.03 * t + rng.normal(0, .02, 15), 0.1 * t + rng.normal(0, .05, 15),
+                            0.5 + 0.03 * t + rng.normal(0, .02, 15), 0.1 * t + rng.normal(0, .05, 15)),
+                  {"reset_on_swap": True, "init_kl_coef": 0.4})
+        # cory_authors in a --kl_coefs sweep: its own --init_kl_coef 0.4 won, so the folder is no sweep point
+        write_run(tmp_path, "cory_authors_kl0.01", s, cory_rows(0.5 + 0 * t, 0.1 * t, 0.5 + 0 * t, 0.1 * t),
+                  {"init_kl_coef": 0.4})
+    text = build_report(tmp_path).read_text()
+    for m in ("task_reward", "kl", "combined_reward"):
+        data = (tmp_path / f"fig_confounds_{m}.png").read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000 and f"](fig_confounds_{m}.png)" in text
+    section = text.split("## Verdict")[1].split("## Figures")[0]
+    assert "**yes**" in section
+    extra = section.split("Confounds, same test")[1]
+    assert "CORY vs PPO with score normalisation" in extra and "- CORY-LLM1 vs PPO with score normalisation:" in extra
+    assert "- CORY with the authors' resets-LLM2 vs PPO:" in extra
+    assert extra.count("one-sided p = ") == 4 * 3
+    # the final-values table puts the confounds right after PPO and CORY
+    table = text.split("## Final values")[1].split("## Samples")[0]
+    rows = [r.split("|")[1].strip() for r in table.splitlines() if r.startswith("| ") and "method" not in r]
+    assert rows[:6] == ["PPO", "CORY-LLM1", "CORY-LLM2", "PPO with score normalisation",
+                        "CORY with the authors' resets-LLM1", "CORY with the authors' resets-LLM2"]
+    assert "| CORY with the authors' resets-LLM1 (η=0.01) | 0.4 |" in table
+    assert "`cory_authors_kl0.01`: its runs started from init_kl_coef 0.4" in text
+    assert ("cory_authors", "llm1") not in report.sweep_points(load_experiment(tmp_path))
