@@ -3,6 +3,18 @@
     python -m cory.experiments --task imdb --preset cpu --methods ppo,cory,cory_no_kt,cory_no_swap \\
         --seeds 0,1,2 --steps 60 --out results/imdb_cpu [--kl_coefs 0.01,0.1,0.3] [--set field=value ...]
 
+Methods: ``ppo`` and ``cory`` (the comparison); the paper's ablations ``cory_no_kt`` (no knowledge transfer),
+``cory_no_swap`` (no role exchange) and ``ppo_2x`` (PPO on a model about twice the size); and two confounds,
+the ways the authors' runs differ from a like-for-like comparison:
+
+* ``ppo_norm``: PPO with ``--score_norm true``. The authors normalise CORY's scores but not PPO's (so do the
+  IMDB CORY presets here), so CORY vs ``ppo_norm`` compares the two with the same score normalisation.
+* ``cory_authors``: CORY with ``--reset_on_swap true --init_kl_coef 0.4``, as the authors' released code runs
+  it: its role exchange reloads both models into fresh trainers, which resets Adam, the adaptive KL controller
+  and the score statistics, and its KL coefficient starts from 0.4 (the paper's Table 1 says 0.3). The method
+  sets init_kl_coef itself, so in a ``--kl_coefs`` sweep every one of its folders runs at 0.4 (a method's own
+  flags come last and win).
+
 Each run is a fresh process of the real training script (``<task>_train/{ppo,cory}.py``) with the preset
 ``configs/<task>/<ppo|cory>_<preset>.yaml`` and writes ``OUT/runs/<method>[_kl<eta>]/seed_<s>/``. Running
 the same command again skips finished runs and resumes cut-off ones, so a long experiment can be stopped
@@ -38,6 +50,9 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "cory_no_kt": ("cory", ["--knowledge_transfer", "false"]),
     "cory_no_swap": ("cory", ["--swap_period", "0"]),
     "ppo_2x": ("ppo", []),
+    # the confounds (see the module docstring)
+    "ppo_norm": ("ppo", ["--score_norm", "true"]),
+    "cory_authors": ("cory", ["--reset_on_swap", "true", "--init_kl_coef", "0.4"]),
 }
 # ppo_2x: a model of the same family with about twice the parameters (the paper: GPT2-Large -> GPT2-XL)
 LARGER_MODEL = {
@@ -91,12 +106,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--task", default="imdb", help="imdb or gsm8k (default imdb)")
     p.add_argument("--preset", default="cpu", help="configs/<task>/<ppo|cory>_<preset>.yaml: paper, cpu or tiny")
     p.add_argument("--methods", default="ppo,cory",
-                   help=f"comma-separated, from {', '.join(METHODS)} (default ppo,cory)")
+                   help=f"comma-separated, from {', '.join(METHODS)} (default ppo,cory). Ablations: cory_no_kt "
+                        "(--knowledge_transfer false), cory_no_swap (--swap_period 0), ppo_2x (a model twice the "
+                        "size). Confounds: ppo_norm = PPO with --score_norm true (the authors normalise CORY's "
+                        "scores, not PPO's); cory_authors = CORY with --reset_on_swap true --init_kl_coef 0.4 "
+                        "(the authors' code resets Adam, the KL controller and the score statistics at each role "
+                        "exchange and starts from eta 0.4; its own --init_kl_coef wins over --kl_coefs and --set, "
+                        "so each of its sweep folders runs at 0.4)")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     p.add_argument("--steps", help="iterations per run (default: the preset's)")
     p.add_argument("--out", required=True, help="experiment folder, e.g. results/imdb_cpu")
     p.add_argument("--kl_coefs", help="comma-separated init KL coefficients: an eta sweep, one run folder "
-                                      "<method>_kl<eta> per value (the adaptive controller stays as in the preset)")
+                                      "<method>_kl<eta> per value (the adaptive controller stays as in the preset; "
+                                      "cory_authors keeps its own 0.4: later flags win)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="an override for every run whose script has FIELD (repeatable); the method's own "
                         "flags win over it (cory_no_swap keeps swap_period 0)")
@@ -175,6 +197,8 @@ def plan(args: argparse.Namespace) -> tuple[list[Pair], dict]:
     for key in sets:
         if key not in known:
             raise ExperimentError(f"--set {key}: unknown field; see `python {args.task}_train/cory.py --help`")
+    if not args.out.strip():  # "" would resolve to the current folder and fill it with the experiment
+        raise ExperimentError(f"--out: must name the experiment folder, got {args.out!r}")
     out = Path(args.out).expanduser().resolve()
     if out.exists() and not out.is_dir():
         raise ExperimentError(f"--out: {args.out} exists and is not a folder")

@@ -58,7 +58,8 @@ def test_plan_kl_sweep_folders(tmp_path):
 @pytest.mark.parametrize("argv,message", [
     (["--task", "mnist"], "--task: 'mnist' is not one of imdb, gsm8k"),
     (["--preset", "huge"], "--preset: 'huge' is not one of cpu, paper, tiny"),
-    (["--methods", "ppo,dpo"], "--methods: 'dpo' is not one of ppo, cory, cory_no_kt, cory_no_swap, ppo_2x"),
+    (["--methods", "ppo,dpo"], "--methods: 'dpo' is not one of ppo, cory, cory_no_kt, cory_no_swap, ppo_2x, "
+                               "ppo_norm, cory_authors"),
     (["--seeds", "0,x"], "--seeds: expected an integer, got 'x'"),
     (["--steps", "0"], "--steps: must be >= 1, got 0"),
     (["--kl_coefs", "0.1,-1"], "--kl_coefs: must be finite and >= 0, got -1"),
@@ -77,6 +78,44 @@ def test_user_mistakes_one_line_exit_2_nothing_written(tmp_path, capsys, argv, m
     err = capsys.readouterr().err
     assert err.startswith(f"error: {message}") and len(err.strip().splitlines()) == 1, err
     assert not out.exists()
+
+
+def test_plan_confounds_score_norm_and_the_authors_resets(tmp_path):
+    pairs, _ = planned("--preset", "tiny", "--methods", "ppo,cory,ppo_norm,cory_authors", "--seeds", "0",
+                       "--out", str(tmp_path / "x"))
+    p = by_key(pairs)
+    assert p["ppo_norm/seed_0"].script == "imdb_train/ppo.py" and p["ppo_norm/seed_0"].flags == ["--score_norm", "true"]
+    assert p["ppo_norm/seed_0"].preset == "configs/imdb/ppo_tiny.yaml"
+    assert p["ppo_norm/seed_0"].intended["score_norm"] is True and p["ppo/seed_0"].flags == []
+    a = p["cory_authors/seed_0"]
+    assert a.script == "imdb_train/cory.py" and a.preset == "configs/imdb/cory_tiny.yaml"
+    assert a.flags == ["--reset_on_swap", "true", "--init_kl_coef", "0.4"]
+    assert a.intended["reset_on_swap"] is True and a.intended["init_kl_coef"] == 0.4
+    assert p["cory/seed_0"].flags == []
+    cmd = command(a, "new")
+    assert cmd[1:8] == ["imdb_train/cory.py", "--config", "configs/imdb/cory_tiny.yaml", "--reset_on_swap", "true",
+                        "--init_kl_coef", "0.4"]
+    # the method's own init_kl_coef comes last and wins over --kl_coefs and --set (as the help says)
+    pairs, _ = planned("--preset", "tiny", "--methods", "cory_authors", "--seeds", "0", "--kl_coefs", "0.01",
+                       "--out", str(tmp_path / "y"))
+    assert pairs[0].label == "cory_authors_kl0.01" and pairs[0].intended["init_kl_coef"] == 0.4
+    assert pairs[0].flags == ["--init_kl_coef", "0.01", "--reset_on_swap", "true", "--init_kl_coef", "0.4"]
+    pairs, _ = planned("--preset", "tiny", "--methods", "cory_authors", "--seeds", "0", "--set", "init_kl_coef=0.2",
+                       "--out", str(tmp_path / "z"))
+    assert pairs[0].intended["init_kl_coef"] == 0.4
+    assert "cory_authors" in _parser().format_help() and "0.4" in experiments.__doc__
+    assert not any((tmp_path / d).exists() for d in "xyz")
+
+
+@pytest.mark.parametrize("out", ["", "   "])
+def test_empty_out_refused_before_anything_is_written(tmp_path, monkeypatch, capsys, out):
+    monkeypatch.chdir(tmp_path)  # an empty --out would resolve to the current folder
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["--preset", "tiny", "--methods", "ppo", "--seeds", "0", "--out", out])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: --out: must name the experiment folder")
+    assert len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_ppo_2x_without_a_larger_model_offline(tmp_path, capsys):

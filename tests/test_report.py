@@ -1,5 +1,6 @@
 """The report builder on synthetic metrics files: statistics against numpy, figures, verdict, robustness."""
 import json
+import math
 import subprocess
 import sys
 
@@ -148,7 +149,8 @@ def test_verdict_flips_between_cory_and_ppo_wins(tmp_path):
     assert win.answer == "yes" and lose.answer == "no"
     assert "**yes**" in build_report(tmp_path / "win").read_text().split("## Verdict")[1].split("##")[0]
     section = build_report(tmp_path / "lose").read_text().split("## Verdict")[1].split("## Figures")[0]
-    assert "**no**" in section and "not lower" in section and "not higher" in section
+    assert "**no**" in section and "lower not shown" in section and "higher not shown" in section
+    assert "Welch's t-test" in section and "not shown to be lower" in section  # the rule is in the report
     # the deciding numbers are in the text
     exp = load_experiment(tmp_path / "lose")
     kl = final_value(exp.groups["ppo"], "policy", "kl")
@@ -157,12 +159,17 @@ def test_verdict_flips_between_cory_and_ppo_wins(tmp_path):
 
 def test_verdict_partly_when_kl_lower_but_reward_far_behind(tmp_path):
     t = np.arange(12)
-    for s in (0, 1):
+    for s in (0, 1, 2):
         write_run(tmp_path, "ppo", s, ppo_rows(1.0 + 0.01 * s + 0 * t, 2.0 + 0 * t))
-        # reward far lower (beyond one pooled std) but KL lower and r_c = 0.5 - 0.2*0.1 < 1.0 - 0.2*2 = 0.6
+        # reward far lower but KL lower and r_c = 0.5 - 0.2*0.1 < 1.0 - 0.2*2 = 0.6
         write_run(tmp_path, "cory", s, cory_rows(0.5 + 0.01 * s + 0 * t, 0.1 + 0 * t, 0.4 + 0 * t, 0.1 + 0 * t))
     v = verdict(load_experiment(tmp_path))
-    assert v.answer == "partly" and "lower by more than one pooled std" in v.text
+    assert v.answer == "partly" and "no CORY agent met all three" in v.text, v.text
+    # KL is constant over seeds in both methods: no spread, decided by the sign of the difference, and said so
+    assert "(both constant over seeds: decided by the sign): lower)" in v.text
+    assert "one-sided p = 0 (both constant" in v.text
+    # the task reward is shown to be lower (PPO has a spread, CORY-LLM2's is constant: Welch still applies)
+    assert v.text.count(": lower); KL") == 2
 
 
 def test_verdict_not_decided_without_cory(tmp_path):
@@ -207,7 +214,7 @@ def test_partial_results_nan_none_and_different_lengths(tmp_path):
     assert "present in all of them" in text and "seed 2: 14" in text
     assert "unreadable line" in text and "seed_3" in text
     assert (tmp_path / "fig_kl.png").stat().st_size > 0
-    assert report.verdict(exp).answer in ("yes", "no", "partly")
+    assert report.verdict(exp).answer == "too few seeds"  # CORY has one seed
 
 
 def test_samples_and_provenance_in_report(tmp_path):
@@ -247,7 +254,7 @@ def test_cli(tmp_path):
 def test_verdict_compares_methods_over_the_iterations_all_reached(tmp_path):
     # PPO ran 20 iterations, CORY was cut off after 12: both are judged on iterations 2-11
     t = np.arange(20)
-    for s in (0, 1):
+    for s in (0, 1, 2):
         write_run(tmp_path, "ppo", s, ppo_rows(0.5 + 0.0 * t + 0.01 * s, 0.5 * t))
         write_run(tmp_path, "cory", s, cory_rows(0.5 + 0.0 * t[:12], 0.6 * t[:12], 0.5 + 0.0 * t[:12], 0.6 * t[:12]))
     v = verdict(load_experiment(tmp_path))
@@ -257,4 +264,124 @@ def test_verdict_compares_methods_over_the_iterations_all_reached(tmp_path):
     assert "iterations 2–11" in v.text and "compared up to iteration 11" in v.text
     assert "3.9 ± 0" in v.text and "3.25 ± 0" in v.text
     table = build_report(tmp_path).read_text().split("## Final values")[1]
-    assert "| PPO | 0.2 | 2 | 10–19 |" in table and "| CORY-LLM1 | 0.2 | 2 | 2–11 |" in table
+    assert "| PPO | 0.2 | 3 | 10–19 |" in table and "| CORY-LLM1 | 0.2 | 3 | 2–11 |" in table
+
+
+# ----------------------------------------------------------------------------- the verdict's test (issue 12)
+
+def two_methods(root, seeds, ppo, llm1, llm2, steps=12, seed=0):
+    """PPO and CORY with each seed's values drawn around the given (reward, KL) means, noise 0.05."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(steps)
+    for s in seeds:
+        noise = lambda: rng.normal(0, 0.05, steps)  # noqa: E731
+        write_run(root, "ppo", s, ppo_rows(ppo[0] + 0 * t + noise(), ppo[1] + noise()))
+        write_run(root, "cory", s, cory_rows(llm1[0] + noise(), llm1[1] + noise(), llm2[0] + noise(),
+                                             llm2[1] + noise()))
+
+
+def test_verdict_equal_distributions_is_not_yes(tmp_path):
+    for k in range(8):
+        root = tmp_path / str(k)
+        two_methods(root, (0, 1, 2), (0.5, 2.0), (0.5, 2.0), (0.5, 2.0), seed=k)
+        v = verdict(load_experiment(root))
+        assert v.answer in ("no", "partly"), v.text
+        # with the same distribution a significant comparison is a 5 % accident, never both agents on all three
+        assert "all three hold" not in v.text.replace("not all three hold", "")
+
+
+def test_verdict_yes_when_both_agents_clearly_separated(tmp_path):
+    two_methods(tmp_path, (0, 1, 2), (0.5, 3.0), (0.5, 0.5), (0.49, 0.6))
+    v = verdict(load_experiment(tmp_path))
+    assert v.answer == "yes", v.text
+    assert v.text.count("all three hold") == 2 and v.text.count(": not shown to be lower)") == 2
+    assert "KL ratio PPO/CORY-LLM1 = " in v.text and "(paper: > 2)" in v.text
+    exp = load_experiment(tmp_path)
+    ratio = final_value(exp.groups["ppo"], "policy", "kl").mean / final_value(exp.groups["cory"], "llm1", "kl").mean
+    assert ratio > 2 and f"KL ratio PPO/CORY-LLM1 = {ratio:.3g} " in v.text
+
+
+def test_verdict_partly_names_the_one_agent(tmp_path):
+    # LLM1 clearly better; LLM2 drawn like PPO
+    two_methods(tmp_path, (0, 1, 2), (0.5, 3.0), (0.5, 0.5), (0.5, 3.0))
+    v = verdict(load_experiment(tmp_path))
+    assert v.answer == "partly", v.text
+    assert "Only CORY-LLM1 met all three comparisons; CORY-LLM2 did not" in v.text
+
+
+def test_verdict_too_few_seeds_still_shows_the_numbers(tmp_path):
+    synthetic(tmp_path, cory_wins=True, seeds=(0, 1))
+    exp = load_experiment(tmp_path)
+    v = verdict(exp)
+    assert v.answer == "too few seeds" and "PPO has 2, CORY 2" in v.text
+    kl = final_value(exp.groups["ppo"], "policy", "kl")
+    assert f"{kl.mean:.3g} ± {kl.std:.3g}" in v.text and v.text.count("Not judged: 2 seed(s)") == 2
+    assert "p = " not in v.text and "KL ratio PPO/CORY-LLM2" in v.text
+    section = build_report(tmp_path).read_text().split("## Verdict")[1].split("## Figures")[0]
+    assert "**too few seeds**" in section
+
+
+def _t_cdf(t: float, df: float) -> float:
+    """Student's t CDF at t <= 0 by numerical integration of the density (numpy only)."""
+    x = np.linspace(t - 5000.0, t, 4_000_001)
+    dens = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi) \
+        * (1 + x ** 2 / df) ** (-(df + 1) / 2)
+    return float(np.trapezoid(dens, x))
+
+
+def test_welch_p_value_by_hand():
+    a = report.Final(np.array([0.9, 1.1, 1.3, 1.0]), 10, [0, 1, 2, 3])
+    b = report.Final(np.array([1.6, 2.4, 2.0]), 10, [0, 1, 2])
+    va, vb = a.per_seed.var(ddof=1) / a.n, b.per_seed.var(ddof=1) / b.n
+    t = (a.mean - b.mean) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (a.n - 1) + vb ** 2 / (b.n - 1))  # Welch-Satterthwaite
+    p = report.welch(a, b, "less").p
+    assert p == pytest.approx(_t_cdf(t, df), rel=1e-4)
+    from scipy import stats
+    two_sided = stats.ttest_ind(a.per_seed, b.per_seed, equal_var=False).pvalue
+    assert p == pytest.approx(two_sided / 2) and report.welch(a, b, "greater").p == pytest.approx(1 - two_sided / 2)
+    assert 0.001 < p < 0.05
+
+
+def test_welch_both_constant_decided_by_sign():
+    lo, hi = (report.Final(np.full(3, v), 10, [0, 1, 2]) for v in (1.0, 2.0))
+    assert report.welch(lo, hi, "less") == report.WelchResult(0.0, True)
+    assert report.welch(lo, hi, "greater") == report.WelchResult(1.0, True)
+    same = report.welch(lo, lo, "less")
+    assert same.constant and math.isnan(same.p)
+    one = report.Final(np.array([1.0]), 10, [0])
+    assert math.isnan(report.welch(one, hi, "less").p) and not report.welch(one, hi, "less").constant
+
+
+def test_confounds_in_report_figures_and_verdict(tmp_path):
+    synthetic(tmp_path, cory_wins=True)
+    rng = np.random.default_rng(5)
+    t = np.arange(15)
+    for s in (0, 1, 2):
+        write_run(tmp_path, "ppo_norm", s, ppo_rows(0.5 + 0.03 * t + rng.normal(0, .02, 15),
+                                                    0.2 * t + rng.normal(0, .1, 15)), {"score_norm": True})
+        write_run(tmp_path, "cory_authors", s,
+                  cory_rows(0.5 + 0.03 * t + rng.normal(0, .02, 15), 0.1 * t + rng.normal(0, .05, 15),
+                            0.5 + 0.03 * t + rng.normal(0, .02, 15), 0.1 * t + rng.normal(0, .05, 15)),
+                  {"reset_on_swap": True, "init_kl_coef": 0.4})
+        # cory_authors in a --kl_coefs sweep: its own --init_kl_coef 0.4 won, so the folder is no sweep point
+        write_run(tmp_path, "cory_authors_kl0.01", s, cory_rows(0.5 + 0 * t, 0.1 * t, 0.5 + 0 * t, 0.1 * t),
+                  {"init_kl_coef": 0.4})
+    text = build_report(tmp_path).read_text()
+    for m in ("task_reward", "kl", "combined_reward"):
+        data = (tmp_path / f"fig_confounds_{m}.png").read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000 and f"](fig_confounds_{m}.png)" in text
+    section = text.split("## Verdict")[1].split("## Figures")[0]
+    assert "**yes**" in section
+    extra = section.split("Confounds, same test")[1]
+    assert "CORY vs PPO with score normalisation" in extra and "- CORY-LLM1 vs PPO with score normalisation:" in extra
+    assert "- CORY with the authors' resets-LLM2 vs PPO:" in extra
+    assert extra.count("one-sided p = ") == 4 * 3
+    # the final-values table puts the confounds right after PPO and CORY
+    table = text.split("## Final values")[1].split("## Samples")[0]
+    rows = [r.split("|")[1].strip() for r in table.splitlines() if r.startswith("| ") and "method" not in r]
+    assert rows[:6] == ["PPO", "CORY-LLM1", "CORY-LLM2", "PPO with score normalisation",
+                        "CORY with the authors' resets-LLM1", "CORY with the authors' resets-LLM2"]
+    assert "| CORY with the authors' resets-LLM1 (η=0.01) | 0.4 |" in table
+    assert "`cory_authors_kl0.01`: its runs started from init_kl_coef 0.4" in text
+    assert ("cory_authors", "llm1") not in report.sweep_points(load_experiment(tmp_path))
