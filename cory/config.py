@@ -1,18 +1,22 @@
-"""Hyperparameters: dataclass defaults < YAML preset (``--config``) < ``--field value`` flags.
+"""Hyperparameters: the fields, their meaning, defaults and the checks that need nothing else.
 
-Every user mistake (unknown field, wrong type, out-of-range value, missing file) raises
-``ConfigError`` with one line naming the field, before any model is loaded.
+Values come from the dataclass defaults (a training script's ``Hyperparameters`` subclass sets its task's
+paper values), then a YAML preset (``--config``), then ``--field value`` flags. Every user mistake (unknown
+field, wrong type, out-of-range value, unreadable file) raises ``ConfigError`` with one line naming the field,
+before any model is loaded.
+
+This module is the bottom of the package: it imports nothing of ``cory``. Checks that need to know the
+models, rewards or data live with them (``cory.preflight`` gathers them, still before any model loads).
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import re
 import types
 import typing
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import yaml
@@ -22,86 +26,101 @@ class ConfigError(ValueError):
     """A user mistake in a config file or a flag; the message is one line."""
 
 
+def arg(default, help: str, *, trl: bool = False, on_resume: bool = False, choices: tuple = ()):
+    """A documented field. ``trl``: passed on to trl's PPOConfig under the same name; ``on_resume``: may
+    change when a run is resumed (it does not change what the run learns); ``choices``: the allowed values."""
+    return field(default=default, metadata={"help": help, "trl": trl, "on_resume": on_resume, "choices": choices})
+
+
 @dataclass
 class PPOArgs:
-    """Single-agent PPO (the paper's baseline). The CORY arguments extend these."""
+    """Single-agent PPO (the paper's baseline); the CORY arguments extend these. The defaults are trl 0.11.4's
+    PPOConfig defaults, which are also the paper's IMDB settings (Table 1)."""
 
-    # run
-    task: str = "imdb"
-    output_dir: str = "runs/ppo"
-    seed: int = 0
-    steps: int = 100
-    # model
-    model_name: str = "gpt2-large"
-    use_peft: bool = False
-    lora_r: int = 16
-    lora_alpha: int = 16
-    lora_dropout: float = 0.05
-    load_in_4bit: bool = False
-    # data and reward
-    dataset: str = "auto"
-    dataset_path: str | None = None
-    reward_model: str = "distilbert-imdb"
-    score_norm: bool = False
-    score_clip: float | None = None
-    # PPO (trl PPOConfig)
-    learning_rate: float = 1.41e-5
-    batch_size: int = 256
-    mini_batch_size: int = 256
-    gradient_accumulation_steps: int = 1
-    ppo_epochs: int = 4
-    init_kl_coef: float = 0.3
-    adap_kl_ctrl: bool = True
-    target: float = 6.0
-    horizon: float = 10000.0
-    gamma: float = 1.0
-    lam: float = 0.95
-    cliprange: float = 0.2
-    cliprange_value: float = 0.2
-    vf_coef: float = 0.1
-    kl_penalty: str = "full"
-    max_grad_norm: float | None = None
-    # memory: the most tokens one forward pass of a PPO step may hold (real tokens when passes are packed,
-    # samples x longest sequence when padded); a mini-batch over it runs as several passes whose gradients
-    # add up to the one-pass gradient; 0 = no limit
-    max_pass_tokens: int = 0
-    # generation: one response length per batch, drawn from [min, max] (the paper's LengthSampler(4, 16))
-    response_length_min: int = 4
-    response_length_max: int = 15
-    # False (the paper's regime): an answer runs to its drawn length, EOS cannot end it sooner. GPT-2 practically
-    # never emits EOS within 4-15 tokens, but an instruct model does, and PPO then learns to end every answer at
-    # once. True lets EOS end an answer early (GSM8K: answers end where the model stops)
-    allow_early_eos: bool = False
-    top_k: int = 0
-    top_p: float = 1.0
-    temperature: float = 1.0
-    repetition_penalty: float = 1.1
-    # outputs
-    save_every: int = 25
-    keep_checkpoints: int = 1
-    samples_per_step: int = 4
-    report_to: str = "none"
-    on_nonfinite: str = "stop"
-    resume: str | None = None
-    overwrite: bool = False
+    # ---- the run
+    task: str = arg("imdb", "the task: prompts, reward and data (imdb, gsm8k, or one registered with "
+                    "cory.tasks.register_task)")
+    output_dir: str = arg("runs/ppo", "the run's folder (config, metrics, samples, checkpoints, final models)",
+                          on_resume=True)
+    seed: int = arg(0, "seeds data order, sampling and initialisation", trl=True)
+    steps: int = arg(100, "PPO iterations (one batch each); raise it with --resume RUN to extend a run",
+                     on_resume=True)
+    # ---- the model
+    model_name: str = arg("gpt2-large", "'tiny', 'embedded:smollm2-135m', a model folder or a hub id", trl=True)
+    use_peft: bool = arg(False, "train LoRA adapters (and the value head) instead of every weight")
+    lora_r: int = arg(16, "LoRA rank")
+    lora_alpha: int = arg(16, "LoRA scaling alpha")
+    lora_dropout: float = arg(0.05, "LoRA dropout")
+    load_in_4bit: bool = arg(False, "the frozen base in 4 bit (bitsandbytes, CUDA only; needs use_peft)")
+    # ---- data and reward
+    dataset: str = arg("auto", "where prompts come from (imdb: auto|hub|builtin; gsm8k: auto|hub|local|generated)")
+    dataset_path: str | None = arg(None, "gsm8k: a folder with train.jsonl and test.jsonl (selects dataset local)")
+    reward_model: str = arg("distilbert-imdb", "imdb: vader | distilbert-imdb | a classifier folder; "
+                            "gsm8k: correctness")
+    score_norm: bool = arg(False, "normalise training scores by their running mean and std (the authors' "
+                           "use_score_scaling + use_score_norm; trl 0.11.4's own option crashes)")
+    score_clip: float | None = arg(None, "clip training scores to [-score_clip, score_clip]", trl=True)
+    # ---- PPO (trl's PPOConfig)
+    learning_rate: float = arg(1.41e-5, "Adam learning rate", trl=True)
+    batch_size: int = arg(256, "queries per iteration (per process in data-parallel runs)", trl=True)
+    mini_batch_size: int = arg(256, "queries per optimizer step", trl=True)
+    gradient_accumulation_steps: int = arg(1, "mini-batches whose gradients add up to one optimizer step", trl=True)
+    ppo_epochs: int = arg(4, "passes over each batch", trl=True)
+    init_kl_coef: float = arg(0.3, "eta, the KL penalty's starting coefficient", trl=True)
+    adap_kl_ctrl: bool = arg(True, "adapt eta towards the target KL (Ziegler et al.)", trl=True)
+    target: float = arg(6.0, "the adaptive controller's target KL", trl=True)
+    horizon: float = arg(10000.0, "the adaptive controller's horizon", trl=True)
+    gamma: float = arg(1.0, "discount", trl=True)
+    lam: float = arg(0.95, "GAE lambda", trl=True)
+    cliprange: float = arg(0.2, "policy ratio clip", trl=True)
+    cliprange_value: float = arg(0.2, "value clip", trl=True)
+    vf_coef: float = arg(0.1, "value loss weight", trl=True)
+    kl_penalty: str = arg("full", "per-token KL estimate: full = the full-vocabulary KL(pi || pi0)", trl=True,
+                          choices=("full", "kl", "abs", "mse"))
+    max_grad_norm: float | None = arg(None, "clip the gradient norm (none = no clipping)", trl=True)
+    # ---- speed and memory (results do not change, up to float rounding)
+    fast_ppo: bool = arg(True, "cory.speedups: PPO passes on the response window, packed, within max_pass_tokens, "
+                         "fused Adam; false = trl's stock PPOTrainer and Adam", on_resume=True)
+    max_pass_tokens: int = arg(0, "the most tokens one forward pass of a PPO step may hold (packed: real tokens; "
+                               "padded: samples x longest); a mini-batch over it runs as several passes whose "
+                               "gradients add up to the one-pass gradient; 0 = no limit (needs fast_ppo)",
+                               on_resume=True)
+    # ---- generation: one response length per batch, uniform in [min, max] (the paper's LengthSampler(4, 16))
+    response_length_min: int = arg(4, "shortest answer, in tokens")
+    response_length_max: int = arg(15, "longest answer, in tokens")
+    # GPT-2 practically never emits EOS within 4-15 tokens, so the paper's answers have the drawn length; an
+    # instruct model does emit it, and PPO then learns to end every answer at once
+    allow_early_eos: bool = arg(False, "false: every answer runs to its drawn length (EOS masked until then, "
+                                "the paper's regime); true: EOS may end it sooner (GSM8K)")
+    top_k: int = arg(0, "sampling top-k (0 = off)")
+    top_p: float = arg(1.0, "sampling nucleus")
+    temperature: float = arg(1.0, "sampling temperature")
+    repetition_penalty: float = arg(1.1, "sampling repetition penalty (the authors' 1.1)")
+    # ---- outputs and faults
+    save_every: int = arg(25, "iterations between checkpoints", on_resume=True)
+    keep_checkpoints: int = arg(1, "checkpoints kept (the newest)", on_resume=True)
+    samples_per_step: int = arg(4, "queries and answers written to samples.jsonl per iteration", on_resume=True)
+    report_to: str = arg("none", "also log metrics to wandb", on_resume=True, choices=("none", "wandb"))
+    on_nonfinite: str = arg("stop", "a non-finite reward: stop (after saving) or skip the batch", on_resume=True,
+                            choices=("stop", "skip"))
+    resume: str | None = arg(None, "continue the run in this folder from its newest checkpoint", on_resume=True)
+    overwrite: bool = arg(False, "replace the run already in output_dir (only ever a run folder)", on_resume=True)
 
 
 @dataclass
 class CoryArgs(PPOArgs):
     """CORY: two PPO agents, pioneer and observer, exchanging roles."""
 
-    output_dir: str = "runs/cory"
-    swap_period: int = 5
-    other_reward_coef: float = 1.0
-    knowledge_transfer: bool = True
-    reset_on_swap: bool = False
+    output_dir: str = arg("runs/cory", "the run's folder (config, metrics, samples, checkpoints, final models)",
+                          on_resume=True)
+    swap_period: int = arg(5, "iterations between role exchanges (the paper's T_REx); 0 = never (ablation)")
+    other_reward_coef: float = arg(1.0, "reward = own + coef * partner's: 1 collective (the paper), 0 independent, "
+                                   "-1 competitive")
+    knowledge_transfer: bool = arg(True, "the observer reads the pioneer's answer; false = only the query (ablation)")
+    reset_on_swap: bool = arg(False, "fresh Adam moments, KL coefficient and score statistics at each exchange "
+                              "(the authors' code reloads its trainers)")
 
 
-TASKS = ("imdb", "gsm8k")
-DATASETS = {"imdb": ("auto", "hub", "builtin"), "gsm8k": ("auto", "hub", "local", "generated")}
-KL_PENALTIES = ("full", "kl", "abs", "mse")
-REPORT_TO = ("none", "wandb")
-ON_NONFINITE = ("stop", "skip")
 # run-control fields that describe one invocation, not the experiment
 INVOCATION_FIELDS = ("resume", "overwrite")
 
@@ -117,6 +136,15 @@ def _allowed(tp) -> tuple[type, bool]:
         base = [a for a in args if a is not type(None)]
         return base[0], type(None) in args
     return tp, False
+
+
+def metadata(cls, name: str) -> dict:
+    """A field's documentation; a script's subclass that only changes a default keeps its base's."""
+    for klass in cls.__mro__:
+        f = getattr(klass, "__dataclass_fields__", {}).get(name)
+        if f is not None and f.metadata.get("help"):
+            return dict(f.metadata)
+    return {"help": "", "trl": False, "on_resume": False, "choices": ()}
 
 
 def _coerce(name: str, value, tp, from_cli: bool):
@@ -205,24 +233,19 @@ def _one_of(name, value, allowed):
 
 
 def validate(cfg: PPOArgs) -> None:
-    """Range and consistency checks that need no model."""
-    from cory.assets import MODEL_SPECS_HELP, SMOLLM2_SPEC, TINY_SPEC, is_valid_model_spec
-
+    """Range and consistency checks that need nothing but the values."""
     def positive(name, integer=True):
         v = getattr(cfg, name)
         if v <= 0 or (not integer and not math.isfinite(v)):
             raise ConfigError(f"{name}: must be > 0, got {v}")
 
-    def finite(name):
-        v = getattr(cfg, name)
-        if v is not None and not math.isfinite(v):
-            raise ConfigError(f"{name}: must be a finite number, got {v}")
-
     for f in fields(cfg):
-        if isinstance(getattr(cfg, f.name), float):
-            finite(f.name)
-    _one_of("task", cfg.task, TASKS)
-    _one_of("dataset", cfg.dataset, DATASETS[cfg.task])
+        v = getattr(cfg, f.name)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"{f.name}: must be a finite number, got {v}")
+        choices = metadata(type(cfg), f.name)["choices"]
+        if choices:
+            _one_of(f.name, v, choices)
     for name in ("steps", "batch_size", "mini_batch_size", "gradient_accumulation_steps", "ppo_epochs",
                  "response_length_min", "save_every", "keep_checkpoints", "lora_r", "lora_alpha"):
         positive(name)
@@ -230,12 +253,18 @@ def validate(cfg: PPOArgs) -> None:
         positive(name, integer=False)
     if not 0 <= cfg.seed < 2 ** 31:  # numpy seeds below 2**32, and each process adds its rank
         raise ConfigError(f"seed: must be in [0, 2**31), got {cfg.seed}")
+    if not cfg.task.strip():
+        raise ConfigError("task: must not be empty")
     if not cfg.output_dir.strip():
         raise ConfigError("output_dir: must not be empty")
+    if not isinstance(cfg.model_name, str) or not cfg.model_name.strip():
+        raise ConfigError("model_name: must not be empty")
     if cfg.resume is not None and not cfg.resume.strip():
         raise ConfigError("resume: must name a run folder")
     if cfg.max_pass_tokens < 0:
         raise ConfigError(f"max_pass_tokens: must be >= 0 (0 = no limit), got {cfg.max_pass_tokens}")
+    if cfg.max_pass_tokens and not cfg.fast_ppo:
+        raise ConfigError("max_pass_tokens: needs fast_ppo: true (trl's stock PPOTrainer runs a mini-batch in one pass)")
     if cfg.samples_per_step < 0:
         raise ConfigError(f"samples_per_step: must be >= 0, got {cfg.samples_per_step}")
     if cfg.top_k < 0:
@@ -265,63 +294,27 @@ def validate(cfg: PPOArgs) -> None:
         raise ConfigError(
             f"batch_size: {cfg.batch_size} is not divisible by mini_batch_size * gradient_accumulation_steps "
             f"= {cfg.mini_batch_size} * {cfg.gradient_accumulation_steps}")
-    _one_of("kl_penalty", cfg.kl_penalty, KL_PENALTIES)
-    _one_of("report_to", cfg.report_to, REPORT_TO)
-    _one_of("on_nonfinite", cfg.on_nonfinite, ON_NONFINITE)
-    if not is_valid_model_spec(cfg.model_name):
-        raise ConfigError(f"model_name: {cfg.model_name!r} is not a model spec; allowed: {MODEL_SPECS_HELP}")
-    if cfg.model_name not in (TINY_SPEC, SMOLLM2_SPEC) and Path(cfg.model_name).expanduser().is_dir():
-        _model_folder("model_name", Path(cfg.model_name).expanduser())
-    if cfg.task == "imdb":
-        from cory.tasks.imdb import REWARD_NAMES
-        if cfg.reward_model not in REWARD_NAMES and not Path(cfg.reward_model).is_dir():
-            raise ConfigError(
-                f"reward_model: {cfg.reward_model!r} is not one of {', '.join(REWARD_NAMES)} or a local model folder")
-        if cfg.reward_model not in REWARD_NAMES:
-            id2label = _model_folder("reward_model", Path(cfg.reward_model)).get("id2label")
-            labels = [str(v) for v in id2label.values()] if isinstance(id2label, dict) else []
-            if "positive" not in (label.lower() for label in labels):
-                raise ConfigError(f"reward_model: {cfg.reward_model} has no POSITIVE label (its labels: {labels})")
-    elif cfg.reward_model not in ("correctness",):
-        raise ConfigError(f"reward_model: {cfg.reward_model!r} is not allowed for gsm8k; allowed: correctness")
     if cfg.dataset == "local" and not cfg.dataset_path:
         raise ConfigError("dataset_path: required when dataset is local")
-    if cfg.dataset_path is not None:
-        p = Path(cfg.dataset_path)
-        if not p.is_dir():
-            raise ConfigError(f"dataset_path: folder not found: {cfg.dataset_path}")
-        if cfg.task == "gsm8k":
-            for split in ("train", "test"):
-                if not (p / f"{split}.jsonl").is_file():
-                    raise ConfigError(f"dataset_path: {p / (split + '.jsonl')} not found")
     if cfg.resume is not None and cfg.overwrite:
         raise ConfigError("overwrite: cannot be combined with resume")
-    if isinstance(cfg, CoryArgs):
-        if cfg.swap_period < 0:
-            raise ConfigError(f"swap_period: must be >= 0 (0 = never exchange roles), got {cfg.swap_period}")
-
-
-def _model_folder(name: str, folder: Path) -> dict:
-    """The config.json of a local model folder (a folder without one is a mistake, not a model)."""
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{name}: {folder} is not a model folder (no config.json)") from None
-    except (OSError, ValueError):
-        raise ConfigError(f"{name}: {folder}/config.json is not readable JSON") from None
-    if not isinstance(config, dict):
-        raise ConfigError(f"{name}: {folder}/config.json is not a model config")
-    return config
+    if isinstance(cfg, CoryArgs) and cfg.swap_period < 0:
+        raise ConfigError(f"swap_period: must be >= 0 (0 = never exchange roles), got {cfg.swap_period}")
 
 
 def to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def field_help(cls) -> list[tuple[str, str, object]]:
-    """(name, type, default) of every field, for --help."""
+def trl_fields(cfg) -> dict:
+    """The fields that trl's PPOConfig takes under the same name and meaning."""
+    return {f.name: getattr(cfg, f.name) for f in fields(cfg) if metadata(type(cfg), f.name)["trl"]}
+
+
+def field_help(cls) -> list[tuple[str, str, object, dict]]:
+    """(name, type, default, metadata) of every field, for --help."""
     out = []
-    for f, tp in zip(fields(cls), _field_types(cls).values()):
+    for f in fields(cls):
         base, optional = _allowed(_field_types(cls)[f.name])
-        out.append((f.name, base.__name__ + (" | none" if optional else ""), f.default))
+        out.append((f.name, base.__name__ + (" | none" if optional else ""), f.default, metadata(cls, f.name)))
     return out

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-TASKS = ("imdb", "gsm8k")
+TASKS = ("imdb", "gsm8k")  # the tasks with an evaluation
 IMDB_LIMIT = 256  # the paper's IMDB batch; the built-in eval openings are fewer (110)
 DEFAULT_KS = (1, 4, 16)
 DTYPES = ("float32", "bfloat16", "float16")
@@ -193,10 +193,10 @@ def load_model(spec: str, dtype: str = "float32"):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from cory.assets import _quiet, resolve_model_path
+    from cory.assets import quiet, resolve_model_path
 
     path = resolve_model_path(spec)
-    with _quiet():
+    with quiet():
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
 
@@ -298,8 +298,10 @@ class Plan:
 
 def plan(argv: Sequence[str] | None) -> Plan:
     """Validate everything that needs no model (raises EvalError, ConfigError or AssetError)."""
-    from cory.config import DATASETS
-    from cory.tasks.imdb import REWARD_NAMES
+    from cory.tasks import registered
+    from cory.outputs import check_writable
+    from cory.tasks.gsm8k import check_local_files
+    from cory.tasks.imdb import check_reward_model
 
     args = build_parser().parse_args(argv)
     if args.task not in TASKS:
@@ -358,19 +360,20 @@ def plan(argv: Sequence[str] | None) -> Plan:
         elif dataset == "local":
             raise EvalError(f"the run read GSM8K from {path}, which is not found here; pass --dataset_path DIR")
     dataset = dataset or ("local" if dataset_path else "auto")
-    if dataset not in DATASETS[args.task]:
-        raise EvalError(f"--dataset {dataset!r} is not one of {', '.join(DATASETS[args.task])} for {args.task}")
+    datasets = registered()[args.task].datasets
+    if dataset not in datasets:
+        raise EvalError(f"--dataset {dataset!r} is not one of {', '.join(datasets)} for {args.task}")
     if dataset_path is not None:
         if not (Path(dataset_path) / "test.jsonl").is_file():
             raise EvalError(f"--dataset_path {dataset_path}: no test.jsonl there (expected GSM8K's release files)")
         if dataset not in ("local", "auto"):
             raise EvalError(f"--dataset_path needs --dataset local (or auto), got {dataset}")
+        check_local_files(dataset_path, ("test",))  # evaluation reads the test split alone
 
     reward = None
     if not gsm:
         reward = args.reward or inherited.get("reward_model") or "vader"
-        if reward not in REWARD_NAMES and not Path(reward).is_dir():
-            raise EvalError(f"--reward {reward!r} is not one of {', '.join(REWARD_NAMES)} or a classifier folder")
+        check_reward_model(reward, "--reward")  # before the classifier loads (and prints its load report)
 
     allow_early_eos = True  # GSM8K answers end where the model stops
     if not gsm:
@@ -389,6 +392,8 @@ def plan(argv: Sequence[str] | None) -> Plan:
                                                    all(e.run_dir is not None for e in entries) else None)
     if json_path is not None and json_path.is_dir():
         raise EvalError(f"--json {json_path}: is a folder, expected a file name")
+    if json_path is not None:  # known now, not after the whole evaluation
+        check_writable(json_path, "--json")
     return Plan(task=args.task, rows=rows, reference=reference, dataset=dataset, dataset_path=dataset_path,
                 reward=reward, limit=args.limit if args.limit is not None else (IMDB_LIMIT if not gsm else None),
                 max_new_tokens=args.max_new_tokens or (256 if gsm else 15), batch_size=args.batch_size,
@@ -447,7 +452,7 @@ def evaluate_gsm8k_model(model, tokenizer, task, examples, *, n: int, ks: Sequen
     import torch
 
     from cory.passk import mean_pass_at_k
-    from cory.trainer import decode_and_clean
+    from cory.rollout import decode_and_clean
 
     torch.manual_seed(seed)
     stop = dict(stop_strings=[task.stop], tokenizer=tokenizer) if task.stop else {}
@@ -507,7 +512,7 @@ def _task(make):
 
 def run(p: Plan) -> dict:
     """Evaluate every row of the plan; returns the JSON document (also written to ``p.json_path``)."""
-    from cory.assets import load_tokenizer
+    from cory.models import load_tokenizer
 
     other_task = ("n", "ks", "dataset_path") if p.task == "imdb" else ("reward", "allow_early_eos")
     settings = {k: v for k, v in vars(p).items() if k not in ("rows", "json_path", *other_task)}
@@ -537,7 +542,7 @@ def run(p: Plan) -> dict:
     else:
         from cory.tasks.gsm8k import Gsm8kTask
 
-        task = _task(lambda: Gsm8kTask(source=p.dataset, dataset_path=p.dataset_path))
+        task = _task(lambda: Gsm8kTask(source=p.dataset, dataset_path=p.dataset_path, with_train=False))
         examples = task.eval_examples(p.limit)
         settings.update(dataset=task.source, n_questions=len(examples))
         for entry in p.rows:

@@ -38,6 +38,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+from cory import preflight
+from cory.assets import AssetError
 from cory.config import ConfigError, CoryArgs, PPOArgs, build, load_yaml
 from cory.outputs import latest_checkpoint
 
@@ -206,7 +208,7 @@ def plan(args: argparse.Namespace) -> tuple[list[Pair], dict]:
     pairs = []
     for method in methods:
         script_name, method_flags = METHODS[method]
-        cls = CoryArgs if script_name == "cory" else PPOArgs
+        cls = script_hyperparameters(args.task, script_name)
         preset = configs / f"{script_name}_{args.preset}.yaml"
         try:
             base = load_yaml(preset)
@@ -225,7 +227,8 @@ def plan(args: argparse.Namespace) -> tuple[list[Pair], dict]:
             try:
                 cfg = build(cls, {**base, "task": args.task},
                             {**cli, **({"steps": str(steps)} if steps else {})})
-            except ConfigError as e:
+                preflight.check_config(cfg)
+            except (ConfigError, AssetError) as e:
                 raise ExperimentError(f"{method}: {e}") from None
             asked = (set(base) | set(cli)) - set(BOOKKEEPING_FIELDS)
             intended = {k: getattr(cfg, k) for k in sorted(asked) if k in cls.__dataclass_fields__}
@@ -240,6 +243,20 @@ def plan(args: argparse.Namespace) -> tuple[list[Pair], dict]:
     spec = {"task": args.task, "preset": args.preset, "methods": methods, "seeds": seeds, "steps": steps,
             "kl_coefs": None if args.kl_coefs is None else kl_coefs, "set": sets, "jobs": jobs, "out": out}
     return pairs, spec
+
+
+def script_hyperparameters(task: str, script_name: str):
+    """The ``Hyperparameters`` class of ``<task>_train/<script>.py``: the runner builds and checks each run's
+    config exactly as that script will (its defaults are the task's paper values)."""
+    import importlib.util
+
+    name = f"_cory_script_{task}_{script_name}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / f"{task}_train" / f"{script_name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name].Hyperparameters
 
 
 def _larger_model(args, model: str) -> str:

@@ -15,23 +15,63 @@ from cory.config import ConfigError
 CHECKPOINTS = "checkpoints"
 
 
+MANIFEST = "cory_run.json"
+# what a run writes into its folder: --overwrite deletes these and nothing else
+RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "samples.jsonl", CHECKPOINTS, "final", MANIFEST, ".config.yaml.tmp",
+               ".metrics.jsonl.tmp", ".samples.jsonl.tmp", "wandb")
+
+
+def _ours(entry: Path) -> bool:
+    return entry.name in RUN_ENTRIES or (entry.name.startswith("eval_") and entry.suffix == ".json")
+
+
+def read_manifest(run_dir: str | os.PathLike) -> dict | None:
+    """The marker a run writes when it starts (``{"project": "cory", "method", "task"}``), or None."""
+    try:
+        data = json.loads((Path(run_dir) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("project") == "cory" else None
+
+
+def check_writable(path: Path, name: str = "output_dir") -> None:
+    """``path`` (a file or folder to be written, created with its parents if need be) can be written: its
+    nearest existing ancestor is a folder we may write in. ``name`` is the field or flag to blame."""
+    path = Path(path).absolute()
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if existing == path:  # already there: a file is replaced within its folder, a folder is written into
+        folder = path if path.is_dir() else path.parent
+    elif not existing.is_dir():
+        raise ConfigError(f"{name}: {path} would be inside {existing}, which is a file, not a folder")
+    else:
+        folder = existing
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"{name}: cannot write in {folder} (permission denied); choose another place")
+
+
 def check_output_dir(output_dir: str, *, resume: bool, overwrite: bool) -> None:
-    """Refuse to touch an existing run unless asked to; writes nothing."""
+    """Refuse to touch an existing run unless asked to, and anything but a run at all; writes nothing."""
     path = Path(output_dir)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"output_dir: {output_dir} exists and is not a folder")
-    if resume:
-        if latest_checkpoint(path) is None:
-            raise ConfigError(f"resume: no complete checkpoint in {output_dir}/{CHECKPOINTS}")
+    check_writable(path)
+    if resume:  # without a complete checkpoint the run starts again from iteration 0, in the same folder
         return
-    if path.is_dir() and any(path.iterdir()) and not overwrite:
-        raise ConfigError(
-            f"output_dir: {output_dir} already holds a run; pass --resume {output_dir} to continue it "
-            f"or --overwrite true to replace it")
-    if overwrite and path.is_dir() and any(path.iterdir()) and not (path / "config.yaml").is_file():
-        # --overwrite deletes the folder: only ever a run folder (every run writes config.yaml first)
-        raise ConfigError(f"output_dir: {output_dir} is not a run folder (no config.yaml); "
-                          f"--overwrite only replaces runs, choose another output_dir")
+    if not path.is_dir() or not any(path.iterdir()):
+        return
+    if not overwrite:
+        raise ConfigError(f"output_dir: {output_dir} already holds files; pass --resume {output_dir} to continue "
+                          f"the run there or --overwrite to replace it")
+    # --overwrite deletes only what a run of this project wrote, in a folder that says it is one
+    if read_manifest(path) is None:
+        raise ConfigError(f"output_dir: {output_dir} is not a run folder of this project (no {MANIFEST}); "
+                          "--overwrite only replaces runs, choose another output_dir")
+    foreign = sorted(p.name for p in path.iterdir() if not _ours(p))
+    if foreign:
+        raise ConfigError(f"output_dir: {output_dir} also holds files no run writes ({', '.join(foreign[:3])}); "
+                          "--overwrite would delete them, so it refuses: move them or choose another output_dir")
 
 
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
@@ -65,12 +105,17 @@ class RunDir:
         self.metrics_path = self.path / "metrics.jsonl"
         self.samples_path = self.path / "samples.jsonl"
 
-    def start(self, cfg_dict: dict, *, resume_step: int | None, overwrite: bool) -> None:
+    def start(self, cfg_dict: dict, *, resume_step: int | None, overwrite: bool, method: str = "") -> None:
         if not self.enabled:
             return
-        if overwrite and self.path.exists():
-            shutil.rmtree(self.path)
+        if overwrite and self.path.exists():  # check_output_dir made sure it holds only what a run writes
+            for entry in self.path.iterdir():
+                if _ours(entry):
+                    shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
         self.path.mkdir(parents=True, exist_ok=True)
+        if read_manifest(self.path) is None:
+            _atomic_write(self.path / MANIFEST, json.dumps({"project": "cory", "method": method,
+                                                            "task": cfg_dict.get("task")}) + "\n")
         saved = {k: v for k, v in cfg_dict.items() if k not in ("resume", "overwrite")}
         _atomic_write(self.path / "config.yaml", yaml.safe_dump(saved, sort_keys=False))
         if resume_step is not None:

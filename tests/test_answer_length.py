@@ -8,7 +8,7 @@ from conftest import REPO
 from cory import assets
 from cory.config import CoryArgs, PPOArgs, build, load_yaml
 from cory.outputs import read_jsonl
-from cory.trainer import train
+from cory.train import train
 
 
 @pytest.fixture(scope="module")

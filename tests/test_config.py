@@ -33,11 +33,40 @@ def test_yaml_then_flags(tmp_path):
 
 
 def test_every_preset_is_valid(repo):
+    from cory.experiments import script_hyperparameters
+
     presets = sorted(p for p in (repo / "configs").glob("*/*.yaml") if p.parent.name != "accelerate")
-    assert len(presets) >= 6
+    assert len(presets) >= 12
     for p in presets:
-        cls = CoryArgs if p.name.startswith("cory") else PPOArgs
-        parse(cls, ["--config", str(p)])
+        cls = script_hyperparameters(p.parent.name, p.stem.split("_")[0])
+        assert parse(cls, ["--config", str(p)]).task == p.parent.name
+
+
+def test_the_scripts_defaults_are_the_papers_tables():
+    """Paper Table 1 (IMDB, trl's defaults) and Table 2 (GSM8K); the paper presets add nothing to these."""
+    from cory.experiments import script_hyperparameters
+
+    table = {
+        "imdb": dict(model_name="gpt2-large", reward_model="distilbert-imdb", learning_rate=1.41e-5, batch_size=256,
+                     mini_batch_size=256, gradient_accumulation_steps=1, ppo_epochs=4, init_kl_coef=0.3,
+                     adap_kl_ctrl=True, target=6.0, horizon=10000.0, gamma=1.0, lam=0.95, cliprange=0.2,
+                     cliprange_value=0.2, vf_coef=0.1, kl_penalty="full", response_length_min=4,
+                     response_length_max=15, top_k=0, top_p=1.0, repetition_penalty=1.1, steps=100,
+                     allow_early_eos=False),
+        "gsm8k": dict(model_name="meta-llama/Llama-2-7b-chat-hf", load_in_4bit=True, use_peft=True, lora_r=16,
+                      lora_alpha=16, reward_model="correctness", batch_size=32, mini_batch_size=2,
+                      gradient_accumulation_steps=16, ppo_epochs=4, init_kl_coef=0.01, gamma=1.0, lam=0.95,
+                      cliprange=0.2, cliprange_value=0.2, vf_coef=0.1, kl_penalty="full", steps=100,
+                      response_length_max=256, allow_early_eos=True),
+    }
+    rates = {("gsm8k", "ppo"): 1e-5, ("gsm8k", "cory"): 1e-4}
+    for task, values in table.items():
+        for method in ("ppo", "cory"):
+            cfg = script_hyperparameters(task, method)()
+            for name, want in {**values, **({"learning_rate": rates[task, method]} if task == "gsm8k" else {})}.items():
+                assert getattr(cfg, name) == want, (task, method, name)
+            if method == "cory":
+                assert (cfg.swap_period, cfg.other_reward_coef, cfg.knowledge_transfer) == (5, 1.0, True)
 
 
 @pytest.mark.parametrize("argv,needle", [

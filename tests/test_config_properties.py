@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO, run_script
-from cory import assets
+from cory import assets, models
 from cory.cli import main
 from cory.config import CoryArgs, PPOArgs, _allowed, _field_types
 
@@ -62,7 +62,7 @@ def snapshot(folder):
 def run_main(argv, cls):
     err, out = io.StringIO(), io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-        mp.setattr(assets, "load_tokenizer", _tripwire)
+        mp.setattr(models, "load_tokenizer", _tripwire)
         try:
             main(cls, METHOD[cls], argv)
         except SystemExit as e:
@@ -275,12 +275,12 @@ def test_valid_input_reaches_model_loading(dirs):
     _, scratch, fresh = dirs
     for cls in (PPOArgs, CoryArgs):
         with pytest.raises(Accepted), pytest.MonkeyPatch.context() as mp:
-            mp.setattr(assets, "load_tokenizer", _tripwire)
+            mp.setattr(models, "load_tokenizer", _tripwire)
             main(cls, METHOD[cls], ["--config", str(PRESET[cls]), f"--output_dir={fresh}", "--learning_rate=1e-3"])
     path = scratch / "exp.yaml"
     path.write_text("learning_rate: 1e-4\nmax_grad_norm: null\n")  # YAML 1.1 reads 1e-4 as text
     with pytest.raises(Accepted), pytest.MonkeyPatch.context() as mp:
-        mp.setattr(assets, "load_tokenizer", _tripwire)
+        mp.setattr(models, "load_tokenizer", _tripwire)
         main(PPOArgs, "ppo", ["--config", str(path), "--model_name=tiny", "--reward_model=vader",
                               f"--output_dir={fresh}"])
     assert not fresh.exists()

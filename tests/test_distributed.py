@@ -14,7 +14,7 @@ import torch
 
 from conftest import REPO
 from cory.outputs import latest_checkpoint, read_jsonl
-from cory.trainer import weights_digest
+from cory.train import weights_digest
 
 
 def torchrun(*args, timeout=900):

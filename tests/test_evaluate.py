@@ -11,7 +11,7 @@ import yaml
 from transformers import AutoModelForCausalLM
 
 from conftest import REPO
-from cory import assets
+from cory import assets, models
 from cory.evaluate import distinct_n, main, sequence_kl
 
 
@@ -31,7 +31,7 @@ def tiny_run(tmp_path_factory):
         for p in model.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=gen))
     model.save_pretrained(run / "final" / "llm2")
-    assets.load_tokenizer("tiny").save_pretrained(run / "final" / "llm2")
+    models.load_tokenizer("tiny").save_pretrained(run / "final" / "llm2")
     return run
 
 
@@ -61,7 +61,7 @@ def _hand_kl(model, reference, prompt, response):
 def test_sequence_kl_matches_hand_computation(tiny_run):
     base = AutoModelForCausalLM.from_pretrained(tiny_run / "final" / "llm1").eval()
     other = AutoModelForCausalLM.from_pretrained(tiny_run / "final" / "llm2").eval()
-    tok = assets.load_tokenizer("tiny")
+    tok = models.load_tokenizer("tiny")
     # different prompt and response lengths, so the batch has left padding to mask
     prompts = [tok("This movie", add_special_tokens=False).input_ids,
                tok("I watched it twice and", add_special_tokens=False).input_ids]
@@ -129,7 +129,7 @@ def test_gsm8k_pass_at_k_on_generated_problems(tiny_run, tmp_path, capsys):
     (["--task", "imdb", "--model", "tiny", "--seed", "-1"], "--seed: must be >= 0"),
     (["--task", "imdb", "--model", "tiny", "--batch_size", "2.5"], "--batch_size: expected a positive integer"),
     (["--task", "imdb", "--model", "tiny", "--k", "1"], "--k applies to the other task"),
-    (["--task", "imdb", "--model", "tiny", "--reward", "sentiment"], "--reward 'sentiment' is not one of"),
+    (["--task", "imdb", "--model", "tiny", "--reward", "sentiment"], "--reward: 'sentiment' is not one of"),
     (["--task", "imdb", "--model", "tiny", "--dataset", "local"], "--dataset 'local' is not one of auto, hub, builtin"),
     (["--task", "gsm8k", "--model", "tiny", "--dataset_path", "{tmp}"], "no test.jsonl"),
     (["--task", "imdb", "--model", "tiny", "--bogus", "1"], "unrecognized arguments: --bogus"),

@@ -15,7 +15,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from conftest import REPO, run_script
 from cory.config import CoryArgs, PPOArgs, build, load_yaml
 from cory.outputs import RunDir, check_output_dir, latest_checkpoint, read_jsonl
-from cory.trainer import RunError, prepare_run
+from cory.train import RunError, prepare_run
 
 
 def tiny(cls, method, out, **over):
@@ -186,8 +186,8 @@ class EndAtOnce(LogitsProcessor):
 
 def test_cory_answers_that_all_end_at_once(tmp_path):
     out = tmp_path / "run"
-    run = prepare_run(tiny(CoryArgs, "cory", out, steps=1, samples_per_step=4), "cory")
-    run.gen_kwargs["logits_processor"] = LogitsProcessorList([EndAtOnce(run.tokenizer.eos_token_id, "every")])
+    run = prepare_run(tiny(CoryArgs, "cory", out, steps=1, samples_per_step=4, allow_early_eos=True), "cory")
+    run.rollout.gen_kwargs["logits_processor"] = LogitsProcessorList([EndAtOnce(run.tokenizer.eos_token_id, "every")])
     run.fit()
     [row] = read_jsonl(out / "metrics.jsonl")
     for s in read_jsonl(out / "samples.jsonl"):  # the observer reads an empty pioneer answer
@@ -199,8 +199,8 @@ def test_cory_answers_that_all_end_at_once(tmp_path):
 
 def test_ppo_some_answers_end_at_once(tmp_path):
     out = tmp_path / "run"
-    run = prepare_run(tiny(PPOArgs, "ppo", out, steps=1, samples_per_step=4), "ppo")
-    run.gen_kwargs["logits_processor"] = LogitsProcessorList([EndAtOnce(run.tokenizer.eos_token_id, "some")])
+    run = prepare_run(tiny(PPOArgs, "ppo", out, steps=1, samples_per_step=4, allow_early_eos=True), "ppo")
+    run.rollout.gen_kwargs["logits_processor"] = LogitsProcessorList([EndAtOnce(run.tokenizer.eos_token_id, "some")])
     run.fit()
     [row] = read_jsonl(out / "metrics.jsonl")
     assert [s["response"] == "" for s in read_jsonl(out / "samples.jsonl")] == [True, False, True, False]

@@ -253,13 +253,14 @@ def test_load_local_errors(tmp_path):
     assert load_gsm8k("train", source="local", dataset_path=tmp_path) == [
         {"question": "q?", "answer": "a\n#### 1"}
     ]
-    with pytest.raises(FileNotFoundError, match="test.jsonl"):
+    from cory.config import ConfigError
+    with pytest.raises(ConfigError, match="test.jsonl not found"):
         load_gsm8k("test", source="local", dataset_path=tmp_path)
     (tmp_path / "test.jsonl").write_text('{"question": "q?"}\n', encoding="utf-8")
-    with pytest.raises(ValueError, match=r"test.jsonl:1"):
+    with pytest.raises(ConfigError, match=r"test.jsonl line 1: no 'answer'"):
         load_gsm8k("test", source="local", dataset_path=tmp_path)
     (tmp_path / "test.jsonl").write_text("not json\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"test.jsonl:1"):
+    with pytest.raises(ConfigError, match=r"test.jsonl line 1: not valid JSON"):
         load_gsm8k("test", source="local", dataset_path=tmp_path)
     with pytest.raises(ValueError, match="dataset_path"):
         load_gsm8k("train", source="local")

@@ -7,11 +7,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from conftest import GSM8K_DIR, run_script
-from cory import assets
+from cory import assets, models
 from cory.outputs import read_jsonl
 from cory.tasks.base import Example
 from cory.tasks.gsm8k import Gsm8kTask
-from cory.trainer import decode_and_clean
+from cory.rollout import decode_and_clean
 
 needs_gsm8k = pytest.mark.skipif(not (GSM8K_DIR / "train.jsonl").is_file(),
                                  reason=f"real GSM8K release not found at {GSM8K_DIR}")
@@ -66,7 +66,7 @@ def test_cory_on_real_gsm8k(tmp_path):
 
 
 def test_trainer_trims_a_model_started_question():
-    tok = assets.load_tokenizer("tiny")
+    tok = models.load_tokenizer("tiny")
     task = Gsm8kTask(source="generated", generated_size=8)
     answer = " He has 5 + 4 = 9 toys. #### 9"
     ids = tok(answer + "\n\nQuestion: How many cars", add_special_tokens=False).input_ids

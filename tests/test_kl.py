@@ -2,9 +2,10 @@
 import pytest
 import torch
 
-from cory import assets
+from cory import assets, models
 from cory.config import PPOArgs, build
-from cory.trainer import Agent, agent_metrics
+from cory.agent import Agent
+from cory.game import agent_metrics
 
 
 def hand_kl(policy, reference, query, response) -> float:
@@ -22,9 +23,9 @@ def test_reported_kl_is_full_vocabulary_kl(tmp_path):
     torch.manual_seed(0)
     cfg = build(PPOArgs, {"model_name": "tiny", "reward_model": "vader", "batch_size": 2, "mini_batch_size": 2,
                           "ppo_epochs": 1, "init_kl_coef": 0.2, "output_dir": str(tmp_path)})
-    tok = assets.load_tokenizer("tiny")
-    reference = assets.load_reference("tiny")
-    policy = assets.load_policy("tiny")
+    tok = models.load_tokenizer("tiny")
+    reference = models.load_reference("tiny")
+    policy = models.load_policy("tiny")
     with torch.no_grad():  # move the policy away from the reference so the KL is not zero
         for p in policy.pretrained_model.parameters():
             p.add_(0.05 * torch.randn_like(p))

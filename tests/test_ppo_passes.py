@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from cory import assets
+from cory import assets, models
 from cory.config import PPOArgs, build
-from cory.trainer import Agent, pass_plan
+from cory.agent import Agent
+from cory.speedups.passes import pass_plan
 
 STATS = ("objective/kl", "objective/entropy", "ppo/loss/total", "ppo/loss/policy", "ppo/loss/value",
          "ppo/policy/approxkl", "ppo/policy/clipfrac", "ppo/val/vpred", "ppo/returns/mean", "ppo/policy/entropy")
@@ -15,18 +16,18 @@ STATS = ("objective/kl", "objective/entropy", "ppo/loss/total", "ppo/loss/policy
 class StockAgent(Agent):
     def trainer_class(self):
         from trl import PPOTrainer
-        return PPOTrainer
+        return PPOTrainer, {}
 
 
 class PaddedAgent(Agent):
-    """Ours with right-padded passes instead of packed ones (models cory.packing cannot serve)."""
+    """Ours with right-padded passes instead of packed ones (models cory.speedups.packing cannot serve)."""
 
     def trainer_class(self):
-        from cory.trainer import windowed_ppo_trainer
+        from cory.speedups.windowed import WindowedPPOTrainer
 
-        class Padded(windowed_ppo_trainer()):
+        class Padded(WindowedPPOTrainer):
             pack = False
-        return Padded
+        return Padded, {"max_pass_tokens": self.cfg.max_pass_tokens}
 
 
 def test_pass_plan_splits_by_tokens_and_covers_every_sample():
@@ -51,9 +52,9 @@ def test_pass_plan_splits_by_tokens_and_covers_every_sample():
 @pytest.fixture(scope="module")
 def setup():
     torch.manual_seed(0)
-    tok = assets.load_tokenizer("tiny")
-    reference = assets.load_reference("tiny")
-    policy = assets.load_policy("tiny")
+    tok = models.load_tokenizer("tiny")
+    reference = models.load_reference("tiny")
+    policy = models.load_policy("tiny")
     with torch.no_grad():  # away from the reference, so the KL terms are not zero
         for p in policy.pretrained_model.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -101,10 +102,10 @@ def test_our_step_matches_trl(setup, tmp_path, cls, over):
 
 
 def test_packed_attention_is_plain_sdpa_outside_a_packed_pass():
-    from cory import packing
+    from cory.speedups import packing
 
-    tok = assets.load_tokenizer("tiny")
-    model = assets.load_policy("tiny").pretrained_model.eval()
+    tok = models.load_tokenizer("tiny")
+    model = models.load_policy("tiny").pretrained_model.eval()
     ids = torch.tensor([tok("The film was very good")["input_ids"], tok("I did not like it")["input_ids"]])
     with torch.no_grad():
         plain = model(input_ids=ids).logits

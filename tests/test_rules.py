@@ -4,7 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from cory.trainer import ScoreNormalizer, collective_rewards, combined_reward, is_swap_step, pioneer_name
+from cory.agent import ScoreNormalizer
+from cory.game import collective_rewards, combined_reward, is_swap_step, pioneer_name
 
 
 @pytest.mark.parametrize("period,expected", [

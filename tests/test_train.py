@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from conftest import REPO, run_script
 from cory.config import CoryArgs, PPOArgs, build, load_yaml
 from cory.outputs import read_jsonl
-from cory.trainer import prepare_run
+from cory.train import prepare_run
 
 TIME_KEYS = ("time/", "memory/")  # measurements of the machine, not of the run
 

@@ -194,28 +194,64 @@ def _check_split(split: str) -> None:
         raise ValueError(f"GSM8K split must be one of {SPLITS}, got {split!r}")
 
 
+_RECORD = "one JSON object per line with a 'question' string and an 'answer' string ending in '#### <number>'"
+
+
 def _load_local(split: str, dataset_path: str | Path) -> list[dict]:
+    """The records of ``<dataset_path>/<split>.jsonl``, each checked: a bad one is a ConfigError naming the file,
+    the line and what was expected."""
+    from cory.config import ConfigError
+
     path = Path(dataset_path) / f"{split}.jsonl"
     if not path.is_file():
-        raise FileNotFoundError(
-            f"GSM8K {split} file not found: {path} (expected the original release's "
-            f"{split}.jsonl with 'question'/'answer' per line)"
-        )
+        raise ConfigError(f"dataset_path: {path} not found (expected the original release's {split}.jsonl, "
+                          f"{_RECORD})")
     rows = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                rows.append({"question": obj["question"], "answer": obj["answer"]})
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise ValueError(
-                    f"{path}:{lineno}: not a GSM8K record with 'question' and 'answer' ({exc})"
-                ) from None
+    try:
+        with path.open(encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                rows.append(_record(line, f"dataset_path: {path} line {lineno}"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"dataset_path: {path} is not UTF-8 text; expected {_RECORD}") from None
+    except OSError as e:
+        raise ConfigError(f"dataset_path: cannot read {path} ({e.strerror})") from None
     if not rows:
-        raise ValueError(f"GSM8K {split} file is empty: {path}")
+        raise ConfigError(f"dataset_path: {path} holds no records; expected {_RECORD}")
     return rows
+
+
+def _record(line: str, where: str) -> dict:
+    from cory.config import ConfigError
+
+    try:
+        obj = json.loads(line)
+    except (json.JSONDecodeError, RecursionError):
+        raise ConfigError(f"{where}: not valid JSON; expected {_RECORD}") from None
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{where}: a JSON {type(obj).__name__}, not an object; expected {_RECORD}")
+    for key in ("question", "answer"):
+        if key not in obj:
+            raise ConfigError(f"{where}: no {key!r}; expected {_RECORD}")
+        if not isinstance(obj[key], str) or not obj[key].strip():
+            raise ConfigError(f"{where}: {key!r} is {type(obj[key]).__name__} {str(obj[key])[:30]!r}, not a "
+                              f"non-empty string; expected {_RECORD}")
+    try:
+        reference_answer(obj["answer"])
+    except ValueError:
+        raise ConfigError(f"{where}: 'answer' does not end in '#### <number>'; expected {_RECORD}") from None
+    return {"question": obj["question"], "answer": obj["answer"]}
+
+
+def check_local_files(dataset_path: str | Path, splits=SPLITS) -> None:
+    """Read and check every record of the local files now, before any model loads."""
+    from cory.config import ConfigError
+
+    if not Path(dataset_path).is_dir():
+        raise ConfigError(f"dataset_path: folder not found: {dataset_path}")
+    for split in splits:
+        _load_local(split, dataset_path)
 
 
 def _load_hub(split: str) -> list[dict]:
@@ -385,6 +421,7 @@ class Gsm8kTask:
         stop: str = "Question:",
         data_seed: int = 0,
         generated_size: int | None = None,
+        with_train: bool = True,
     ) -> None:
         self.seed = int(seed)
         self.stop = stop
@@ -393,14 +430,14 @@ class Gsm8kTask:
         train = test = None
         if self.source == "hub":
             try:
-                train, test = _load_hub("train"), _load_hub("test")
+                train, test = (_load_hub("train") if with_train else []), _load_hub("test")
             except Exception as exc:
                 if source != "auto":
                     raise
                 _warn_generated(f"loading {HUB_REPO_ID} failed", exc)
                 self.source = "generated"
-        if train is None:
-            train = load_gsm8k("train", source=self.source, **kw)
+        if train is None:  # evaluation (with_train false) reads the test split alone
+            train = load_gsm8k("train", source=self.source, **kw) if with_train else []
             test = load_gsm8k("test", source=self.source, **kw)
         self._train = [self._example(r, "train", i) for i, r in enumerate(train)]
         self._test = [self._example(r, "test", i) for i, r in enumerate(test)]

@@ -158,6 +158,27 @@ class DistilbertImdbReward:
         return f"DistilbertImdbReward(model={self.model_name!r})"
 
 
+def check_reward_model(name: str, flag: str = "reward_model") -> None:
+    """``name`` is a known reward or a local classifier folder with a POSITIVE label (config.json only: no
+    model is loaded); else a ConfigError naming ``flag``."""
+    from cory.assets import AssetError, model_config
+    from cory.config import ConfigError
+
+    if name in REWARD_NAMES:
+        return
+    if not Path(name).is_dir():
+        raise ConfigError(f"{flag}: {name!r} is not one of {', '.join(REWARD_NAMES)} or a local model folder")
+    try:
+        config = model_config(flag, Path(name))
+    except AssetError as e:
+        raise ConfigError(str(e)) from None
+    id2label = config.get("id2label")
+    labels = [str(v) for v in id2label.values()] if isinstance(id2label, dict) else []
+    if "positive" not in (label.lower() for label in labels):
+        raise ConfigError(f"{flag}: {name} is not a sentiment classifier with a POSITIVE label (its labels: "
+                          f"{labels or 'none'})")
+
+
 def make_reward(name: str, device: Any = None, *, batch_size: int = 64) -> Reward:
     """``"vader"`` | ``"distilbert-imdb"`` (= ``lvwerra/distilbert-imdb``) | a local directory
     holding a sequence-classification model with a POSITIVE label."""

@@ -1,0 +1,171 @@
+"""An agent: one trainable LLM and everything that travels with it when roles are exchanged.
+
+Each agent is one trl ``PPOTrainer`` with its own policy (and value head), Adam optimizer, adaptive KL
+controller and score normaliser. PPO trains one agent; CORY trains two that share one frozen reference
+model, so nothing but the role changes at an exchange.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import torch
+
+from cory import parallel
+from cory.config import PPOArgs, trl_fields
+
+
+class ScoreNormalizer:
+    """Running mean/std of training scores (the authors' use_score_scaling + use_score_norm).
+
+    trl 0.11.4's own option crashes ('float' object has no attribute 'to'), so we normalise before
+    ``step()``, with trl's update rule: merge the batch moments into the running ones, then scale.
+    """
+
+    def __init__(self):
+        self.mean, self.var, self.count = 0.0, 1.0, 1e-24
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(self.var * self.count / max(self.count - 1, 1e-24)) if self.count > 1 else 1.0
+
+    def __call__(self, scores: list[float]) -> list[float]:
+        xs = np.asarray(scores, dtype=np.float64)
+        n, mean, var = xs.size, xs.mean(), xs.var()
+        delta, total = mean - self.mean, self.count + n
+        self.var = (self.var * self.count + delta ** 2 * self.count * n / total + var * n) / total
+        self.mean += delta * n / total
+        self.count = total
+        scale = self.std + float(np.finfo(np.float32).eps)
+        return [float((x - self.mean) / scale) for x in xs]
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
+
+
+def ppo_config(cfg: PPOArgs):
+    """trl's PPOConfig from the fields that share its names (``cory.config`` marks them)."""
+    from trl import PPOConfig
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return PPOConfig(exp_name="cory", log_with=None, remove_unused_columns=False, **trl_fields(cfg))
+
+
+class Agent:
+    """One trainable LLM: its policy, optimizer, KL controller and score normaliser in one trl PPOTrainer."""
+
+    def __init__(self, name: str, cfg: PPOArgs, policy, ref_model, tokenizer):
+        from cory.speedups.patches import frozen_models_not_wrapped
+
+        self.name = name
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self._policy = policy
+        self.use_own_adapter()  # trl builds the optimizer from the parameters that require grad right now
+        trainer_class, extra = self.trainer_class()
+        with warnings.catch_warnings(), frozen_models_not_wrapped():
+            warnings.simplefilter("ignore")  # deprecation and "no dataset" notices of the classic API
+            self.trainer = trainer_class(config=ppo_config(cfg), model=policy, ref_model=ref_model,
+                                         tokenizer=tokenizer, optimizer=self.make_optimizer(policy), **extra)
+        self.normalizer = ScoreNormalizer()
+
+    def trainer_class(self):
+        """(the PPOTrainer class, its extra arguments): ``cory.speedups``'s unless ``fast_ppo`` is off."""
+        if not self.cfg.fast_ppo:
+            from trl import PPOTrainer
+            return PPOTrainer, {}
+        from cory.speedups.windowed import WindowedPPOTrainer
+        return WindowedPPOTrainer, {"max_pass_tokens": self.cfg.max_pass_tokens}
+
+    def make_optimizer(self, policy):
+        """trl's default optimizer (Adam at the configured rate); with ``fast_ppo`` in torch's fused form, the
+        same update to float rounding and about 4x faster on CPU (benchmarks/README.md). None: trl builds it."""
+        if not self.cfg.fast_ppo:
+            return None
+        trainable = [p for p in policy.parameters() if p.requires_grad]
+        return torch.optim.Adam(trainable, lr=self.cfg.learning_rate, fused=True)
+
+    @property
+    def policy(self):
+        """The unwrapped value-head model (DDP adds a wrapper in multi-process runs)."""
+        return self.trainer.accelerator.unwrap_model(self.trainer.model)
+
+    def use_own_adapter(self) -> None:
+        """On a LoRA base shared by both agents, make this agent's adapter the active (and only trainable) one;
+        an agent with a model of its own has nothing to switch."""
+        from cory.models import activate_adapter
+
+        activate_adapter(self._policy)
+
+    @property
+    def kl_coef(self) -> float:
+        return float(self.trainer.kl_ctl.value)
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[torch.Tensor], **generation_kwargs) -> list[torch.Tensor]:
+        """Sampled responses (without their prompts), in one batched call for the whole batch (trl's default
+        of 4 per call is several times slower)."""
+        # trl leaves the model in train mode after step(), so its next generation would sample with dropout
+        # on (GPT-2 has 0.1) while PPO scores those tokens with dropout off: sample in eval mode
+        self.use_own_adapter()
+        self.trainer.model.eval()
+        return self.trainer.generate(prompts, batch_size=len(prompts), return_prompt=False, **generation_kwargs)
+
+    def step(self, queries, responses, scores: list[float]) -> dict:
+        """One PPO update on (queries, responses, scores); trl adds the per-token KL penalty to the scores."""
+        self.use_own_adapter()
+        if self.cfg.score_norm:
+            # statistics over the whole data-parallel batch (as trl's own score scaling), so every
+            # process holds the same normaliser and the checkpoint's copy is right for all of them
+            everyone = parallel.gather_floats(scores)
+            rank = parallel.rank()
+            scores = self.normalizer(everyone)[rank * len(scores): (rank + 1) * len(scores)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return self.trainer.step(queries, responses, [torch.tensor(s, dtype=torch.float32) for s in scores])
+
+    def reset_optimizer_state(self) -> None:
+        """The authors' exchange reloads fresh PPOTrainers: new Adam moments, KL coefficient and score stats."""
+        from trl.trainer.utils import AdaptiveKLController, FixedKLController
+
+        self.trainer.optimizer.state.clear()
+        cfg = self.cfg
+        self.trainer.kl_ctl = (AdaptiveKLController(cfg.init_kl_coef, cfg.target, cfg.horizon)
+                               if cfg.adap_kl_ctrl else FixedKLController(cfg.init_kl_coef))
+        self.normalizer = ScoreNormalizer()
+
+    def state_dict(self) -> dict:
+        self.use_own_adapter()  # "requires grad" marks this agent's own adapter on a shared base
+        return {
+            "params": {n: p.detach() for n, p in self.policy.named_parameters() if p.requires_grad},
+            "optimizer": self.trainer.optimizer.state_dict(),
+            "kl_coef": self.trainer.kl_ctl.value,
+            "normalizer": self.normalizer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.use_own_adapter()
+        params = dict(self.policy.named_parameters())
+        with torch.no_grad():
+            for n, value in state["params"].items():
+                params[n].copy_(value)
+        self.trainer.optimizer.load_state_dict(state["optimizer"])
+        self.trainer.kl_ctl.value = state["kl_coef"]
+        self.normalizer.load_state_dict(state["normalizer"])
+
+
+def make_agents(cfg: PPOArgs, names: list[str], tokenizer, *, shared_base: bool = True) -> tuple[dict, object]:
+    """({name: Agent}, the frozen reference): the reference is loaded once and shared by every agent; with
+    LoRA (and ``shared_base``) the agents' adapters sit on one frozen base, which is then the reference."""
+    from cory import models
+
+    reference = models.load_reference(cfg.model_name, use_peft=cfg.use_peft)
+    policies = models.load_policies(cfg.model_name, names, use_peft=cfg.use_peft, shared_base=shared_base,
+                                    lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                                    load_in_4bit=cfg.load_in_4bit)
+    return {name: Agent(name, cfg, policies[name], reference, tokenizer) for name in names}, reference

@@ -1,0 +1,242 @@
+"""Loading what a run trains: the tokenizer, the policies (each with trl's value head, LoRA optional) and
+the one frozen reference model pi0 that every agent's KL penalty is measured against.
+
+Specs (``tiny``, ``embedded:smollm2-135m``, a folder, a hub id) are resolved by ``cory.assets``, which also
+builds the offline models; hub ids are checked there first, so a missing model fails in seconds.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+from pathlib import Path
+
+from cory.assets import AssetError, quiet, resolve_model_path
+
+
+def load_tokenizer(spec: str):
+    """The tokenizer of ``spec`` with a pad token, padding on the right.
+
+    trl's PPO forward passes pad with the tokenizer's side and pass no position ids, so a
+    left-padded sequence would be scored at shifted positions (its KL and log-probs drift from
+    what was sampled); trl's batched generate switches to left padding on its own.
+    """
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(spec)
+    with quiet(), unloadable(spec, "tokenizer"):
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"
+    return tokenizer
+
+
+_LORA_TARGETS = {
+    # GPT-2 fuses q, k and v into one Conv1D; this is peft's own default for gpt2.
+    "gpt2": ["c_attn"],
+    **{
+        arch: ["q_proj", "k_proj", "v_proj", "o_proj"]
+        for arch in ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2")
+    },
+}
+
+
+def _model_type(model) -> str | None:
+    # Accept a transformers model, trl's value-head wrapper, a peft model or a config.
+    for obj in (model, getattr(model, "pretrained_model", None)):
+        config = getattr(obj, "config", None) if obj is not None else None
+        if config is not None and getattr(config, "model_type", None):
+            return config.model_type
+    return getattr(model, "model_type", None)
+
+
+def lora_target_modules(model) -> list[str] | str:
+    """Modules to adapt with LoRA: attention projections where known, else every linear."""
+    targets = _LORA_TARGETS.get(_model_type(model) or "")
+    return list(targets) if targets else "all-linear"
+
+
+def _check_4bit() -> None:
+    import torch
+
+    if not torch.cuda.is_available() or importlib.util.find_spec("bitsandbytes") is None:
+        raise AssetError(
+            "load_in_4bit needs a CUDA GPU and bitsandbytes; set load_in_4bit: false on CPU"
+        )
+
+
+def _dtype(torch_dtype):
+    import torch
+
+    if torch_dtype is None:
+        # PPO keeps Adam state in the parameters' dtype: a hub checkpoint stored in fp16 would
+        # train badly (and slowly on CPU), so default to float32 unless asked otherwise.
+        return torch.float32
+    if isinstance(torch_dtype, str) and torch_dtype != "auto":
+        return getattr(torch, torch_dtype)
+    return torch_dtype
+
+
+def _load_causal_lm(path: str, *, dtype, load_in_4bit: bool = False):
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"dtype": dtype}
+    if load_in_4bit:
+        import torch
+        from transformers import BitsAndBytesConfig
+
+        compute = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        kwargs.update(
+            dtype=compute,
+            quantization_config=BitsAndBytesConfig(
+                load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute
+            ),
+            device_map={"": torch.cuda.current_device()},
+        )
+    with unloadable(path, "model"):
+        return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+
+
+@contextlib.contextmanager
+def unloadable(spec: str, what: str):
+    """A model folder that cannot be loaded (damaged weights, a config transformers cannot read) is the user's
+    file, not our bug: say which, in one line."""
+    try:
+        yield
+    except AssetError:
+        raise
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise AssetError(f"model_name: cannot load the {what} of {spec} ({type(e).__name__}: {first})") from None
+
+
+def _restore_value_head(model, path: str) -> None:
+    """Reload a value head saved by trl into a local checkpoint, if there is one.
+
+    We hand trl an already-loaded model (see load_policy), and on that path trl does not
+    read v_head weights from the checkpoint files itself.
+    """
+    weights = Path(path) / "model.safetensors"
+    if not weights.is_file():
+        return
+    from safetensors import safe_open
+
+    with safe_open(str(weights), framework="pt") as f:
+        keys = [k for k in f.keys() if k.startswith("v_head.")]
+        if keys:
+            state = {k[len("v_head."):]: f.get_tensor(k) for k in keys}
+            model.v_head.load_state_dict(state)
+
+
+def load_policy(
+    spec: str,
+    *,
+    use_peft: bool = False,
+    lora_r: int = 16,
+    lora_alpha: int = 16,
+    lora_dropout: float = 0.05,
+    load_in_4bit: bool = False,
+    torch_dtype=None,
+):
+    """A trainable policy with a value head (trl.AutoModelForCausalLMWithValueHead).
+
+    With ``use_peft`` only the LoRA adapters and the value head are trainable, and trl's
+    PPOTrainer takes the KL reference from the same weights with the adapters disabled
+    (so no separate reference model: see load_reference). ``load_in_4bit`` (the paper's
+    GSM8K setting) needs CUDA + bitsandbytes and adapters. ``torch_dtype`` None means float32.
+    """
+    if load_in_4bit:
+        _check_4bit()
+        if not use_peft:
+            raise AssetError("load_in_4bit needs use_peft: true (4-bit weights cannot be trained directly)")
+    path = resolve_model_path(spec)
+    from trl import AutoModelForCausalLMWithValueHead
+
+    with quiet():
+        # Load the base model ourselves and hand trl the object: given a string, trl 0.11.4
+        # first asks the hub for an adapter_config.json, which we avoid offline, and we need
+        # the model's architecture to pick the LoRA targets anyway.
+        base = _load_causal_lm(path, dtype=_dtype(torch_dtype), load_in_4bit=load_in_4bit)
+        peft_config = None
+        if use_peft:
+            from peft import LoraConfig
+
+            peft_config = LoraConfig(
+                task_type="CAUSAL_LM",
+                r=lora_r,
+                lora_alpha=lora_alpha,
+                lora_dropout=lora_dropout,
+                bias="none",
+                target_modules=lora_target_modules(base),
+                # GPT-2 stores its projections as Conv1D (weight transposed).
+                fan_in_fan_out=_model_type(base) == "gpt2",
+            )
+        # trl applies get_peft_model (and prepare_model_for_kbit_training when the model
+        # reports is_loaded_in_4bit) and marks the wrapper is_peft_model.
+        model = AutoModelForCausalLMWithValueHead.from_pretrained(base, peft_config=peft_config)
+    _restore_value_head(model, path)
+    return model
+
+
+def load_policies(spec: str, names: list[str], *, use_peft: bool = False, shared_base: bool = True, **kwargs):
+    """One policy per agent name. With LoRA (and ``shared_base``) the agents share ONE frozen base
+    model, each with its own adapter (named after the agent) and its own value head, instead of one
+    base copy each: call ``activate_adapter(policy)`` before using a policy.
+    """
+    if not use_peft or len(names) == 1 or not shared_base:
+        return {name: load_policy(spec, use_peft=use_peft, **kwargs) for name in names}
+    from peft import PeftModel
+    from trl import AutoModelForCausalLMWithValueHead
+
+    first = load_policy(spec, use_peft=True, **kwargs)
+    peft_model: PeftModel = first.pretrained_model
+    lora_config = peft_model.peft_config["default"]
+    policies = {names[0]: first}
+    first.adapter_name = "default"
+    for name in names[1:]:
+        peft_model.add_adapter(name, lora_config)
+        with quiet():
+            policy = AutoModelForCausalLMWithValueHead.from_pretrained(peft_model)
+        policy.adapter_name = name
+        policies[name] = policy
+    return policies
+
+
+def activate_adapter(policy) -> None:
+    """Make ``policy``'s own LoRA adapter the active (and only trainable) one of a shared base."""
+    name = getattr(policy, "adapter_name", None)
+    if name is not None and policy.pretrained_model.active_adapter != name:
+        policy.pretrained_model.set_adapter(name)
+
+
+def load_reference(spec: str, policy=None, *, use_peft: bool = False):
+    """The frozen KL reference pi0, or None when the policy uses LoRA adapters.
+
+    With adapters, trl 0.11.4's PPOTrainer (given ref_model=None and a peft policy) computes
+    reference log-probs with the policy's own weights inside ``optional_peft_ctx``, i.e.
+    ``pretrained_model.disable_adapter()``: the base model is pi0, so nothing is loaded here.
+
+    Otherwise a fresh copy is loaded from the checkpoint, never a deepcopy of ``policy``
+    (which may already have been trained). In CORY this one reference is loaded ONCE and
+    passed as ``ref_model`` to both agents' PPOTrainers: it is frozen, so sharing it is
+    safe and saves a model's worth of memory. ``policy``, if given, fixes the device and
+    dtype of the copy.
+    """
+    if use_peft or getattr(policy, "is_peft_model", False):
+        return None
+    import torch
+    from trl import AutoModelForCausalLMWithValueHead
+
+    dtype, device = torch.float32, None
+    if policy is not None:
+        first = next(policy.pretrained_model.parameters())
+        dtype, device = first.dtype, first.device
+    path = resolve_model_path(spec)
+    with quiet():
+        base = _load_causal_lm(path, dtype=dtype)
+        reference = AutoModelForCausalLMWithValueHead.from_pretrained(base)
+    if device is not None:
+        reference.to(device)
+    for param in reference.parameters():
+        param.requires_grad_(False)
+    return reference.eval()

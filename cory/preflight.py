@@ -1,0 +1,117 @@
+"""Everything that can be checked before a model loads, gathered from the layers that know it: the values
+alone (``cory.config``), the model spec (``cory.assets``), the task, reward and data (``cory.tasks``), and the
+run folder (``cory.outputs``). A mistake raises ConfigError with one line; nothing has been written yet."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from cory.config import ConfigError, PPOArgs
+
+# room for the prompt next to the longest answer (the observer's prompt also holds the pioneer's answer)
+PROMPT_TOKENS = {"imdb": 64, "gsm8k": 384}
+
+
+def check_config(cfg: PPOArgs) -> None:
+    """Checks of a resolved config that read files but write nothing (run by the CLI and the runner)."""
+    from cory.assets import AssetError, check_model_spec
+    from cory.tasks import check_config as check_task
+
+    try:
+        check_model_spec("model_name", cfg.model_name)
+    except AssetError as e:
+        raise ConfigError(str(e)) from None
+    check_task(cfg)
+    check_context(cfg)
+
+
+def check_run(cfg: PPOArgs, method: str) -> None:
+    """All of the above, then what the run will write: its folder, what it may replace or continue, and the
+    loggers it reports to (before the folder is created)."""
+    from cory.outputs import check_output_dir
+
+    check_config(cfg)
+    if cfg.load_in_4bit:
+        import importlib.util
+
+        import torch
+        if not torch.cuda.is_available() or importlib.util.find_spec("bitsandbytes") is None:
+            raise ConfigError("load_in_4bit: needs a CUDA GPU and bitsandbytes; set load_in_4bit: false on CPU")
+        if not cfg.use_peft:
+            raise ConfigError("load_in_4bit: needs use_peft: true (4-bit weights cannot be trained directly)")
+    check_output_dir(cfg.output_dir, resume=cfg.resume is not None, overwrite=cfg.overwrite)
+    if cfg.resume is not None:
+        check_resumable(Path(cfg.output_dir), cfg, method)
+    if cfg.report_to == "wandb":
+        check_wandb()
+
+
+def check_context(cfg: PPOArgs) -> None:
+    """The longest answer, with its prompt, must fit the model's context (where the model's config.json is
+    on this machine); CORY's observer reads the pioneer's answer too."""
+    from cory.assets import context_length
+
+    context = context_length(cfg.model_name)
+    if context is None:
+        return
+    cory = hasattr(cfg, "swap_period") and getattr(cfg, "knowledge_transfer", False)
+    answers = 2 if cory else 1
+    room = PROMPT_TOKENS.get(cfg.task, 64)
+    longest = (context - room) // answers
+    if cfg.response_length_max > longest:
+        why = " and the observer's prompt also holds the pioneer's answer" if cory else ""
+        raise ConfigError(f"response_length_max: {cfg.response_length_max} tokens do not fit {cfg.model_name}'s "
+                          f"context of {context} tokens ({room} kept for the prompt{why}); at most {longest}")
+
+
+def check_resumable(run_dir: Path, cfg: PPOArgs, method: str) -> None:
+    """The run in ``run_dir`` is one this script continues (same method and task), and its newest
+    checkpoint's state can be read."""
+    import torch
+
+    from cory.outputs import latest_checkpoint, read_manifest
+
+    manifest = read_manifest(run_dir) or {}
+    # runs from before the manifest: a CORY run's config has swap_period
+    import yaml
+    try:
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        saved = {}
+    was = manifest.get("method") or ("cory" if "swap_period" in saved else "ppo")
+    task = manifest.get("task") or saved.get("task")
+    if was != method or (task and task != cfg.task):
+        raise ConfigError(f"resume: {run_dir} is a {was} run on {task}; continue it with {task}_train/{was}.py")
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        return
+    try:
+        state = torch.load(checkpoint / "state.pt", weights_only=False)
+        assert isinstance(state, dict) and isinstance(state.get("step"), int)
+    except Exception as e:  # a file cut or damaged on disk
+        raise ConfigError(f"resume: {checkpoint / 'state.pt'} cannot be read ({type(e).__name__}); move that "
+                          "checkpoint folder aside to resume from an older one, or start again with --overwrite") \
+            from None
+    for name in ("policy",) if method == "ppo" else ("llm1", "llm2"):
+        if not (checkpoint / f"{name}.pt").is_file():
+            raise ConfigError(f"resume: {checkpoint} has no {name}.pt; is it a {method} run?")
+
+
+def check_wandb() -> None:
+    """wandb will log: installed, and logged in (or told to log offline), before any folder is created."""
+    import importlib.util
+    import netrc
+
+    if importlib.util.find_spec("wandb") is None:
+        raise ConfigError("report_to: wandb is not installed (pip install wandb), or use --report_to none")
+    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):
+        return
+    try:
+        path = os.environ.get("NETRC") or Path.home() / ".netrc"
+        host = (os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").split("//")[-1].rstrip("/")
+        if netrc.netrc(path).authenticators(host):
+            return
+    except (OSError, netrc.NetrcParseError):
+        pass
+    raise ConfigError("report_to: wandb is not logged in here; run `wandb login`, set WANDB_API_KEY, or "
+                      "WANDB_MODE=offline to log locally (or use --report_to none)")

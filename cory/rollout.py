@@ -1,0 +1,127 @@
+"""From prompts to scored answers: tokenising prompts, sampling answers of the drawn length, decoding and
+cleaning them, and the task reward."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from cory.config import PPOArgs
+
+
+class RunError(RuntimeError):
+    """A training run cannot go on (non-finite reward or loss, a reward that raised); the message is one line."""
+
+
+@dataclass
+class Answers:
+    texts: list[str]           # decoded and cleaned: what the reward sees
+    ids: list[torch.Tensor]    # the tokens PPO trains on (cut to match the cleaned text)
+
+
+def generation_kwargs(cfg: PPOArgs, tokenizer, task) -> dict:
+    """Sampling as in the paper (top_k 0, top_p 1, the authors' repetition penalty); stop strings from the task."""
+    kwargs = dict(do_sample=True, top_k=cfg.top_k, top_p=cfg.top_p, temperature=cfg.temperature,
+                  repetition_penalty=cfg.repetition_penalty, pad_token_id=tokenizer.pad_token_id,
+                  eos_token_id=tokenizer.eos_token_id)
+    stop = getattr(task, "stop", None)
+    if stop:
+        kwargs.update(stop_strings=[stop], tokenizer=tokenizer)
+    return kwargs
+
+
+class Rollout:
+    """The task, the tokenizer and the sampling settings, with the stream of response lengths."""
+
+    def __init__(self, cfg: PPOArgs, task, tokenizer, length_rng: np.random.Generator):
+        self.cfg, self.task, self.tokenizer, self.length_rng = cfg, task, tokenizer, length_rng
+        self.gen_kwargs = generation_kwargs(cfg, tokenizer, task)
+
+    def prompts(self, examples, texts: list[str] | None = None) -> list[torch.Tensor]:
+        """Prompt tensors of ``texts``, by default the pioneer's prompt of each example."""
+        return tokenize_prompts(self.tokenizer, examples, texts)
+
+    def response_length(self) -> int:
+        return int(self.length_rng.integers(self.cfg.response_length_min, self.cfg.response_length_max + 1))
+
+    def answer(self, agent, prompts: list[torch.Tensor]) -> Answers:
+        """``agent``'s sampled answers, one drawn length for the batch (the paper's LengthSampler); unless
+        ``allow_early_eos``, EOS is masked until that length, so every answer has it."""
+        length = self.response_length()
+        kwargs = dict(self.gen_kwargs, max_new_tokens=length)
+        if not self.cfg.allow_early_eos:
+            kwargs["min_new_tokens"] = length
+        texts, ids = decode_and_clean(self.task, self.tokenizer, agent.generate(prompts, **kwargs))
+        return Answers(texts, ids)
+
+    def score(self, examples, texts: list[str]) -> list[float]:
+        """The task reward of each answer, on the example's query and the answer (never the observer prompt)."""
+        return score_batch(self.task, examples, texts, self.cfg.reward_model)
+
+
+def tokenize_prompts(tokenizer, examples, texts: list[str] | None = None) -> list[torch.Tensor]:
+    """Prompt tensors; an example's own ``prompt_ids`` win when the pioneer reads ``example.prompt``."""
+    out = []
+    for i, ex in enumerate(examples):
+        if texts is None and ex.prompt_ids is not None:
+            out.append(torch.tensor(ex.prompt_ids, dtype=torch.long))
+        else:
+            text = ex.prompt if texts is None else texts[i]
+            out.append(torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"] or
+                                    [tokenizer.eos_token_id], dtype=torch.long))
+    return out
+
+
+def trim_to_text(ids: torch.Tensor, tokenizer, kept: str) -> torch.Tensor:
+    """The longest prefix of ``ids`` whose text the task keeps (at least one token for trl)."""
+    kept = kept.rstrip()
+    n = len(ids)
+    while n > 1 and not kept.startswith(tokenizer.decode(ids[:n], skip_special_tokens=True).rstrip()):
+        n -= 1
+    return ids[:n]
+
+
+def decode_and_clean(task, tokenizer, responses: list[torch.Tensor]) -> tuple[list[str], list[torch.Tensor]]:
+    """(texts the reward sees, tokens PPO trains on): the task may cut a response (GSM8K: at a new
+    "Question:"), and the tokens are cut to match."""
+    texts, kept_ids = [], []
+    for ids in responses:
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        clean = task.clean_response(text)
+        if clean != text:
+            ids = trim_to_text(ids, tokenizer, clean)
+        texts.append(clean)
+        kept_ids.append(ids)
+    return texts, kept_ids
+
+
+def score_batch(task, examples, responses: list[str], reward_name: str | None = None) -> list[float]:
+    """The task's scores, or a RunError naming the reward and the text it failed on."""
+    name = reward_name or getattr(task, "reward_name", task.name)
+    try:
+        scores = _scores(task, examples, responses)
+    except Exception as e:  # a reward model's failure must say what it was scoring
+        index = getattr(e, "index", None)
+        if index is None:
+            index = _first_failing_text(task, examples, responses)
+        where = f" on text {index} ({responses[index][:60]!r})" if index is not None else ""
+        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise RunError(f"reward {name} failed{where}: {type(e).__name__}: {first_line}") from e
+    if len(scores) != len(responses):
+        raise RunError(f"reward {name} returned {len(scores)} scores for {len(responses)} texts")
+    return scores
+
+
+def _scores(task, examples, responses) -> list[float]:
+    return [float(s) for s in task.score(examples, responses)]
+
+
+def _first_failing_text(task, examples, responses) -> int | None:
+    """The index of the first text the reward fails on alone: the batch failed, so find which text did."""
+    for i, (example, response) in enumerate(zip(examples, responses)):
+        try:
+            _scores(task, [example], [response])
+        except Exception:
+            return i
+    return None

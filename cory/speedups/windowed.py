@@ -1,0 +1,229 @@
+"""trl's PPOTrainer doing only the work PPO reads, within a memory budget, with the same results up to float
+rounding. Four changes, each measured in benchmarks/README.md:
+
+* Logits on the response window. trl projects every position of query + response onto the vocabulary and,
+  with ``kl_penalty="full"``, takes two log-softmaxes and a KL over all of them, then masks all but the
+  response; for the observer, whose prompt carries the query and the pioneer's answer, that is most of the
+  sequence. Here each sample's response positions are gathered (``logits_to_keep``) into a [batch, longest
+  response] window before the LM head, and every tensor PPO uses afterwards (log-probs, values, masks,
+  logits) lives on that window, aligned at the response start. Positions outside it were masked out, and GAE
+  runs backwards, so nothing before a response could reach it.
+* The rollout pass is epoch 0's training pass. With one mini-batch per epoch, trl's first training forward
+  sees the same weights and inputs as its no-grad rollout forward (both in eval mode), so the rollout pass
+  keeps its autograd graph and that training forward is skipped.
+* A token budget per forward pass (``max_pass_tokens``). Activation memory grows with the tokens of one
+  pass, and the observer's prompts are two to three times the pioneer's. A mini-batch over the budget is run
+  as several passes of like-length sequences, each pass's loss weighted by its share of the mini-batch's
+  response tokens and back-propagated at once, so the gradients add up to the one-pass gradient (trl's
+  losses are token means over the mini-batch) while only one pass's activations are alive. trl's rule that
+  skips a mini-batch whose mean probability ratio exceeds ``ratio_threshold`` is applied once, to the whole
+  mini-batch, as trl does.
+* Packed passes (``cory.speedups.packing``): the sequences of a pass share one row, so the linear layers see
+  no padding; attention alone is run per sequence. Models it cannot serve get right-padded passes.
+
+trl's ``step()`` makes three kinds of forward pass, told apart here by what surrounds them: the rollout pass
+(no gradients), the reference pass (inside trl's ``optional_peft_ctx``, wrapped below) and the training
+passes (gradients on).
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+
+import torch
+from trl import PPOTrainer
+from trl.core import logprobs_from_logits, masked_mean
+
+from cory.speedups import packing
+from cory.speedups.passes import pass_plan
+
+
+def _accepts_logits_to_keep(model) -> bool:
+    model = getattr(model, "module", model)  # DDP
+    base = getattr(model, "pretrained_model", model)
+    if hasattr(base, "get_base_model"):  # peft
+        base = base.get_base_model()
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
+
+
+def _hf_config(model):
+    """The transformers config of a (DDP-wrapped) value-head model."""
+    return getattr(model, "module", model).pretrained_model.config
+
+
+class WindowedPPOTrainer(PPOTrainer):
+    reuse_rollout = True
+    pack = True  # padding-free passes where the model allows them
+
+    def __init__(self, *args, max_pass_tokens: int = 0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.max_pass_tokens = max_pass_tokens  # 0 = one pass per mini-batch (trl's way)
+        self._window = None  # the longest response while step() runs on the window; None = trl's own path
+        self._reuse = False  # whether this step() keeps the rollout pass's graph for epoch 0
+        self._in_reference = False
+        self._rollout = None  # the rollout pass's outputs, until epoch 0's training pass takes them
+        self._deferred = None  # a training mini-batch over the budget: run pass by pass in train_minibatch
+        disable_adapters = self.optional_peft_ctx
+
+        @contextlib.contextmanager
+        def reference_pass():
+            self._in_reference = True
+            try:
+                with disable_adapters():
+                    yield
+            finally:
+                self._in_reference = False
+        self.optional_peft_ctx = reference_pass
+
+    def step(self, queries, responses, scores, response_masks=None):
+        usable = (response_masks is None and not self.is_encoder_decoder
+                  and _accepts_logits_to_keep(self.model)
+                  and (self.ref_model is None or _accepts_logits_to_keep(self.ref_model)))
+        self._window = max(len(r) for r in responses) if usable else None
+        self._reuse = (self.reuse_rollout and usable and self.config.mini_batch_size >= len(queries)
+                       and not self.is_distributed and len(self._plan(queries, responses)) == 1)
+        self._rollout, self._deferred = None, None
+        try:
+            return super().step(queries, responses, scores, response_masks)
+        finally:
+            self._window, self._rollout, self._deferred = None, None, None
+
+    def _packs(self, model) -> bool:
+        """Whether ``model``'s passes are packed or right-padded."""
+        return self.pack and packing.supported(_hf_config(model))
+
+    def _plan(self, queries, responses, model=None) -> list[list[int]]:
+        return pass_plan([len(q) + len(r) for q, r in zip(queries, responses)], self.max_pass_tokens,
+                         self._packs(self.model if model is None else model))
+
+    def batched_forward_pass(self, model, queries, responses, model_inputs, return_logits=False,
+                             response_masks=None):
+        if self._window is None:
+            return super().batched_forward_pass(model, queries, responses, model_inputs, return_logits,
+                                                response_masks)
+        if self._in_reference:
+            return self._window_pass(model, queries, responses, return_logits)
+        if not torch.is_grad_enabled():  # the policy's rollout pass
+            if not self._reuse:
+                return self._window_pass(model, queries, responses, return_logits)
+            with torch.enable_grad():
+                out = self._window_pass(model, queries, responses, True)
+            self._rollout = (out, list(queries), list(responses))
+            logprobs, logits, values, masks = out
+            return logprobs.detach(), logits.detach() if return_logits else None, values.detach(), masks
+        # a training pass
+        if self._rollout is not None:  # epoch 0's only mini-batch
+            reused, self._rollout = self._from_rollout(queries, responses), None
+            if reused is not None:
+                return reused
+        if len(self._plan(queries, responses)) > 1:
+            # a mini-batch over the budget: train_minibatch, which trl calls next with these outputs and
+            # nothing else, runs it pass by pass
+            self._deferred = (list(queries), list(responses))
+            placeholder = torch.zeros(len(queries), self._window, device=self.current_device)
+            return placeholder, placeholder, placeholder, placeholder
+        return self._window_pass(model, queries, responses, return_logits)
+
+    def _from_rollout(self, queries, responses):
+        """The rollout outputs in the order of trl's shuffled mini-batch (same tensors, so matched by identity)."""
+        (logprobs, logits, values, masks), rollout_queries, rollout_responses = self._rollout
+        index = {id(q): i for i, q in enumerate(rollout_queries)}
+        if len(index) != len(rollout_queries) or any(id(q) not in index for q in queries):
+            return None
+        order = [index[id(q)] for q in queries]
+        if any(rollout_responses[i] is not r for i, r in zip(order, responses)):
+            return None
+        order = torch.tensor(order, device=logprobs.device)
+        return logprobs[order], logits[order], values[order], masks[order]
+
+    def _window_pass(self, model, queries, responses, return_logits):
+        """Log-probs, logits (or None), values and masks on the response window, in the order given, computed
+        pass by pass as ``max_pass_tokens`` allows, each pass packed when the model allows it, else
+        right-padded. With grad on, every pass's graph stays alive."""
+        device = self.current_device
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        config, pack = _hf_config(model), self._packs(model)
+        k = torch.arange(self._window, device=device)
+        pieces, order = [], []
+        model.eval()
+        for idx in self._plan(queries, responses, model):
+            qs, rs = [queries[i] for i in idx], [responses[i] for i in idx]
+            seqs = [torch.cat([q, r]).to(device) for q, r in zip(qs, rs)]
+            q_len = torch.tensor([len(q) for q in qs], device=device)
+            r_len = torch.tensor([len(r) for r in rs], device=device)
+            masks = (k[None, :] < r_len[:, None]).long()
+            if pack:
+                with packing.packed(config, [len(s) for s in seqs], device) as layout:
+                    input_ids = torch.cat(seqs).unsqueeze(0)
+                    # the logits at position t score token t + 1: response token k of sequence i is scored
+                    # at start_i + len(q_i) - 1 + k (past the response: its last position, masked)
+                    positions = torch.minimum((layout.starts + q_len - 1)[:, None] + k,
+                                              (layout.starts + q_len + r_len - 2)[:, None])
+                    logits, _, values = model(input_ids=input_ids, position_ids=layout.position_ids,
+                                              logits_to_keep=positions.reshape(1, -1), use_cache=False)
+                logits = logits.reshape(len(idx), self._window, -1)
+                values, labels = values[0][positions], input_ids[0][positions + 1]
+            else:
+                input_ids = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=pad)
+                attention = torch.nn.utils.rnn.pad_sequence([torch.ones_like(s) for s in seqs], batch_first=True)
+                positions = ((q_len - 1)[:, None] + k).clamp(max=input_ids.shape[1] - 2)
+                logits, _, values = model(input_ids=input_ids, attention_mask=attention,
+                                          logits_to_keep=positions, use_cache=False)
+                values, labels = values.gather(1, positions), input_ids.gather(1, positions + 1)
+            pieces.append((logprobs_from_logits(logits, labels), logits if return_logits else None, values, masks))
+            order += idx
+        if len(pieces) == 1 and order == list(range(len(order))):
+            return pieces[0]
+        inverse = torch.empty(len(order), dtype=torch.long, device=device)
+        inverse[torch.tensor(order, device=device)] = torch.arange(len(order), device=device)
+
+        def joined(j):
+            return torch.cat([p[j] for p in pieces])[inverse] if pieces[0][j] is not None else None
+        return joined(0), joined(1), joined(2), joined(3)
+
+    def train_minibatch(self, old_logprobs, values, logprobs, logits, vpreds, mask, advantages, returns):
+        if self._deferred is None:
+            return super().train_minibatch(old_logprobs, values, logprobs, logits, vpreds, mask, advantages,
+                                           returns)
+        queries, responses = self._deferred
+        self._deferred = None
+        self.model.train()
+        total = mask.sum()
+        plan = self._plan(queries, responses)
+        outputs = [None] * len(queries)
+        threshold = self.config.ratio_threshold
+        self.config.ratio_threshold = float("inf")  # applied below, once, over the whole mini-batch
+        try:
+            for j, idx in enumerate(plan):
+                # in data-parallel runs gradients are averaged over processes once, on the last pass
+                last = j == len(plan) - 1
+                sync = (contextlib.nullcontext() if last or not self.is_distributed
+                        else self.accelerator.no_sync(self.model))
+                with sync:
+                    lp, lg, vp, _ = self._window_pass(self.model, [queries[i] for i in idx],
+                                                      [responses[i] for i in idx], True)
+                    t = torch.tensor(idx, device=mask.device)
+                    pg_loss, vf_loss, _ = self.loss(old_logprobs[t], values[t], lg, vp, lp, mask[t],
+                                                    advantages[t], returns[t])
+                    # trl's losses are means over the mini-batch's response tokens: weight by this pass's share
+                    self.accelerator.backward((pg_loss + vf_loss) * (mask[t].sum() / total))
+                for row, i in enumerate(idx):
+                    outputs[i] = (lp[row].detach(), lg[row].detach(), vp[row].detach())
+        finally:
+            self.config.ratio_threshold = threshold
+        logprobs, logits, vpreds = (torch.stack([o[j] for o in outputs]) for j in range(3))
+        # trl's statistics, from the whole mini-batch
+        _, _, train_stats = self.loss(old_logprobs, values, logits, vpreds, logprobs, mask, advantages, returns)
+        if masked_mean(torch.exp(logprobs - old_logprobs), mask).item() > threshold:
+            for p in self.model_params:  # trl zeroes this mini-batch's loss (the optimizer still steps)
+                if p.grad is not None:
+                    p.grad.zero_()
+        if self.config.max_grad_norm is not None and self.accelerator.sync_gradients:
+            self.accelerator.clip_grad_norm_(self.model_params, self.config.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        return train_stats
+
+    def loss(self, old_logprobs, values, logits, vpreds, logprobs, mask, advantages, returns):
+        # trl reads the logits here only for the entropy statistic: keep them out of the autograd graph
+        return super().loss(old_logprobs, values, logits.detach(), vpreds, logprobs, mask, advantages, returns)

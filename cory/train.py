@@ -1,0 +1,311 @@
+"""A training run: load everything, play the game's iterations, log, checkpoint, resume, stop cleanly.
+
+``train(cfg, "ppo" | "cory")`` is what the training scripts call. The iterations themselves are in
+``cory.game``; this module is the loop around them: metrics and samples (``cory.outputs``), atomic
+checkpoints every ``save_every`` iterations, ``--resume``, the stop signals (Ctrl-C, SIGTERM) that finish
+the iteration and save, non-finite rewards, and the final models.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from cory import game, memory, parallel
+from cory.config import ConfigError, PPOArgs, to_dict
+from cory.outputs import RunDir, latest_checkpoint
+from cory.rollout import Rollout, RunError
+
+__all__ = ["Run", "RunError", "prepare_run", "train"]
+
+
+@dataclass
+class Run:
+    cfg: PPOArgs
+    method: str  # "ppo" | "cory"
+    agents: dict  # name -> cory.agent.Agent: {"policy"} for PPO, {"llm1", "llm2"} for CORY
+    rollout: Rollout
+    run_dir: RunDir
+    reference: object = None  # the frozen model every agent's KL is measured against (None: LoRA's base)
+    start_step: int = 0
+    world_size: int = 1
+    iteration_start: dict | None = None  # sampler_state() before the current iteration drew its batch
+
+    @property
+    def task(self):
+        return self.rollout.task
+
+    @property
+    def tokenizer(self):
+        return self.rollout.tokenizer
+
+    # -- the loop --------------------------------------------------------------------------------
+    def fit(self) -> Path:
+        from tqdm.auto import tqdm
+
+        cfg, run_dir = self.cfg, self.run_dir
+        resume = cfg.resume is not None
+        run_dir.start(to_dict(cfg), resume_step=self.start_step if resume else None, overwrite=cfg.overwrite,
+                      method=self.method)
+        wandb_run = None
+        if cfg.report_to == "wandb" and run_dir.enabled:
+            import wandb
+            wandb_run = wandb.init(project="cory", config=to_dict(cfg), name=Path(cfg.output_dir).name,
+                                   resume="allow")
+        iteration = game.cory_iteration if self.method == "cory" else game.ppo_iteration
+        bar = tqdm(range(self.start_step, cfg.steps), initial=self.start_step, total=cfg.steps,
+                   desc=f"{self.method} {cfg.task}", disable=not run_dir.enabled, dynamic_ncols=True)
+        try:
+            with _StopSignals(verbose=run_dir.enabled) as stop:
+                for step in bar:
+                    t0 = time.perf_counter()
+                    memory.reset_peak()
+                    self.iteration_start = self.sampler_state()
+                    batch = self.task.sample(cfg.batch_size)
+                    try:
+                        row, samples = iteration(step, batch, self.agents, self.rollout, cfg)
+                    except game.NonFinite as e:
+                        raise self.stopped_by(e, step) from None
+                    if row is not None:  # None: a batch skipped for non-finite rewards
+                        row = {"step": step, **row, "time/iteration_s": time.perf_counter() - t0,
+                               "memory/peak_gib": memory.peak_gib(), "world_size": self.world_size}
+                        row = parallel.mean_over_processes(row)
+                        run_dir.log_metrics(row)
+                        run_dir.log_samples(samples)
+                        if wandb_run is not None:
+                            wandb_run.log({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
+                        bar.set_postfix(_postfix(row))
+                    done = step + 1
+                    if done < cfg.steps and parallel.any_process(stop.requested):
+                        self.save(done)
+                        bar.close()
+                        if run_dir.enabled:
+                            print(f"{stop.why}: checkpoint of {done} iterations saved in {cfg.output_dir}; "
+                                  f"continue with --resume {cfg.output_dir}", file=sys.stderr)
+                        raise SystemExit(130 if stop.signum == signal.SIGINT else 128 + stop.signum)
+                    if done % cfg.save_every == 0 and done < cfg.steps:
+                        self.save(done)
+                bar.close()
+                self.save(cfg.steps)
+                self.save_final()
+        except KeyboardInterrupt:
+            # a second signal: the current iteration is half done, so nothing new is saved
+            bar.close()
+            if run_dir.enabled:
+                last = latest_checkpoint(run_dir.path)
+                advice = (f"the last checkpoint is {last}; continue with --resume {cfg.output_dir}" if last else
+                          f"no checkpoint yet; start again with --resume {cfg.output_dir} (it restarts from "
+                          "iteration 0) or --overwrite")
+                print(f"interrupted: nothing saved; {advice}", file=sys.stderr)
+            raise SystemExit(130)
+        if wandb_run is not None:
+            wandb_run.finish()
+        return Path(cfg.output_dir)
+
+    def stopped_by(self, e: game.NonFinite, step: int) -> RunError:
+        if e.what == "reward":
+            # no agent has taken this iteration's PPO step yet: save the state the iteration started from
+            self.save(step, self.iteration_start)
+            return RunError(f"{e}; the last good state is saved in {latest_checkpoint(self.run_dir.path)}; "
+                            "use --on_nonfinite skip to skip such batches")
+        return RunError(f"{e}; the last good checkpoint is {latest_checkpoint(self.run_dir.path)}")
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def sampler_state(self) -> dict:
+        """Where this process's data and random streams stand."""
+        import copy
+
+        return {"task": copy.deepcopy(self.task.state_dict()), "rng": rng_state(self.rollout.length_rng)}
+
+    def save(self, step: int, sampler: dict | None = None) -> None:
+        """Checkpoint after ``step`` completed iterations (everything a resumed run needs).
+
+        The agents are the same in every process; the data and random streams are not, so the main
+        process saves every process's ``sampler`` (default: where they stand now).
+        """
+        samplers = parallel.gather_objects(sampler or self.sampler_state())
+
+        def write(folder: Path):
+            for name, agent in self.agents.items():
+                torch.save(agent.state_dict(), folder / f"{name}.pt")
+            torch.save({"step": step, **samplers[0], "other_ranks": samplers[1:]}, folder / "state.pt")
+        self.run_dir.save_checkpoint(step, write, keep=self.cfg.keep_checkpoints)
+        parallel.barrier()  # no process runs ahead of, or later resumes from, a checkpoint still being written
+
+    def restore(self, folder: Path) -> None:
+        import warnings
+
+        for name, agent in self.agents.items():
+            try:
+                agent.load_state_dict(_load_checkpoint_file(folder / f"{name}.pt"))
+            except (KeyError, RuntimeError, ValueError, TypeError) as e:
+                raise ConfigError(f"resume: {folder / (name + '.pt')} does not fit this run's model "
+                                  f"({type(e).__name__}); was it written by another model or method?") from None
+        state = _load_checkpoint_file(folder / "state.pt")
+        others = state.get("other_ranks", [])
+        rank = parallel.rank()
+        if 1 + len(others) != self.world_size:
+            warnings.warn(f"resume: {folder} was written by {1 + len(others)} processes and this run has "
+                          f"{self.world_size}; processes without a saved data stream start a fresh one")
+        mine = state if rank == 0 else (others[rank - 1] if rank <= len(others) else None)
+        length_rng = self.rollout.length_rng
+        if mine is not None:
+            self.task.load_state_dict(mine["task"])
+            set_rng_state(mine["rng"], length_rng)
+        else:  # response lengths stay common to all processes
+            length_rng.bit_generator.state = state["rng"]["length"]
+        self.start_step = state["step"]
+
+    def save_final(self) -> None:
+        """The plain final models, from the main process, once every process holds the same weights."""
+        digests = ({name: weights_digest(agent.state_dict()["params"]) for name, agent in self.agents.items()}
+                   if self.world_size > 1 else {})
+        everyone = parallel.gather_objects(digests)
+        if self.run_dir.enabled:
+            for name, agent in self.agents.items():
+                out = self.run_dir.path / "final" / name
+                agent.use_own_adapter()  # merge_and_unload merges the active adapter only
+                model = agent.policy.pretrained_model
+                if getattr(agent.policy, "is_peft_model", False):
+                    # a plain model that loads from the query alone, without peft or the base
+                    import copy
+                    model = copy.deepcopy(model).merge_and_unload()
+                model.save_pretrained(out)
+                self.tokenizer.save_pretrained(out)
+            if self.world_size > 1:
+                record = {name: [d[name] for d in everyone] for name in digests}
+                (self.run_dir.path / "final" / "weight_digests.json").write_text(json.dumps(record, indent=1))
+        parallel.barrier()
+        for name in digests:
+            if len({d[name] for d in everyone}) > 1:
+                raise RunError(f"{name}: the {len(everyone)} processes ended with different weights (sha256 per "
+                               f"process in {self.run_dir.path / 'final' / 'weight_digests.json'})")
+
+
+def prepare_run(cfg: PPOArgs, method: str) -> Run:
+    """Everything a run needs, loaded and (with ``resume``) restored; nothing is written yet."""
+    from cory import models, preflight
+    from cory.agent import make_agents
+    from cory.speedups.patches import return_freed_memory
+    from cory.tasks import make_task
+
+    preflight.check_run(cfg, method)
+    rank, world = parallel.setup()
+    return_freed_memory()
+
+    torch.manual_seed(cfg.seed)
+    tokenizer = models.load_tokenizer(cfg.model_name)
+    task = make_task(cfg, tokenizer, rank=rank)
+    names = ["policy"] if method == "ppo" else list(game.AGENTS)
+    # with LoRA both agents' adapters sit on one shared frozen base (single process only: DDP wants one
+    # wrapper per set of weights)
+    agents, reference = make_agents(cfg, names, tokenizer, shared_base=world == 1)
+
+    run = Run(cfg=cfg, method=method, agents=agents, reference=reference,
+              rollout=Rollout(cfg, task, tokenizer, np.random.default_rng(cfg.seed)),
+              run_dir=RunDir(cfg.output_dir, enabled=rank == 0), world_size=world)
+    # trl seeds every RNG when it builds a trainer; seed again so the run depends on cfg.seed alone
+    torch.manual_seed(cfg.seed + rank)
+    np.random.seed(cfg.seed + rank)
+    random.seed(cfg.seed + rank)
+    if cfg.resume is not None:
+        checkpoint = latest_checkpoint(cfg.output_dir)
+        if checkpoint is not None:  # without one, the run starts again from iteration 0
+            run.restore(checkpoint)
+    return run
+
+
+def train(cfg: PPOArgs, method: str) -> Path:
+    """Run PPO (one agent) or CORY (two agents) as configured; returns the output folder."""
+    return prepare_run(cfg, method).fit()
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def _load_checkpoint_file(path: Path):
+    try:
+        return torch.load(path, weights_only=False)
+    except Exception as e:  # a file cut or damaged on disk is the user's to move aside, not our bug
+        raise ConfigError(f"resume: {path} cannot be read ({type(e).__name__}); move {path.parent} aside to resume "
+                          "from an older checkpoint, or start again with --overwrite") from None
+
+
+def rng_state(length_rng: np.random.Generator) -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+            "length": length_rng.bit_generator.state}
+
+
+def set_rng_state(state: dict, length_rng: np.random.Generator) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    length_rng.bit_generator.state = state["length"]
+
+
+def weights_digest(params: dict) -> str:
+    """sha256 of ``{name: tensor}`` (names and bytes, in name order): equal digests, equal weights.
+    Applied to an agent's trainable parameters, as its checkpoint saves them under ``params``."""
+    h = hashlib.sha256()
+    for name in sorted(params):
+        h.update(name.encode())
+        h.update(params[name].detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+class _StopSignals:
+    """Ctrl-C (SIGINT) or SIGTERM (what schedulers and ``timeout`` send before they kill) asks the loop to
+    stop at the end of the current iteration, so the checkpoint it then saves is a state the run really
+    passed through; a second signal stops at once, saving nothing. torchrun forwards each signal to every
+    process, and the processes agree on the iteration to stop after."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, verbose: bool):
+        self.verbose = verbose
+        self.signum = None
+        self._previous = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def why(self) -> str:
+        return "interrupted" if self.signum == signal.SIGINT else f"stopped by {signal.Signals(self.signum).name}"
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.signum = signum
+        if self.verbose:
+            name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+            print(f"\n{name}: stopping after this iteration and saving a checkpoint (again: stop now, save nothing)",
+                  file=sys.stderr, flush=True)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc):
+        for s, previous in self._previous.items():
+            signal.signal(s, previous)
+        return False
+
+
+def _postfix(row: dict) -> dict:
+    out = {}
+    for prefix in ("policy", "llm1", "llm2"):
+        if f"{prefix}/task_reward" in row:
+            out[f"{prefix[-1] if prefix != 'policy' else ''}r"] = f"{row[f'{prefix}/task_reward']:.3f}"
+            out[f"{prefix[-1] if prefix != 'policy' else ''}kl"] = f"{row[f'{prefix}/kl']:.2f}"
+    return out

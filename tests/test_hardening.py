@@ -1,0 +1,344 @@
+"""Mistakes a new user makes, each ending with one line and exit status 2 (or, for SIGTERM, a saved checkpoint
+and a clean resume), and nothing outside a run folder ever deleted. Issue 14's list, case by case."""
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import REPO, run_script
+from cory import models
+from cory.cli import main
+from cory.experiments import script_hyperparameters
+from cory.outputs import latest_checkpoint, read_jsonl
+
+
+class Loaded(Exception):
+    pass
+
+
+def _tripwire(*args, **kwargs):
+    raise Loaded
+
+
+def rejected(task, method, argv, *, tripwire=True) -> str:
+    """Run a training script's main in-process; it must exit 2 with one line, before any model loads."""
+    err, out = io.StringIO(), io.StringIO()
+    cls = script_hyperparameters(task, method)
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        if tripwire:
+            mp.setattr(models, "load_tokenizer", _tripwire)
+        try:
+            main(cls, method, [str(a) for a in argv])
+        except SystemExit as e:
+            code = e.code
+        except Loaded:
+            pytest.fail(f"accepted, went on to load a model: {argv}")
+        else:
+            pytest.fail(f"accepted: {argv}")
+    lines = err.getvalue().strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (code, err.getvalue()[-2000:])
+    assert "Traceback" not in err.getvalue()
+    return lines[0]
+
+
+TINY = ["--config", "configs/imdb/ppo_tiny.yaml"]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished tiny PPO run and a finished tiny CORY run (2 iterations, a checkpoint each)."""
+    root = tmp_path_factory.mktemp("finished")
+    for method in ("ppo", "cory"):
+        p = run_script(f"imdb_train/{method}.py", "--config", f"configs/imdb/{method}_tiny.yaml", "--steps", "2",
+                       "--output_dir", root / method)
+        assert p.returncode == 0, p.stderr[-2000:]
+    return root
+
+
+# ----------------------------------------------------------------------------- data loss
+
+def test_overwrite_never_deletes_a_folder_that_is_not_a_run(tmp_path):
+    project = tmp_path / "my_project"
+    project.mkdir()
+    (project / "config.yaml").write_text("lr: 1\n")
+    (project / "important.txt").write_text("keep me")
+    line = rejected("imdb", "ppo", TINY + ["--output_dir", project, "--overwrite"])
+    assert "output_dir" in line and "not a run folder" in line
+    assert (project / "important.txt").read_text() == "keep me"
+
+
+def test_overwrite_refuses_a_run_folder_holding_other_files(finished, tmp_path):
+    import shutil
+    run = tmp_path / "run"
+    shutil.copytree(finished / "ppo", run)
+    (run / "notes.txt").write_text("mine")
+    line = rejected("imdb", "ppo", TINY + ["--output_dir", run, "--overwrite"])
+    assert "notes.txt" in line
+    assert (run / "notes.txt").read_text() == "mine" and (run / "metrics.jsonl").is_file()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(names=st.lists(st.from_regex(r"[a-z][a-z0-9_]{0,8}\.(txt|yaml|json|py)", fullmatch=True), min_size=1,
+                      max_size=4, unique=True))
+def test_overwrite_property_foreign_files_survive(tmp_path_factory, names):
+    folder = tmp_path_factory.mktemp("user")
+    for n in names:
+        (folder / n).write_text(n)
+    (folder / "cory_run.json").write_text('{"project": "cory", "method": "ppo", "task": "imdb"}')
+    ours = {"config.yaml", "metrics.jsonl", "samples.jsonl", "cory_run.json"}
+    if set(names) <= ours:
+        return  # only what a run writes: replacing it is what --overwrite is for
+    rejected("imdb", "ppo", TINY + ["--output_dir", folder, "--overwrite"])
+    assert all((folder / n).read_text() == n for n in names if n not in ours)
+
+
+# ----------------------------------------------------------------------------- preemption
+
+def start(out, *args):
+    return subprocess.Popen([sys.executable, str(REPO / "imdb_train" / "cory.py"), "--config",
+                             "configs/imdb/cory_tiny.yaml", "--output_dir", str(out), *map(str, args)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_rows(proc, metrics, n, timeout=600):
+    deadline = time.monotonic() + timeout
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= n):
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        assert time.monotonic() < deadline, "no progress"
+        time.sleep(0.05)
+
+
+def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
+    out = tmp_path / "run"
+    proc = start(out, "--steps", "4", "--save_every", "100")
+    wait_for_rows(proc, out / "metrics.jsonl", 1)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]
+    assert "Traceback" not in stderr and f"continue with --resume {out}" in stderr
+    done = len(read_jsonl(out / "metrics.jsonl"))
+    assert 1 <= done < 4 and latest_checkpoint(out).name == f"step_{done:06d}"
+    p = run_script("imdb_train/cory.py", "--resume", out)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [0, 1, 2, 3]
+
+
+def test_stopped_before_a_checkpoint_the_advice_leads_somewhere(tmp_path):
+    out = tmp_path / "run"
+    proc = start(out, "--steps", "3", "--save_every", "100")
+    wait_for_rows(proc, out / "metrics.jsonl", 1)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)  # the second one: stop now, save nothing
+    _, stderr = proc.communicate(timeout=600)
+    if latest_checkpoint(out) is None:  # the second signal came before the first could save
+        assert f"start again with --resume {out}" in stderr, stderr[-2000:]
+    # whichever it was, --resume now continues or restarts the run, to the end
+    p = run_script("imdb_train/cory.py", "--resume", out)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [0, 1, 2]
+
+
+def test_resume_of_a_run_without_checkpoint_restarts_it(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "cory_run.json").write_text('{"project": "cory", "method": "ppo", "task": "imdb"}')
+    cfg = yaml.safe_load((REPO / "configs/imdb/ppo_tiny.yaml").read_text())
+    (out / "config.yaml").write_text(yaml.safe_dump({**cfg, "steps": 2, "output_dir": str(out)}))
+    (out / "metrics.jsonl").write_text('{"step": 0, "policy/kl": 1.0}\n')  # a row from before the stop
+    p = run_script("imdb_train/ppo.py", "--resume", out)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1] and rows[0]["policy/kl"] != 1.0
+
+
+# ----------------------------------------------------------------------------- silently wrong runs
+
+def test_dataset_path_is_never_ignored(tmp_path):
+    line = rejected("gsm8k", "cory", ["--config", "configs/gsm8k/cory_tiny.yaml",
+                                      "--dataset_path", REPO.parent / "shared" / "data" / "gsm8k",
+                                      "--output_dir", tmp_path / "r"])
+    assert line.startswith("error: dataset_path:") and "generated" in line
+    line = rejected("imdb", "ppo", TINY + ["--dataset_path", tmp_path, "--output_dir", tmp_path / "r"])
+    assert line.startswith("error: dataset_path:")
+
+
+def test_a_script_refuses_a_config_of_another_task(tmp_path):
+    line = rejected("imdb", "cory", ["--config", "configs/gsm8k/cory_tiny.yaml", "--output_dir", tmp_path / "r"])
+    assert "task" in line and "gsm8k_train/cory.py" in line
+
+
+def test_resume_checks_the_run_against_the_script(finished):
+    line = rejected("gsm8k", "cory", ["--resume", finished / "cory"])
+    assert "task" in line and "imdb" in line
+    line = rejected("imdb", "cory", ["--resume", finished / "ppo"])
+    assert "ppo run" in line and "imdb_train/ppo.py" in line
+    line = rejected("imdb", "ppo", ["--resume", finished / "cory"])
+    assert "resume" in line and "another method" in line
+
+
+@pytest.mark.parametrize("flags,field", [
+    (["--learning_rate", "0.5", "--batch_size", "8"], "batch_size"),  # named in order; both are refused
+    (["--learning_rate", "0.5"], "learning_rate"),
+    (["--model_name", "embedded:smollm2-135m"], "model_name"),
+    (["--config", "configs/imdb/ppo_cpu.yaml"], "batch_size"),
+])
+def test_resume_refuses_changed_training_settings(finished, flags, field):
+    before = (finished / "ppo" / "config.yaml").read_text()
+    line = rejected("imdb", "ppo", ["--resume", finished / "ppo", *flags])
+    assert f"resume: {field} is" in line and "may change: " in line
+    assert (finished / "ppo" / "config.yaml").read_text() == before
+
+
+def test_resume_may_extend_a_finished_run(finished, tmp_path):
+    import shutil
+    run = tmp_path / "ppo"
+    shutil.copytree(finished / "ppo", run)
+    p = run_script("imdb_train/ppo.py", "--resume", run, "--steps", "3", "--save_every", "5")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2]
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["steps"] == 3 and saved["save_every"] == 5 and saved["learning_rate"] == 1e-4
+
+
+# ----------------------------------------------------------------------------- tracebacks
+
+def test_a_model_folder_with_broken_weights(tmp_path):
+    from cory import assets
+    import shutil
+    broken = tmp_path / "broken"
+    shutil.copytree(assets.tiny_model_dir(), broken)
+    (broken / "model.safetensors").write_bytes(b"not weights")
+    line = rejected("imdb", "ppo", TINY + ["--model_name", broken, "--output_dir", tmp_path / "r"], tripwire=False)
+    assert "model_name" in line and "broken" in line
+    assert not (tmp_path / "r").exists()
+
+
+def test_output_dir_under_a_file_or_unwritable(tmp_path):
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    line = rejected("imdb", "ppo", TINY + ["--output_dir", a_file / "run"])
+    assert "output_dir" in line and "is a file" in line
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        assert "permission" in rejected("imdb", "ppo", TINY + ["--output_dir", locked / "run"])
+
+
+def test_a_corrupted_checkpoint(finished, tmp_path):
+    import shutil
+    run = tmp_path / "cory"
+    shutil.copytree(finished / "cory", run)
+    (latest_checkpoint(run) / "state.pt").write_bytes(b"\x00garbage")
+    line = rejected("imdb", "cory", ["--resume", run])
+    assert "state.pt" in line and "cannot be read" in line
+
+
+def test_corrupted_agent_weights_in_a_checkpoint(finished, tmp_path):
+    import shutil
+    run = tmp_path / "cory"
+    shutil.copytree(finished / "cory", run)
+    (latest_checkpoint(run) / "llm2.pt").write_bytes(b"\x00garbage")
+    line = rejected("imdb", "cory", ["--resume", run, "--steps", "3"], tripwire=False)
+    assert "llm2.pt" in line
+
+
+def test_wandb_without_a_login_is_refused_before_any_folder(tmp_path, monkeypatch):
+    for var in ("WANDB_MODE", "WANDB_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no_netrc"))
+    line = rejected("imdb", "ppo", TINY + ["--report_to", "wandb", "--output_dir", tmp_path / "r"])
+    assert "wandb" in line and "login" in line
+    assert not (tmp_path / "r").exists()
+
+
+def test_answers_longer_than_the_context(tmp_path):
+    line = rejected("imdb", "cory", ["--config", "configs/imdb/cory_tiny.yaml", "--response_length_max", "5000",
+                                     "--output_dir", tmp_path / "r"])
+    assert "response_length_max" in line and "context of 512" in line
+    assert not (tmp_path / "r").exists()
+
+
+BAD_RECORDS = {
+    "malformed": "{not json\n",
+    "empty": "",
+    "no_answer": json.dumps({"question": "2+2?"}) + "\n",
+    "no_hashes": json.dumps({"question": "2+2?", "answer": "It is 4."}) + "\n",
+    "wrong_type": json.dumps({"question": 7, "answer": "#### 4"}) + "\n",
+    "a_list": "[1, 2]\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_RECORDS))
+def test_bad_gsm8k_files_name_file_and_line(tmp_path, case):
+    data = tmp_path / "gsm8k"
+    data.mkdir()
+    good = json.dumps({"question": "1+1?", "answer": "1+1=2 #### 2"}) + "\n"
+    text = BAD_RECORDS[case] if case == "empty" else good + BAD_RECORDS[case]  # the bad record on line 2
+    (data / "train.jsonl").write_text(text)
+    (data / "test.jsonl").write_text(text)
+    for dataset in ("local", "auto"):
+        line = rejected("gsm8k", "ppo", ["--config", "configs/gsm8k/ppo_tiny.yaml", "--dataset", dataset,
+                                         "--dataset_path", data, "--output_dir", tmp_path / "r"])
+        assert "train.jsonl" in line and ("line 2" in line or "no records" in line)
+    from cory.evaluate import main as evaluate
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as e:
+        evaluate(["--task", "gsm8k", "--model", "tiny", "--dataset_path", str(data), "--n", "1", "--k", "1"])
+    assert e.value.code == 2 and len(err.getvalue().strip().splitlines()) == 1
+    assert "test.jsonl" in err.getvalue() and ("line 2" in err.getvalue() or "no records" in err.getvalue())
+
+
+def evaluate_rejects(argv) -> str:
+    from cory.evaluate import main as evaluate
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out), pytest.raises(SystemExit) as e:
+        evaluate([str(a) for a in argv])
+    lines = err.getvalue().strip().splitlines()
+    assert e.value.code == 2 and len(lines) == 1 and not out.getvalue().strip(), err.getvalue()
+    return lines[0]
+
+
+def test_evaluate_json_to_an_unwritable_place_fails_first(tmp_path):
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    line = evaluate_rejects(["--task", "imdb", "--model", "tiny", "--json", a_file / "out.json", "--limit", "2"])
+    assert "--json" in line
+
+
+def test_evaluate_reward_that_is_not_a_classifier_is_one_quiet_line(tmp_path):
+    from cory import assets
+    line = evaluate_rejects(["--task", "imdb", "--model", "tiny", "--reward", assets.tiny_model_dir()])
+    assert "--reward" in line and "POSITIVE" in line
+
+
+def test_evaluate_reads_only_the_test_split(tmp_path):
+    data = tmp_path / "gsm8k"
+    data.mkdir()
+    (data / "test.jsonl").write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n")
+    from cory.evaluate import main as evaluate
+    doc = evaluate(["--task", "gsm8k", "--model", "tiny", "--dataset_path", str(data), "--n", "1", "--k", "1",
+                    "--max_new_tokens", "4", "--no_base", "--json", str(tmp_path / "e.json")])
+    assert doc["results"][0]["n_questions"] == 1
+
+
+# ----------------------------------------------------------------------------- help
+
+def test_help_explains_every_field():
+    p = run_script("imdb_train/cory.py", "--help", timeout=120)
+    assert p.returncode == 0
+    text = p.stdout
+    assert "CORY on IMDB" in text and "--config FILE.yaml" in text
+    assert "--kl_penalty" in text and "full | kl | abs | mse" in text
+    assert "[resume]" in next(ln for ln in text.splitlines() if ln.strip().startswith("--steps "))
+    assert "the paper's T_REx" in text
