@@ -19,22 +19,20 @@ Conventions, stated again in the report itself:
 """
 from __future__ import annotations
 
-import json
-import math
-import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
-import yaml
 
-LAST_N = 10
+from cory.results import (ABLATION_METHODS, AGENT_NAMES, CONFOUND_METHODS, LAST_N, MAIN_METHODS, METHOD_NAMES,
+                          Experiment, Final, Group, ReportError, curve, final_value, finite, fmt, fmt_final,
+                          load_experiment, read_jsonl, setting_name, sweep_points)
+
 ALPHA = 0.05     # the verdict's one-sided Welch's t-tests
 MIN_SEEDS = 3    # fewer seeds per method: the numbers are shown, no verdict
 COMPARED = ("task_reward", "kl", "combined_reward")
-AGENT_NAMES = {"policy": "", "llm1": "-LLM1", "llm2": "-LLM2"}
 # (key in metrics.jsonl after "<agent>/", figure file stem, title, y-axis label)
 METRICS = {
     "task_reward": ("task reward", "task reward ({reward}), batch mean"),
@@ -48,19 +46,6 @@ REWARD_UNITS = {
     "distilbert-imdb": "distilbert-imdb positive logit",
     "correctness": "fraction of correct answers",
 }
-METHOD_NAMES = {
-    "ppo": "PPO",
-    "cory": "CORY",
-    "cory_no_kt": "CORY w/o knowledge transfer",
-    "cory_no_swap": "CORY w/o role exchange",
-    "ppo_2x": "PPO, 2x model",
-    "ppo_norm": "PPO with score normalisation",
-    "cory_authors": "CORY with the authors' resets",
-}
-MAIN_METHODS = ("ppo", "cory")
-# the two differences between the authors' runs and a like-for-like comparison (see cory.experiments)
-CONFOUND_METHODS = ("ppo_norm", "cory_authors")
-ABLATION_METHODS = ("cory_no_kt", "cory_no_swap", "ppo_2x")
 # one colour per method in every figure; an agent is told apart by the line style (LLM2 dashed)
 PALETTE = {
     "ppo": "#d62728",
@@ -73,11 +58,6 @@ PALETTE = {
 }
 _SPARE_COLOURS = ("#e377c2", "#7f7f7f", "#bcbd22", "#843c39", "#5254a3")
 LINESTYLES = {"policy": "-", "llm1": "-", "llm2": "--"}
-_LABEL = re.compile(r"^(?P<method>.+?)(?:_kl(?P<kl>[0-9.eE+-]+))?$")
-
-
-class ReportError(Exception):
-    """The folder is not an experiment folder; the message is one line."""
 
 
 def colour(method: str) -> str:
@@ -87,292 +67,6 @@ def colour(method: str) -> str:
     return _SPARE_COLOURS[sum(map(ord, method)) % len(_SPARE_COLOURS)]
 
 
-def parse_label(label: str) -> tuple[str, float | None]:
-    """``cory_kl0.01`` -> ("cory", 0.01); ``ppo`` -> ("ppo", None)."""
-    m = _LABEL.match(label)
-    if m and m.group("kl") is not None:
-        try:
-            return m.group("method"), float(m.group("kl"))
-        except ValueError:
-            pass
-    return label, None
-
-
-def _finite(value) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
-def _read_jsonl(path: Path) -> tuple[list[dict], int]:
-    """Rows that parse (a kill can cut the last line), and how many lines did not."""
-    rows, bad = [], 0
-    if not path.is_file():
-        return rows, bad
-    for line in path.read_text(errors="replace").splitlines():
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            bad += 1
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-        else:
-            bad += 1
-    return rows, bad
-
-
-# ----------------------------------------------------------------------------- loading
-
-@dataclass
-class SeedRun:
-    seed: int
-    path: Path
-    rows: list[dict]
-    config: dict
-
-    def series(self, agent: str, metric: str) -> dict[int, float]:
-        """step -> finite value; the last row wins when a step appears twice."""
-        out = {}
-        key = f"{agent}/{metric}"
-        for row in self.rows:
-            step = row.get("step")
-            if isinstance(step, bool) or not isinstance(step, int):
-                continue
-            value = _finite(row.get(key))
-            if value is None:
-                out.pop(step, None)
-            else:
-                out[step] = value
-        return out
-
-    @property
-    def last_step(self) -> int | None:
-        steps = [r["step"] for r in self.rows if isinstance(r.get("step"), int)]
-        return max(steps) if steps else None
-
-
-@dataclass
-class Group:
-    """All seeds of one method at one KL coefficient (one folder under runs/)."""
-
-    label: str
-    method: str
-    kl_coef: float | None  # from the folder name (the eta sweep)
-    runs: dict[int, SeedRun] = field(default_factory=dict)
-
-    @property
-    def agents(self) -> list[str]:
-        keys = {k.split("/", 1)[0] for r in self.runs.values() for row in r.rows for k in row if "/" in k}
-        if "llm1" in keys or "llm2" in keys:
-            return [a for a in ("llm1", "llm2") if a in keys]
-        return ["policy"] if "policy" in keys else []
-
-    @property
-    def config_eta(self) -> float | None:
-        """``init_kl_coef`` from the runs' config.yaml, when all of them agree."""
-        etas = {_finite(r.config.get("init_kl_coef")) for r in self.runs.values()} - {None}
-        return etas.pop() if len(etas) == 1 else None
-
-    @property
-    def eta_mismatch(self) -> bool:
-        """The folder's suffix names another eta than its runs started from (a method that sets init_kl_coef
-        itself, such as cory_authors, inside a --kl_coefs sweep)."""
-        cfg = self.config_eta
-        return self.kl_coef is not None and cfg is not None and not math.isclose(cfg, self.kl_coef, rel_tol=1e-9)
-
-    @property
-    def eta(self) -> float | None:
-        """The KL coefficient the runs started from: their config, else the folder's suffix."""
-        cfg = self.config_eta
-        return cfg if cfg is not None else self.kl_coef
-
-    def name(self, agent: str) -> str:
-        base = METHOD_NAMES.get(self.method, self.method) + AGENT_NAMES.get(agent, f"-{agent}")
-        return base if self.kl_coef is None else f"{base} (η={self.kl_coef:g})"
-
-    def config_value(self, key: str):
-        values = {json.dumps(r.config.get(key), sort_keys=True) for r in self.runs.values() if r.config}
-        if not values:
-            return None
-        if len(values) > 1:
-            return "varies by seed"
-        return json.loads(values.pop())
-
-
-@dataclass
-class Experiment:
-    path: Path
-    groups: dict[str, Group]
-    runs_json: dict
-    notes: list[str]
-
-    def main_group(self, method: str) -> Group | None:
-        """The method's run at the preset's KL coefficient (no sweep suffix), else see ``main_eta``."""
-        g = self.groups.get(method)
-        if g is not None and g.runs:
-            return g
-        eta = self.main_eta
-        if eta is None:
-            return None
-        for g in self.groups.values():
-            if g.method == method and g.kl_coef == eta and g.runs:
-                return g
-        return None
-
-    @property
-    def main_eta(self) -> float | None:
-        """With sweep runs only, the comparison uses the largest eta that PPO and CORY share."""
-        if any(self.groups.get(m) and self.groups[m].runs for m in MAIN_METHODS):
-            return None
-        shared = None
-        for m in MAIN_METHODS:
-            etas = {g.kl_coef for g in self.groups.values() if g.method == m and g.kl_coef is not None and g.runs}
-            shared = etas if shared is None else shared & etas
-        return max(shared) if shared else None
-
-    def any_config(self, key: str):
-        for g in self.groups.values():
-            v = g.config_value(key)
-            if v is not None:
-                return v
-        return None
-
-
-def load_experiment(path: str | Path) -> Experiment:
-    root = Path(path)
-    if not root.is_dir():
-        raise ReportError(f"{path}: folder not found")
-    runs_root = root / "runs"
-    if not runs_root.is_dir():
-        raise ReportError(f"{path}: no runs/ folder; is it an experiment folder written by cory.experiments?")
-    runs_json = {}
-    notes = []
-    if (root / "runs.json").is_file():
-        try:
-            runs_json = json.loads((root / "runs.json").read_text())
-        except json.JSONDecodeError:
-            notes.append("runs.json is not valid JSON; the commands and wall times are missing.")
-    groups: dict[str, Group] = {}
-    for label_dir in sorted(p for p in runs_root.iterdir() if p.is_dir()):
-        method, kl = parse_label(label_dir.name)
-        group = Group(label_dir.name, method, kl)
-        for seed_dir in sorted(p for p in label_dir.iterdir() if p.is_dir()):
-            m = re.fullmatch(r"seed_(\d+)", seed_dir.name)
-            if not m:
-                notes.append(f"`{label_dir.name}/{seed_dir.name}` ignored: not a seed_<n> folder.")
-                continue
-            rows, bad = _read_jsonl(seed_dir / "metrics.jsonl")
-            if bad:
-                notes.append(f"`{label_dir.name}/{seed_dir.name}`: {bad} unreadable line(s) in metrics.jsonl skipped.")
-            if not rows:
-                notes.append(f"`{label_dir.name}/{seed_dir.name}`: no metrics yet; left out.")
-                continue
-            config = {}
-            if (seed_dir / "config.yaml").is_file():
-                try:
-                    config = yaml.safe_load((seed_dir / "config.yaml").read_text()) or {}
-                except yaml.YAMLError:
-                    notes.append(f"`{label_dir.name}/{seed_dir.name}`: config.yaml unreadable.")
-            group.runs[int(m.group(1))] = SeedRun(int(m.group(1)), seed_dir, rows, config)
-        if group.runs:
-            groups[label_dir.name] = group
-    return Experiment(root, groups, runs_json, notes)
-
-
-# ----------------------------------------------------------------------------- statistics
-
-def _std(values: np.ndarray, axis=0) -> np.ndarray:
-    """Sample std over seeds (ddof=1); NaN with a single seed (no spread to show)."""
-    n = values.shape[axis]
-    if n < 2:
-        return np.full(np.delete(values.shape, axis), np.nan)
-    return values.std(axis=axis, ddof=1)
-
-
-@dataclass
-class Curve:
-    """One metric of one agent, aligned over seeds."""
-
-    steps: np.ndarray          # steps present (finite) in every seed
-    values: np.ndarray         # seeds x steps
-    seeds: list[int]
-    lengths: dict[int, int]    # seed -> how many steps it logged with a finite value
-    missing_seeds: list[int]   # seeds that have no value of this metric at all
-
-    @property
-    def mean(self) -> np.ndarray:
-        return self.values.mean(axis=0)
-
-    @property
-    def std(self) -> np.ndarray:
-        return _std(self.values)
-
-    @property
-    def trimmed(self) -> bool:
-        return any(n != len(self.steps) for n in self.lengths.values())
-
-    def final(self, last: int = LAST_N, upto: int | None = None) -> "Final":
-        """Each seed's mean over the last ``last`` aligned steps (those <= ``upto`` when given)."""
-        n = len(self.steps) if upto is None else int(np.searchsorted(self.steps, upto, side="right"))
-        k = min(last, n)
-        window = self.values[:, n - k:n]
-        steps = (int(self.steps[n - k]), int(self.steps[n - 1])) if k else None
-        return Final(window.mean(axis=1) if k else np.array([]), k, self.seeds, steps)
-
-
-@dataclass
-class Final:
-    per_seed: np.ndarray  # each seed's mean over the last ``last`` aligned iterations
-    last: int
-    seeds: list[int]
-    steps: tuple[int, int] | None = None  # first and last iteration of that window
-
-    @property
-    def n(self) -> int:
-        return len(self.per_seed)
-
-    @property
-    def mean(self) -> float:
-        return float(self.per_seed.mean()) if self.n else float("nan")
-
-    @property
-    def std(self) -> float:
-        return float(self.per_seed.std(ddof=1)) if self.n >= 2 else float("nan")
-
-
-def curve(group: Group, agent: str, metric: str) -> Curve | None:
-    per_seed = {s: r.series(agent, metric) for s, r in sorted(group.runs.items())}
-    present = {s: d for s, d in per_seed.items() if d}
-    if not present:
-        return None
-    common = sorted(set.intersection(*(set(d) for d in present.values())))
-    values = np.array([[d[step] for step in common] for d in present.values()], dtype=float)
-    values = values.reshape(len(present), len(common))
-    return Curve(np.array(common, dtype=int), values, list(present),
-                 {s: len(d) for s, d in present.items()}, [s for s, d in per_seed.items() if not d])
-
-
-def final_value(group: Group, agent: str, metric: str, last: int = LAST_N, upto: int | None = None) -> Final | None:
-    c = curve(group, agent, metric)
-    if c is None or not len(c.steps):
-        return None
-    f = c.final(last, upto)
-    return f if f.n and f.last else None
-
-
-def pooled_std(a: Final, b: Final) -> float:
-    """Pooled sample std of two groups of seeds; 0 when neither has a spread (one seed each)."""
-    dof = (a.n - 1) + (b.n - 1)
-    if dof <= 0:
-        return 0.0
-    ss = sum((f.n - 1) * f.std ** 2 for f in (a, b) if f.n >= 2)
-    return math.sqrt(ss / dof)
-
-
 # ----------------------------------------------------------------------------- verdict
 
 @dataclass
@@ -380,19 +74,6 @@ class Verdict:
     answer: str  # "yes" | "partly" | "no" | "too few seeds" | "not decided"
     text: str
 
-
-def _fmt(x: float, digits: int = 3) -> str:
-    if x is None or not math.isfinite(x):
-        return "n/a"
-    return f"{x:.{digits}g}" if abs(x) >= 1e-3 or x == 0 else f"{x:.2e}"
-
-
-def _pm(f: Final | None) -> str:
-    if f is None or not f.n:
-        return "n/a"
-    if f.n < 2:
-        return f"{_fmt(f.mean)} (1 seed)"
-    return f"{_fmt(f.mean)} ± {_fmt(f.std)}"
 
 
 @dataclass
@@ -484,13 +165,13 @@ class Comparison:
     def line(self) -> str:
         def p(test: WelchResult, holds: bool, yes: str, no: str) -> str:
             how = " (both constant over seeds: decided by the sign)" if test.constant else ""
-            return f"one-sided p = {_fmt(test.p)}{how}: {yes if holds else no}"
+            return f"one-sided p = {fmt(test.p)}{how}: {yes if holds else no}"
 
         versus = f"{self.name} vs {self.base_name}"
-        nums = (f"task reward {_pm(self.fin['task_reward'])} vs {_pm(self.base['task_reward'])}",
-                f"KL {_pm(self.fin['kl'])} vs {_pm(self.base['kl'])}",
-                f"r_c {_pm(self.fin['combined_reward'])} vs {_pm(self.base['combined_reward'])}")
-        ratio = f"KL ratio {self.base_name}/{self.name} = {_fmt(self.kl_ratio)} (paper: > 2)"
+        nums = (f"task reward {fmt_final(self.fin['task_reward'])} vs {fmt_final(self.base['task_reward'])}",
+                f"KL {fmt_final(self.fin['kl'])} vs {fmt_final(self.base['kl'])}",
+                f"r_c {fmt_final(self.fin['combined_reward'])} vs {fmt_final(self.base['combined_reward'])}")
+        ratio = f"KL ratio {self.base_name}/{self.name} = {fmt(self.kl_ratio)} (paper: > 2)"
         if not self.judged:
             return (f"- {versus}: {nums[0]}; {nums[1]}; {nums[2]}; {ratio}. Not judged: {self.n} seed(s), "
                     f"the test needs {MIN_SEEDS}.")
@@ -588,7 +269,7 @@ def verdict(exp: Experiment) -> Verdict:
         summary = ("No CORY agent had significantly lower KL or higher r_c than PPO: the paper's claim is not "
                    "reproduced here.")
     first, end = base["task_reward"].steps
-    where = f" at η={_fmt(cory.kl_coef)}" if cory.kl_coef is not None else ""
+    where = f" at η={fmt(cory.kl_coef)}" if cory.kl_coef is not None else ""
     head = (f"**{answer}** — {summary} Final values{where}: each seed's mean over iterations {first}–{end}, "
             f"then mean ± std over seeds (PPO {n_ppo} seed{'s' * (n_ppo != 1)}, "
             f"CORY {n_cory} seed{'s' * (n_cory != 1)}).")
@@ -599,8 +280,8 @@ def verdict(exp: Experiment) -> Verdict:
     kl = curve(ppo, "policy", "kl")
     if kl is not None and len(kl.steps) >= 2:
         k = min(LAST_N, len(kl.steps) // 2) or 1
-        lines.append(f"- For scale: PPO's KL went from {_fmt(kl.mean[:k].mean())} (first {k} iterations) "
-                     f"to {_fmt(kl.mean[-k:].mean())} (last {k}).")
+        lines.append(f"- For scale: PPO's KL went from {fmt(kl.mean[:k].mean())} (first {k} iterations) "
+                     f"to {fmt(kl.mean[-k:].mean())} (last {k}).")
     extra = confound_lines(exp, ppo, cory)
     return Verdict(answer, head + "\n\n" + "\n".join(lines) + ("\n\n" + extra if extra else ""))
 
@@ -613,7 +294,7 @@ def confound_lines(exp: Experiment, ppo: Group, cory: Group) -> str:
 
     def setting(g: Group, key: str) -> str:
         v = g.config_value(key)
-        return "?" if v is None else (_fmt(v) if isinstance(v, float) else str(v).lower())
+        return "?" if v is None else (fmt(v) if isinstance(v, float) else str(v).lower())
 
     pairs = []
     if norm is not None:
@@ -622,7 +303,7 @@ def confound_lines(exp: Experiment, ppo: Group, cory: Group) -> str:
     if authors is not None:
         pairs.append(("CORY with the authors' resets (`cory_authors`: Adam, the KL controller and the score statistics "
                       f"reset at each role exchange; reset_on_swap {setting(authors, 'reset_on_swap')}, η from "
-                      f"{_fmt(authors.eta)}) vs PPO (η from {_fmt(ppo.eta)})", ppo, authors))
+                      f"{fmt(authors.eta)}) vs PPO (η from {fmt(ppo.eta)})", ppo, authors))
     for title, base, other in pairs:
         comps, missing = compare(base, other)
         if comps:
@@ -656,18 +337,13 @@ def _reward_unit(exp: Experiment) -> str:
     return REWARD_UNITS.get(name, str(name) if name else "task's reward")
 
 
-def _setting(exp: Experiment) -> str:
-    task = exp.runs_json.get("task") or exp.any_config("task") or "?"
-    preset = exp.runs_json.get("preset")
-    return f"{str(task).upper()}" + (f", {preset} preset" if preset else "")
-
 
 def plot_metric(exp: Experiment, path: Path, metric: str, series: list[tuple[Group, str]],
                 refs: list[tuple[Group, str]] = (), title: str = "") -> list[str]:
     """One figure: mean line and ±std band per (group, agent); ``refs`` as thin lines without band.
     Returns notes on alignment (seeds of different lengths, missing seeds)."""
     head, ylabel = METRICS[metric]
-    fig, ax = _axes(f"{_setting(exp)}: {title or head} per iteration (mean ± std over seeds)",
+    fig, ax = _axes(f"{setting_name(exp)}: {title or head} per iteration (mean ± std over seeds)",
                     "iteration", ylabel.format(reward=_reward_unit(exp)))
     notes = []
     drawn = 0
@@ -699,32 +375,9 @@ def plot_metric(exp: Experiment, path: Path, metric: str, series: list[tuple[Gro
     return notes
 
 
-def sweep_points(exp: Experiment) -> dict[tuple[str, str], list[tuple[float, Final, Final]]]:
-    """(method, agent) -> [(eta, final task reward, final KL)] sorted by eta, for methods with >= 2 etas."""
-    by_method: dict[str, dict[float, Group]] = {}
-    for g in exp.groups.values():
-        if g.kl_coef is not None and not g.eta_mismatch:  # a folder that did not run at its eta is no sweep point
-            by_method.setdefault(g.method, {})[g.kl_coef] = g
-    for g in exp.groups.values():  # the preset's own eta joins the sweep unless already swept
-        if g.kl_coef is None and g.method in by_method and g.eta is not None:
-            by_method[g.method].setdefault(g.eta, g)
-    out = {}
-    for method, groups in by_method.items():
-        if len(groups) < 2:
-            continue
-        for agent in next(iter(groups.values())).agents:
-            pts = []
-            for eta, g in sorted(groups.items()):
-                r, kl = final_value(g, agent, "task_reward"), final_value(g, agent, "kl")
-                if r is not None and kl is not None:
-                    pts.append((eta, r, kl))
-            if pts:
-                out[(method, agent)] = pts
-    return out
-
 
 def plot_sweep(exp: Experiment, path: Path, points) -> None:
-    fig, ax = _axes(f"{_setting(exp)}: final task reward vs final KL over the KL coefficient η",
+    fig, ax = _axes(f"{setting_name(exp)}: final task reward vs final KL over the KL coefficient η",
                     "final KL(π‖π₀), nats per response", f"final task reward ({_reward_unit(exp)})")
     kls = []
     for (method, agent), pts in sorted(points.items()):
@@ -771,8 +424,8 @@ def final_table(exp: Experiment) -> str:
             fins = {m: final_value(g, agent, m) for m in ("task_reward", "kl", "combined_reward", "response_length")}
             some = next((f for f in fins.values() if f is not None), None)
             window = f"{some.steps[0]}–{some.steps[1]}" if some else "–"
-            rows.append([g.name(agent), _fmt(g.eta) if g.eta is not None else "?", some.n if some else 0,
-                         window] + [_pm(f) for f in fins.values()])
+            rows.append([g.name(agent), fmt(g.eta) if g.eta is not None else "?", some.n if some else 0,
+                         window] + [fmt_final(f) for f in fins.values()])
     if not rows:
         return "_No metrics yet._"
     return _table(["method / agent", "η (start)", "seeds", "iterations averaged", "task reward", "KL",
@@ -789,7 +442,7 @@ def samples_section(exp: Experiment, per_step: int = 3) -> str:
         if g.kl_coef is not None:
             continue  # the sweep would multiply the samples; its numbers are in the table
         seed = min(g.runs)
-        rows, _ = _read_jsonl(g.runs[seed].path / "samples.jsonl")
+        rows, _ = read_jsonl(g.runs[seed].path / "samples.jsonl")
         rows = [r for r in rows if isinstance(r.get("step"), int)]
         if not rows:
             parts.append(f"**{METHOD_NAMES.get(g.method, g.method)}** (seed {seed}): no samples.jsonl.")
@@ -815,7 +468,7 @@ def samples_section(exp: Experiment, per_step: int = 3) -> str:
 
 
 def _reward(x) -> str:
-    x = _finite(x)
+    x = finite(x)
     return "n/a" if x is None else f"{x:+.3f}"
 
 
@@ -862,7 +515,7 @@ def provenance_section(exp: Experiment) -> str:
         for seed, run in g.runs.items():
             rec = runs.get(f"{g.label}/seed_{seed}", {})
             wall += sum(a.get("wall_time_s") or 0 for a in rec.get("attempts", []))
-            per_it += [v for v in (_finite(r.get("time/iteration_s")) for r in run.rows) if v is not None]
+            per_it += [v for v in (finite(r.get("time/iteration_s")) for r in run.rows) if v is not None]
         script = next((r.get("script") for k, r in runs.items() if k.startswith(g.label + "/")), None)
         rows.append([g.label, script or "?", ", ".join(map(str, sorted(g.runs))),
                      _duration(wall) if wall else "?", f"{np.mean(per_it):.1f} s" if per_it else "?"])
@@ -876,7 +529,7 @@ def provenance_section(exp: Experiment) -> str:
             values = [g.config_value(key) for g in groups]
             if all(v is None for v in values):
                 continue
-            cfg_rows.append([key] + [_fmt(v) if isinstance(v, float) else ("–" if v is None else v) for v in values])
+            cfg_rows.append([key] + [fmt(v) if isinstance(v, float) else ("–" if v is None else v) for v in values])
         if cfg_rows:
             out.append("Settings, from each run's config.yaml (– = not a field of that method):\n")
             out.append(_table(["field", *(g.label for g in groups)], cfg_rows))
@@ -936,14 +589,14 @@ def build_report(path: str | Path) -> Path:
 
     for g in _ordered_groups(exp):
         if g.eta_mismatch:
-            notes.append(f"`{g.label}`: its runs started from init_kl_coef {_fmt(g.config_eta)}, not the folder's "
-                         f"η={_fmt(g.kl_coef)} (the method sets it itself); it is left out of the η sweep.")
+            notes.append(f"`{g.label}`: its runs started from init_kl_coef {fmt(g.config_eta)}, not the folder's "
+                         f"η={fmt(g.kl_coef)} (the method sets it itself); it is left out of the η sweep.")
     failed = [k for k, r in (exp.runs_json.get("runs") or {}).items() if r.get("status") == "failed"]
     if failed:
         notes.append(f"Failed runs (their partial metrics, if any, are included): {', '.join(sorted(failed))}.")
 
     v = verdict(exp)
-    md = [f"# CORY vs PPO: {_setting(exp)}", "",
+    md = [f"# CORY vs PPO: {setting_name(exp)}", "",
           "Generated by `python -m cory.report " + _rel(root) + "` from the metrics in this folder; "
           "rerun it to rebuild this file and the figures.", "",
           "## Verdict", "",
