@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from cory import report, results
-from cory.report import build_report, verdict
+from cory import results
+from cory.report import build_report
 from cory.results import curve, final_value, load_experiment, pooled_std
+from cory.verdict import WelchResult, verdict, welch
 
 ETA = 0.2
 
@@ -215,7 +216,7 @@ def test_partial_results_nan_none_and_different_lengths(tmp_path):
     assert "present in all of them" in text and "seed 2: 14" in text
     assert "unreadable line" in text and "seed_3" in text
     assert (tmp_path / "fig_kl.png").stat().st_size > 0
-    assert report.verdict(exp).answer == "too few seeds"  # CORY has one seed
+    assert verdict(exp).answer == "too few seeds"  # CORY has one seed
 
 
 def test_samples_and_provenance_in_report(tmp_path):
@@ -336,22 +337,22 @@ def test_welch_p_value_by_hand():
     va, vb = a.per_seed.var(ddof=1) / a.n, b.per_seed.var(ddof=1) / b.n
     t = (a.mean - b.mean) / math.sqrt(va + vb)
     df = (va + vb) ** 2 / (va ** 2 / (a.n - 1) + vb ** 2 / (b.n - 1))  # Welch-Satterthwaite
-    p = report.welch(a, b, "less").p
+    p = welch(a, b, "less").p
     assert p == pytest.approx(_t_cdf(t, df), rel=1e-4)
     from scipy import stats
     two_sided = stats.ttest_ind(a.per_seed, b.per_seed, equal_var=False).pvalue
-    assert p == pytest.approx(two_sided / 2) and report.welch(a, b, "greater").p == pytest.approx(1 - two_sided / 2)
+    assert p == pytest.approx(two_sided / 2) and welch(a, b, "greater").p == pytest.approx(1 - two_sided / 2)
     assert 0.001 < p < 0.05
 
 
 def test_welch_both_constant_decided_by_sign():
     lo, hi = (results.Final(np.full(3, v), 10, [0, 1, 2]) for v in (1.0, 2.0))
-    assert report.welch(lo, hi, "less") == report.WelchResult(0.0, True)
-    assert report.welch(lo, hi, "greater") == report.WelchResult(1.0, True)
-    same = report.welch(lo, lo, "less")
+    assert welch(lo, hi, "less") == WelchResult(0.0, True)
+    assert welch(lo, hi, "greater") == WelchResult(1.0, True)
+    same = welch(lo, lo, "less")
     assert same.constant and math.isnan(same.p)
     one = results.Final(np.array([1.0]), 10, [0])
-    assert math.isnan(report.welch(one, hi, "less").p) and not report.welch(one, hi, "less").constant
+    assert math.isnan(welch(one, hi, "less").p) and not welch(one, hi, "less").constant
 
 
 def test_confounds_in_report_figures_and_verdict(tmp_path):
