@@ -4,8 +4,9 @@ An experiment folder, as ``python -m cory.experiments`` writes it, holds
 ``runs/<method>[_kl<eta>]/seed_<s>/{metrics.jsonl,samples.jsonl,config.yaml}`` and maybe ``runs.json``.
 ``load_experiment`` reads it into an ``Experiment`` of ``Group``s (one per folder under runs/) of ``SeedRun``s;
 ``curve`` aligns one metric of one agent over the seeds of a group, ``final_value`` takes each seed's mean over the
-last ``LAST_N`` aligned iterations. The method names and the number formats the report, the verdict and the figures
-share live here too, so that those three modules import this one and none of them imports another's caller.
+last ``LAST_N`` aligned iterations. The method names and the number formats that the report, the verdict and the
+figures share live here too: cory.report, cory.verdict and cory.figures import this module, and it imports none of
+them.
 
 Conventions:
 * curves are aligned by ``step``; the mean and the band use only the steps that every seed of a method
