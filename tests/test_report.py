@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from cory import report
-from cory.report import build_report, curve, final_value, load_experiment, pooled_std, verdict
+from cory import results
+from cory.report import build_report
+from cory.results import curve, final_value, load_experiment, pooled_std
+from cory.verdict import WelchResult, verdict, welch
 
 ETA = 0.2
 
@@ -102,16 +104,16 @@ def test_curve_mean_std_and_last10_match_numpy(tmp_path):
 
 def test_fewer_than_ten_iterations_use_all():
     rows = ppo_rows([1.0, 2.0, 4.0], [0.0, 1.0, 2.0])
-    g = report.Group("ppo", "ppo", None, {0: report.SeedRun(0, None, rows, {})})
+    g = results.Group("ppo", "ppo", None, {0: results.SeedRun(0, None, rows, {})})
     f = final_value(g, "policy", "task_reward")
     assert f.last == 3 and f.mean == pytest.approx(7 / 3) and f.n == 1 and np.isnan(f.std)
 
 
 def test_pooled_std_by_hand():
-    a = report.Final(np.array([1.0, 2.0, 3.0]), 10, [0, 1, 2])          # var 1, n 3
-    b = report.Final(np.array([0.0, 4.0]), 10, [0, 1])                  # var 8, n 2
+    a = results.Final(np.array([1.0, 2.0, 3.0]), 10, [0, 1, 2])          # var 1, n 3
+    b = results.Final(np.array([0.0, 4.0]), 10, [0, 1])                  # var 8, n 2
     assert pooled_std(a, b) == pytest.approx(np.sqrt((2 * 1 + 1 * 8) / 3))
-    one = report.Final(np.array([1.0]), 10, [0])
+    one = results.Final(np.array([1.0]), 10, [0])
     assert pooled_std(one, one) == 0.0
 
 
@@ -135,7 +137,7 @@ def test_figures_written_and_nonempty(tmp_path):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name
         assert f"]({name})" in md.read_text()
     # the sweep holds the two swept etas plus the preset's own (0.2, from the unsuffixed runs)
-    points = report.sweep_points(load_experiment(tmp_path))
+    points = results.sweep_points(load_experiment(tmp_path))
     assert [p[0] for p in points[("ppo", "policy")]] == [0.01, 0.1, 0.2]
     assert set(points) == {("ppo", "policy"), ("cory", "llm1"), ("cory", "llm2")}
     kl01 = final_value(load_experiment(tmp_path).groups["ppo_kl0.1"], "policy", "kl").mean
@@ -214,7 +216,7 @@ def test_partial_results_nan_none_and_different_lengths(tmp_path):
     assert "present in all of them" in text and "seed 2: 14" in text
     assert "unreadable line" in text and "seed_3" in text
     assert (tmp_path / "fig_kl.png").stat().st_size > 0
-    assert report.verdict(exp).answer == "too few seeds"  # CORY has one seed
+    assert verdict(exp).answer == "too few seeds"  # CORY has one seed
 
 
 def test_samples_and_provenance_in_report(tmp_path):
@@ -330,27 +332,27 @@ def _t_cdf(t: float, df: float) -> float:
 
 
 def test_welch_p_value_by_hand():
-    a = report.Final(np.array([0.9, 1.1, 1.3, 1.0]), 10, [0, 1, 2, 3])
-    b = report.Final(np.array([1.6, 2.4, 2.0]), 10, [0, 1, 2])
+    a = results.Final(np.array([0.9, 1.1, 1.3, 1.0]), 10, [0, 1, 2, 3])
+    b = results.Final(np.array([1.6, 2.4, 2.0]), 10, [0, 1, 2])
     va, vb = a.per_seed.var(ddof=1) / a.n, b.per_seed.var(ddof=1) / b.n
     t = (a.mean - b.mean) / math.sqrt(va + vb)
     df = (va + vb) ** 2 / (va ** 2 / (a.n - 1) + vb ** 2 / (b.n - 1))  # Welch-Satterthwaite
-    p = report.welch(a, b, "less").p
+    p = welch(a, b, "less").p
     assert p == pytest.approx(_t_cdf(t, df), rel=1e-4)
     from scipy import stats
     two_sided = stats.ttest_ind(a.per_seed, b.per_seed, equal_var=False).pvalue
-    assert p == pytest.approx(two_sided / 2) and report.welch(a, b, "greater").p == pytest.approx(1 - two_sided / 2)
+    assert p == pytest.approx(two_sided / 2) and welch(a, b, "greater").p == pytest.approx(1 - two_sided / 2)
     assert 0.001 < p < 0.05
 
 
 def test_welch_both_constant_decided_by_sign():
-    lo, hi = (report.Final(np.full(3, v), 10, [0, 1, 2]) for v in (1.0, 2.0))
-    assert report.welch(lo, hi, "less") == report.WelchResult(0.0, True)
-    assert report.welch(lo, hi, "greater") == report.WelchResult(1.0, True)
-    same = report.welch(lo, lo, "less")
+    lo, hi = (results.Final(np.full(3, v), 10, [0, 1, 2]) for v in (1.0, 2.0))
+    assert welch(lo, hi, "less") == WelchResult(0.0, True)
+    assert welch(lo, hi, "greater") == WelchResult(1.0, True)
+    same = welch(lo, lo, "less")
     assert same.constant and math.isnan(same.p)
-    one = report.Final(np.array([1.0]), 10, [0])
-    assert math.isnan(report.welch(one, hi, "less").p) and not report.welch(one, hi, "less").constant
+    one = results.Final(np.array([1.0]), 10, [0])
+    assert math.isnan(welch(one, hi, "less").p) and not welch(one, hi, "less").constant
 
 
 def test_confounds_in_report_figures_and_verdict(tmp_path):
@@ -384,4 +386,4 @@ def test_confounds_in_report_figures_and_verdict(tmp_path):
                         "CORY with the authors' resets-LLM1", "CORY with the authors' resets-LLM2"]
     assert "| CORY with the authors' resets-LLM1 (η=0.01) | 0.4 |" in table
     assert "`cory_authors_kl0.01`: its runs started from init_kl_coef 0.4" in text
-    assert ("cory_authors", "llm1") not in report.sweep_points(load_experiment(tmp_path))
+    assert ("cory_authors", "llm1") not in results.sweep_points(load_experiment(tmp_path))

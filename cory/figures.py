@@ -1,0 +1,128 @@
+"""The figures of REPORT.md, drawn on matplotlib's Agg canvas (no pyplot, no display).
+
+``plot_metric`` draws one metric per iteration, mean line and ±std band over seeds for each (group, agent), with
+other runs as thin reference lines; ``plot_sweep`` draws the final task reward against the final KL over the KL
+coefficient eta (the points come from ``cory.results.sweep_points``). One colour per method in every figure, LLM2
+dashed. Apart from cory.report so that the markdown and the plotting each stay one level, and so that matplotlib
+is imported only when a figure is drawn.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from cory.results import AGENT_NAMES, METHOD_NAMES, Experiment, Group, curve, setting_name
+
+# key in metrics.jsonl after "<agent>/" -> (title, y-axis label; {reward} is the reward's unit)
+METRICS = {
+    "task_reward": ("task reward", "task reward ({reward}), batch mean"),
+    "kl": ("KL to the reference model", "KL(π‖π₀), nats per response (sum over tokens)"),
+    "combined_reward": ("combined reward r_c", "r_c = task reward − η·KL"),
+    "response_length": ("response length", "response length (tokens)"),
+}
+MAIN_FIGURE_METRICS = ("task_reward", "kl", "combined_reward", "response_length")
+REWARD_UNITS = {
+    "vader": "VADER compound score, −1…1",
+    "distilbert-imdb": "distilbert-imdb positive logit",
+    "correctness": "fraction of correct answers",
+}
+# one colour per method in every figure; an agent is told apart by the line style (LLM2 dashed)
+PALETTE = {
+    "ppo": "#d62728",
+    "cory": "#1f77b4",
+    "cory_no_kt": "#2ca02c",
+    "cory_no_swap": "#9467bd",
+    "ppo_2x": "#ff7f0e",
+    "ppo_norm": "#8c564b",
+    "cory_authors": "#17becf",
+}
+_SPARE_COLOURS = ("#e377c2", "#7f7f7f", "#bcbd22", "#843c39", "#5254a3")
+LINESTYLES = {"policy": "-", "llm1": "-", "llm2": "--"}
+
+
+def colour(method: str) -> str:
+    if method in PALETTE:
+        return PALETTE[method]
+    # stable across runs and figures: derived from the name, not from the order of appearance
+    return _SPARE_COLOURS[sum(map(ord, method)) % len(_SPARE_COLOURS)]
+
+
+def _axes(title: str, xlabel: str, ylabel: str, size=(7.5, 4.6)):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size, dpi=120, layout="constrained")
+    FigureCanvasAgg(fig)  # Agg, without touching pyplot's global backend
+    ax = fig.add_subplot()
+    ax.set_title(title, fontsize=11)
+    ax.set_xlabel(xlabel, fontsize=10)
+    ax.set_ylabel(ylabel, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.tick_params(labelsize=9)
+    return fig, ax
+
+
+def _reward_unit(exp: Experiment) -> str:
+    name = exp.any_config("reward_model")
+    return REWARD_UNITS.get(name, str(name) if name else "task's reward")
+
+
+def plot_metric(exp: Experiment, path: Path, metric: str, series: list[tuple[Group, str]],
+                refs: list[tuple[Group, str]] = (), title: str = "") -> list[str]:
+    """One figure: mean line and ±std band per (group, agent); ``refs`` as thin lines without band.
+    Returns notes on alignment (seeds of different lengths, missing seeds)."""
+    head, ylabel = METRICS[metric]
+    fig, ax = _axes(f"{setting_name(exp)}: {title or head} per iteration (mean ± std over seeds)",
+                    "iteration", ylabel.format(reward=_reward_unit(exp)))
+    notes = []
+    drawn = 0
+    for (group, agent), is_ref in [(s, False) for s in series] + [(r, True) for r in refs]:
+        c = curve(group, agent, metric)
+        if c is None or not len(c.steps):
+            if not is_ref:
+                notes.append(f"{group.name(agent)}: no `{agent}/{metric}` values.")
+            continue
+        n = len(c.seeds)
+        label = f"{group.name(agent)} ({n} seed{'s' * (n != 1)})" + (" [reference]" if is_ref else "")
+        ax.plot(c.steps, c.mean, color=colour(group.method), linestyle=LINESTYLES.get(agent, "-"),
+                linewidth=1.0 if is_ref else 1.8, alpha=0.55 if is_ref else 1.0, label=label)
+        if not is_ref and n >= 2:
+            ax.fill_between(c.steps, c.mean - c.std, c.mean + c.std, color=colour(group.method),
+                            alpha=0.12 if agent == "llm2" else 0.2, linewidth=0)
+        drawn += 1
+        if not is_ref and c.trimmed:
+            lengths = ", ".join(f"seed {s}: {k}" for s, k in c.lengths.items())
+            notes.append(f"{group.name(agent)} {metric}: seeds logged different steps ({lengths}); the curve "
+                         f"and the final value use the {len(c.steps)} steps present in all of them.")
+        if not is_ref and c.missing_seeds:
+            notes.append(f"{group.name(agent)} {metric}: seed(s) {c.missing_seeds} have no values and are left out.")
+    if drawn:
+        ax.legend(fontsize=8, loc="best")
+    else:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+    fig.savefig(path)
+    return notes
+
+
+def plot_sweep(exp: Experiment, path: Path, points) -> None:
+    fig, ax = _axes(f"{setting_name(exp)}: final task reward vs final KL over the KL coefficient η",
+                    "final KL(π‖π₀), nats per response", f"final task reward ({_reward_unit(exp)})")
+    kls = []
+    for (method, agent), pts in sorted(points.items()):
+        x = np.array([p[2].mean for p in pts])
+        y = np.array([p[1].mean for p in pts])
+        xerr = np.array([p[2].std if p[2].n >= 2 else 0.0 for p in pts])
+        yerr = np.array([p[1].std if p[1].n >= 2 else 0.0 for p in pts])
+        name = METHOD_NAMES.get(method, method) + AGENT_NAMES.get(agent, f"-{agent}")
+        ax.errorbar(x, y, xerr=xerr, yerr=yerr, color=colour(method), linestyle=LINESTYLES.get(agent, "-"),
+                    marker="o", markersize=4, capsize=2, linewidth=1.5, label=name)
+        for (eta, _, _), xi, yi in zip(pts, x, y):
+            ax.annotate(f"η={eta:g}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7,
+                        color=colour(method))
+        kls += list(x)
+    positive = [k for k in kls if k > 0]
+    if positive and len(positive) == len(kls) and max(positive) / min(positive) > 50:
+        ax.set_xscale("log")
+    ax.legend(fontsize=8, loc="best")
+    fig.savefig(path)

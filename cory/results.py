@@ -1,0 +1,383 @@
+"""Loading an experiment folder and the statistics the report is built on.
+
+An experiment folder, as ``python -m cory.experiments`` writes it, holds
+``runs/<method>[_kl<eta>]/seed_<s>/{metrics.jsonl,samples.jsonl,config.yaml}`` and maybe ``runs.json``.
+``load_experiment`` reads it into an ``Experiment`` of ``Group``s (one per folder under runs/) of ``SeedRun``s;
+``curve`` aligns one metric of one agent over the seeds of a group, ``final_value`` takes each seed's mean over the
+last ``LAST_N`` aligned iterations. The method names and the number formats that the report, the verdict and the
+figures share live here too: cory.report, cory.verdict and cory.figures import this module, and it imports none of
+them.
+
+Conventions:
+* curves are aligned by ``step``; the mean and the band use only the steps that every seed of a method
+  logged with a finite value;
+* std is the sample standard deviation over seeds (ddof=1), absent with one seed;
+* a "final" value is a seed's mean over the last 10 aligned iterations (all of them if fewer), then
+  mean +- std of that over seeds.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+LAST_N = 10
+AGENT_NAMES = {"policy": "", "llm1": "-LLM1", "llm2": "-LLM2"}
+METHOD_NAMES = {
+    "ppo": "PPO",
+    "cory": "CORY",
+    "cory_no_kt": "CORY w/o knowledge transfer",
+    "cory_no_swap": "CORY w/o role exchange",
+    "ppo_2x": "PPO, 2x model",
+    "ppo_norm": "PPO with score normalisation",
+    "cory_authors": "CORY with the authors' resets",
+}
+MAIN_METHODS = ("ppo", "cory")
+# the two differences between the authors' runs and a like-for-like comparison (see cory.experiments)
+CONFOUND_METHODS = ("ppo_norm", "cory_authors")
+ABLATION_METHODS = ("cory_no_kt", "cory_no_swap", "ppo_2x")
+_LABEL = re.compile(r"^(?P<method>.+?)(?:_kl(?P<kl>[0-9.eE+-]+))?$")
+
+
+class ReportError(Exception):
+    """The folder is not an experiment folder; the message is one line."""
+
+
+def parse_label(label: str) -> tuple[str, float | None]:
+    """``cory_kl0.01`` -> ("cory", 0.01); ``ppo`` -> ("ppo", None)."""
+    m = _LABEL.match(label)
+    if m and m.group("kl") is not None:
+        try:
+            return m.group("method"), float(m.group("kl"))
+        except ValueError:
+            pass
+    return label, None
+
+
+def finite(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def read_jsonl(path: Path) -> tuple[list[dict], int]:
+    """Rows that parse (a kill can cut the last line), and how many lines did not."""
+    rows, bad = [], 0
+    if not path.is_file():
+        return rows, bad
+    for line in path.read_text(errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            bad += 1
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            bad += 1
+    return rows, bad
+
+
+# ----------------------------------------------------------------------------- loading
+
+@dataclass
+class SeedRun:
+    seed: int
+    path: Path
+    rows: list[dict]
+    config: dict
+
+    def series(self, agent: str, metric: str) -> dict[int, float]:
+        """step -> finite value; the last row wins when a step appears twice."""
+        out = {}
+        key = f"{agent}/{metric}"
+        for row in self.rows:
+            step = row.get("step")
+            if isinstance(step, bool) or not isinstance(step, int):
+                continue
+            value = finite(row.get(key))
+            if value is None:
+                out.pop(step, None)
+            else:
+                out[step] = value
+        return out
+
+    @property
+    def last_step(self) -> int | None:
+        steps = [r["step"] for r in self.rows if isinstance(r.get("step"), int)]
+        return max(steps) if steps else None
+
+
+@dataclass
+class Group:
+    """All seeds of one method at one KL coefficient (one folder under runs/)."""
+
+    label: str
+    method: str
+    kl_coef: float | None  # from the folder name (the eta sweep)
+    runs: dict[int, SeedRun] = field(default_factory=dict)
+
+    @property
+    def agents(self) -> list[str]:
+        keys = {k.split("/", 1)[0] for r in self.runs.values() for row in r.rows for k in row if "/" in k}
+        if "llm1" in keys or "llm2" in keys:
+            return [a for a in ("llm1", "llm2") if a in keys]
+        return ["policy"] if "policy" in keys else []
+
+    @property
+    def config_eta(self) -> float | None:
+        """``init_kl_coef`` from the runs' config.yaml, when all of them agree."""
+        etas = {finite(r.config.get("init_kl_coef")) for r in self.runs.values()} - {None}
+        return etas.pop() if len(etas) == 1 else None
+
+    @property
+    def eta_mismatch(self) -> bool:
+        """The folder's suffix names another eta than its runs started from (a method that sets init_kl_coef
+        itself, such as cory_authors, inside a --kl_coefs sweep)."""
+        cfg = self.config_eta
+        return self.kl_coef is not None and cfg is not None and not math.isclose(cfg, self.kl_coef, rel_tol=1e-9)
+
+    @property
+    def eta(self) -> float | None:
+        """The KL coefficient the runs started from: their config, else the folder's suffix."""
+        cfg = self.config_eta
+        return cfg if cfg is not None else self.kl_coef
+
+    def name(self, agent: str) -> str:
+        base = METHOD_NAMES.get(self.method, self.method) + AGENT_NAMES.get(agent, f"-{agent}")
+        return base if self.kl_coef is None else f"{base} (η={self.kl_coef:g})"
+
+    def config_value(self, key: str):
+        values = {json.dumps(r.config.get(key), sort_keys=True) for r in self.runs.values() if r.config}
+        if not values:
+            return None
+        if len(values) > 1:
+            return "varies by seed"
+        return json.loads(values.pop())
+
+
+@dataclass
+class Experiment:
+    path: Path
+    groups: dict[str, Group]
+    runs_json: dict
+    notes: list[str]
+
+    def main_group(self, method: str) -> Group | None:
+        """The method's run at the preset's KL coefficient (no sweep suffix), else see ``main_eta``."""
+        g = self.groups.get(method)
+        if g is not None and g.runs:
+            return g
+        eta = self.main_eta
+        if eta is None:
+            return None
+        for g in self.groups.values():
+            if g.method == method and g.kl_coef == eta and g.runs:
+                return g
+        return None
+
+    @property
+    def main_eta(self) -> float | None:
+        """With sweep runs only, the comparison uses the largest eta that PPO and CORY share."""
+        if any(self.groups.get(m) and self.groups[m].runs for m in MAIN_METHODS):
+            return None
+        shared = None
+        for m in MAIN_METHODS:
+            etas = {g.kl_coef for g in self.groups.values() if g.method == m and g.kl_coef is not None and g.runs}
+            shared = etas if shared is None else shared & etas
+        return max(shared) if shared else None
+
+    def any_config(self, key: str):
+        for g in self.groups.values():
+            v = g.config_value(key)
+            if v is not None:
+                return v
+        return None
+
+
+def load_experiment(path: str | Path) -> Experiment:
+    root = Path(path)
+    if not root.is_dir():
+        raise ReportError(f"{path}: folder not found")
+    runs_root = root / "runs"
+    if not runs_root.is_dir():
+        raise ReportError(f"{path}: no runs/ folder; is it an experiment folder written by cory.experiments?")
+    runs_json = {}
+    notes = []
+    if (root / "runs.json").is_file():
+        try:
+            runs_json = json.loads((root / "runs.json").read_text())
+        except json.JSONDecodeError:
+            notes.append("runs.json is not valid JSON; the commands and wall times are missing.")
+    groups: dict[str, Group] = {}
+    for label_dir in sorted(p for p in runs_root.iterdir() if p.is_dir()):
+        method, kl = parse_label(label_dir.name)
+        group = Group(label_dir.name, method, kl)
+        for seed_dir in sorted(p for p in label_dir.iterdir() if p.is_dir()):
+            m = re.fullmatch(r"seed_(\d+)", seed_dir.name)
+            if not m:
+                notes.append(f"`{label_dir.name}/{seed_dir.name}` ignored: not a seed_<n> folder.")
+                continue
+            rows, bad = read_jsonl(seed_dir / "metrics.jsonl")
+            if bad:
+                notes.append(f"`{label_dir.name}/{seed_dir.name}`: {bad} unreadable line(s) in metrics.jsonl skipped.")
+            if not rows:
+                notes.append(f"`{label_dir.name}/{seed_dir.name}`: no metrics yet; left out.")
+                continue
+            config = {}
+            if (seed_dir / "config.yaml").is_file():
+                try:
+                    config = yaml.safe_load((seed_dir / "config.yaml").read_text()) or {}
+                except yaml.YAMLError:
+                    notes.append(f"`{label_dir.name}/{seed_dir.name}`: config.yaml unreadable.")
+            group.runs[int(m.group(1))] = SeedRun(int(m.group(1)), seed_dir, rows, config)
+        if group.runs:
+            groups[label_dir.name] = group
+    return Experiment(root, groups, runs_json, notes)
+
+
+# ----------------------------------------------------------------------------- statistics
+
+def _std(values: np.ndarray, axis=0) -> np.ndarray:
+    """Sample std over seeds (ddof=1); NaN with a single seed (no spread to show)."""
+    n = values.shape[axis]
+    if n < 2:
+        return np.full(np.delete(values.shape, axis), np.nan)
+    return values.std(axis=axis, ddof=1)
+
+
+@dataclass
+class Curve:
+    """One metric of one agent, aligned over seeds."""
+
+    steps: np.ndarray          # steps present (finite) in every seed
+    values: np.ndarray         # seeds x steps
+    seeds: list[int]
+    lengths: dict[int, int]    # seed -> how many steps it logged with a finite value
+    missing_seeds: list[int]   # seeds that have no value of this metric at all
+
+    @property
+    def mean(self) -> np.ndarray:
+        return self.values.mean(axis=0)
+
+    @property
+    def std(self) -> np.ndarray:
+        return _std(self.values)
+
+    @property
+    def trimmed(self) -> bool:
+        return any(n != len(self.steps) for n in self.lengths.values())
+
+    def final(self, last: int = LAST_N, upto: int | None = None) -> "Final":
+        """Each seed's mean over the last ``last`` aligned steps (those <= ``upto`` when given)."""
+        n = len(self.steps) if upto is None else int(np.searchsorted(self.steps, upto, side="right"))
+        k = min(last, n)
+        window = self.values[:, n - k:n]
+        steps = (int(self.steps[n - k]), int(self.steps[n - 1])) if k else None
+        return Final(window.mean(axis=1) if k else np.array([]), k, self.seeds, steps)
+
+
+@dataclass
+class Final:
+    per_seed: np.ndarray  # each seed's mean over the last ``last`` aligned iterations
+    last: int
+    seeds: list[int]
+    steps: tuple[int, int] | None = None  # first and last iteration of that window
+
+    @property
+    def n(self) -> int:
+        return len(self.per_seed)
+
+    @property
+    def mean(self) -> float:
+        return float(self.per_seed.mean()) if self.n else float("nan")
+
+    @property
+    def std(self) -> float:
+        return float(self.per_seed.std(ddof=1)) if self.n >= 2 else float("nan")
+
+
+def curve(group: Group, agent: str, metric: str) -> Curve | None:
+    per_seed = {s: r.series(agent, metric) for s, r in sorted(group.runs.items())}
+    present = {s: d for s, d in per_seed.items() if d}
+    if not present:
+        return None
+    common = sorted(set.intersection(*(set(d) for d in present.values())))
+    values = np.array([[d[step] for step in common] for d in present.values()], dtype=float)
+    values = values.reshape(len(present), len(common))
+    return Curve(np.array(common, dtype=int), values, list(present),
+                 {s: len(d) for s, d in present.items()}, [s for s, d in per_seed.items() if not d])
+
+
+def final_value(group: Group, agent: str, metric: str, last: int = LAST_N, upto: int | None = None) -> Final | None:
+    c = curve(group, agent, metric)
+    if c is None or not len(c.steps):
+        return None
+    f = c.final(last, upto)
+    return f if f.n and f.last else None
+
+
+def pooled_std(a: Final, b: Final) -> float:
+    """Pooled sample std of two groups of seeds; 0 when neither has a spread (one seed each)."""
+    dof = (a.n - 1) + (b.n - 1)
+    if dof <= 0:
+        return 0.0
+    ss = sum((f.n - 1) * f.std ** 2 for f in (a, b) if f.n >= 2)
+    return math.sqrt(ss / dof)
+
+
+def sweep_points(exp: Experiment) -> dict[tuple[str, str], list[tuple[float, Final, Final]]]:
+    """(method, agent) -> [(eta, final task reward, final KL)] sorted by eta, for methods with >= 2 etas."""
+    by_method: dict[str, dict[float, Group]] = {}
+    for g in exp.groups.values():
+        if g.kl_coef is not None and not g.eta_mismatch:  # a folder that did not run at its eta is no sweep point
+            by_method.setdefault(g.method, {})[g.kl_coef] = g
+    for g in exp.groups.values():  # the preset's own eta joins the sweep unless already swept
+        if g.kl_coef is None and g.method in by_method and g.eta is not None:
+            by_method[g.method].setdefault(g.eta, g)
+    out = {}
+    for method, groups in by_method.items():
+        if len(groups) < 2:
+            continue
+        for agent in next(iter(groups.values())).agents:
+            pts = []
+            for eta, g in sorted(groups.items()):
+                r, kl = final_value(g, agent, "task_reward"), final_value(g, agent, "kl")
+                if r is not None and kl is not None:
+                    pts.append((eta, r, kl))
+            if pts:
+                out[(method, agent)] = pts
+    return out
+
+
+# ----------------------------------------------------------------------------- labels and numbers
+
+def fmt(x: float, digits: int = 3) -> str:
+    """A number in the report: 3 significant digits, "n/a" for None or not finite."""
+    if x is None or not math.isfinite(x):
+        return "n/a"
+    return f"{x:.{digits}g}" if abs(x) >= 1e-3 or x == 0 else f"{x:.2e}"
+
+
+def fmt_final(f: Final | None) -> str:
+    """A final value in the report: "mean ± std" over seeds, "mean (1 seed)", or "n/a"."""
+    if f is None or not f.n:
+        return "n/a"
+    if f.n < 2:
+        return f"{fmt(f.mean)} (1 seed)"
+    return f"{fmt(f.mean)} ± {fmt(f.std)}"
+
+
+def setting_name(exp: Experiment) -> str:
+    """The task and preset, as the report's and the figures' titles name them: "IMDB, tiny preset"."""
+    task = exp.runs_json.get("task") or exp.any_config("task") or "?"
+    preset = exp.runs_json.get("preset")
+    return f"{str(task).upper()}" + (f", {preset} preset" if preset else "")
