@@ -6,6 +6,7 @@ model, so nothing but the role changes at an exchange.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 
@@ -106,6 +107,18 @@ class Agent:
     def kl_coef(self) -> float:
         return float(self.trainer.kl_ctl.value)
 
+    def compute(self, training: bool = False):
+        """The precision PPO and generation compute in: with ``precision: bf16`` an autocast region (weights and
+        Adam state stay float32), else nothing (TF32 is a process-wide switch, see ``set_precision``).
+
+        Within one autocast region each weight is cast to bf16 once and the copy reused: right for a whole
+        generation (one cast instead of one per token), wrong across optimizer steps (a stale copy), so a PPO
+        step casts afresh (``training``)."""
+        if self.cfg.precision != "bf16":
+            return contextlib.nullcontext()
+        device = self.trainer.accelerator.device.type
+        return torch.autocast(device_type=device, dtype=torch.bfloat16, cache_enabled=not training)
+
     @torch.inference_mode()
     def generate(self, prompts: list[torch.Tensor], **generation_kwargs) -> list[torch.Tensor]:
         """Sampled responses (without their prompts), in one batched call for the whole batch (trl's default
@@ -114,7 +127,9 @@ class Agent:
         # on (GPT-2 has 0.1) while PPO scores those tokens with dropout off: sample in eval mode
         self.use_own_adapter()
         self.trainer.model.eval()
-        return self.trainer.generate(prompts, batch_size=len(prompts), return_prompt=False, **generation_kwargs)
+        with self.compute():
+            return self.trainer.generate(prompts, batch_size=len(prompts), return_prompt=False,
+                                         **generation_kwargs)
 
     def step(self, queries, responses, scores: list[float]) -> dict:
         """One PPO update on (queries, responses, scores); trl adds the per-token KL penalty to the scores."""
@@ -125,7 +140,7 @@ class Agent:
             everyone = parallel.gather_floats(scores)
             rank = parallel.rank()
             scores = self.normalizer(everyone)[rank * len(scores): (rank + 1) * len(scores)]
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), self.compute(training=True):
             warnings.simplefilter("ignore", UserWarning)
             return self.trainer.step(queries, responses, [torch.tensor(s, dtype=torch.float32) for s in scores])
 
@@ -157,6 +172,13 @@ class Agent:
         self.trainer.optimizer.load_state_dict(state["optimizer"])
         self.trainer.kl_ctl.value = state["kl_coef"]
         self.normalizer.load_state_dict(state["normalizer"])
+
+
+def set_precision(precision: str) -> None:
+    """TF32 matmuls on CUDA for ``tf32`` and ``bf16`` (float32 work outside autocast), off for exact ``fp32``."""
+    fast = precision in ("tf32", "bf16")
+    torch.backends.cuda.matmul.allow_tf32 = fast
+    torch.backends.cudnn.allow_tf32 = fast
 
 
 def make_agents(cfg: PPOArgs, names: list[str], tokenizer, *, shared_base: bool = True) -> tuple[dict, object]:

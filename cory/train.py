@@ -194,13 +194,14 @@ class Run:
 def prepare_run(cfg: PPOArgs, method: str) -> Run:
     """Everything a run needs, loaded and (with ``resume``) restored; nothing is written yet."""
     from cory import models, preflight
-    from cory.agent import make_agents
+    from cory.agent import make_agents, set_precision
     from cory.speedups.patches import return_freed_memory
     from cory.tasks import make_task
 
     preflight.check_run(cfg, method)
     rank, world = parallel.setup()
     return_freed_memory()
+    set_precision(cfg.precision)
 
     torch.manual_seed(cfg.seed)
     tokenizer = models.load_tokenizer(cfg.model_name)

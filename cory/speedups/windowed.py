@@ -110,7 +110,7 @@ class WindowedPPOTrainer(PPOTrainer):
                 out = self._window_pass(model, queries, responses, True)
             self._rollout = (out, list(queries), list(responses))
             logprobs, logits, values, masks = out
-            return logprobs.detach(), logits.detach() if return_logits else None, values.detach(), masks
+            return logprobs.detach(), logits.detach().float() if return_logits else None, values.detach(), masks
         # a training pass
         if self._rollout is not None:  # epoch 0's only mini-batch
             reused, self._rollout = self._from_rollout(queries, responses), None
@@ -170,7 +170,12 @@ class WindowedPPOTrainer(PPOTrainer):
                 logits, _, values = model(input_ids=input_ids, attention_mask=attention,
                                           logits_to_keep=positions, use_cache=False)
                 values, labels = values.gather(1, positions), input_ids.gather(1, positions + 1)
-            pieces.append((logprobs_from_logits(logits, labels), logits if return_logits else None, values, masks))
+            # log-probabilities in float32 whatever the compute precision (bf16 log-softmaxes would swamp the
+            # small differences PPO's ratios and KL are made of); a no-op in float32
+            if return_logits and not torch.is_grad_enabled():
+                logits = logits.float()  # trl's full-vocabulary KL is taken from these
+            pieces.append((logprobs_from_logits(logits.float(), labels), logits if return_logits else None,
+                           values.float(), masks))
             order += idx
         if len(pieces) == 1 and order == list(range(len(order))):
             return pieces[0]

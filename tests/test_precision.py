@@ -1,0 +1,81 @@
+"""Compute precision: bf16 (autocast, float32 weights and Adam state) stays close to fp32 on a PPO step;
+TF32 is a CUDA switch that changes nothing on a CPU."""
+import numpy as np
+import pytest
+import torch
+
+from cory import models
+from cory.agent import Agent, set_precision
+from cory.config import ConfigError, PPOArgs, build
+
+STATS = ("objective/kl", "ppo/loss/policy", "ppo/loss/value", "ppo/returns/mean", "objective/entropy")
+
+
+@pytest.fixture(scope="module")
+def setup():
+    torch.manual_seed(0)
+    tok = models.load_tokenizer("tiny")
+    reference = models.load_reference("tiny")
+    policy = models.load_policy("tiny")
+    with torch.no_grad():  # away from the reference, so the KL is not zero
+        for p in policy.pretrained_model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    texts = [("The film was", " very good indeed and I"), ("I did not", " like it"),
+             ("A long and winding opening that goes on", " and on"), ("Bad", " acting, worse plot, but fine")]
+    queries = [torch.tensor(tok(q)["input_ids"]) for q, _ in texts]
+    responses = [torch.tensor(tok(r)["input_ids"]) for _, r in texts]
+    return tok, reference, policy, queries, responses
+
+
+def step(setup, tmp_path, precision, **over):
+    import copy
+
+    tok, reference, policy, queries, responses = setup
+    cfg = build(PPOArgs, {"model_name": "tiny", "reward_model": "vader", "batch_size": 4, "mini_batch_size": 4,
+                          "ppo_epochs": 2, "init_kl_coef": 0.2, "learning_rate": 1e-3, "precision": precision,
+                          "output_dir": str(tmp_path), **over})
+    agent = Agent("policy", cfg, copy.deepcopy(policy), reference, tok)
+    np.random.seed(0)
+    stats = agent.step(queries, responses, [1.0, -0.5, 0.25, 2.0])
+    params = torch.cat([p.detach().flatten() for p in agent.policy.parameters()])
+    dtypes = {p.dtype for p in agent.policy.parameters()}
+    state = {t.dtype for s in agent.trainer.optimizer.state.values() for t in s.values() if t.dim()}
+    return stats, params, dtypes, state
+
+
+@pytest.mark.parametrize("over", [{}, {"max_pass_tokens": 30}, {"fast_ppo": False}])
+def test_bf16_step_is_close_to_fp32(setup, tmp_path, over):
+    """Tolerance: the statistics within 2% (bf16 keeps 8 bits of mantissa; log-probabilities and the KL are
+    taken in float32), the weight update pointing the same way (cosine > 0.95) with the same size (within 10%)."""
+    before = torch.cat([p.detach().flatten() for p in setup[2].parameters()])
+    s32, p32, _, _ = step(setup, tmp_path / "fp32", "fp32", **over)
+    s16, p16, dtypes, state = step(setup, tmp_path / "bf16", "bf16", **over)
+    assert dtypes == {torch.float32} and state <= {torch.float32}  # master weights and Adam stay float32
+    for key in STATS:
+        assert float(s16[key]) == pytest.approx(float(s32[key]), rel=0.02, abs=2e-3), key
+    u32, u16 = p32 - before, p16 - before
+    assert float(torch.nn.functional.cosine_similarity(u32, u16, dim=0)) > 0.95
+    assert float(u16.norm() / u32.norm()) == pytest.approx(1.0, abs=0.1)
+
+
+def test_bf16_generation_samples_from_nearly_the_same_policy(setup, tmp_path):
+    tok, reference, policy, queries, _ = setup
+    cfg = build(PPOArgs, {"model_name": "tiny", "reward_model": "vader", "batch_size": 4, "mini_batch_size": 4,
+                          "precision": "bf16", "output_dir": str(tmp_path)})
+    agent = Agent("policy", cfg, policy, reference, tok)
+    torch.manual_seed(0)
+    out = agent.generate(queries, max_new_tokens=6, min_new_tokens=6, do_sample=True, top_k=0,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    assert [len(r) for r in out] == [6] * 4
+
+
+def test_tf32_is_a_cuda_switch():
+    set_precision("tf32")
+    assert torch.backends.cuda.matmul.allow_tf32
+    set_precision("fp32")
+    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+
+
+def test_precision_is_checked():
+    with pytest.raises(ConfigError, match="precision: 'fp16' is not one of fp32, tf32, bf16"):
+        build(PPOArgs, {"precision": "fp16"})
