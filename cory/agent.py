@@ -83,6 +83,11 @@ class Agent:
         from cory.speedups.windowed import WindowedPPOTrainer
         return WindowedPPOTrainer, {"max_pass_tokens": self.cfg.max_pass_tokens}
 
+    def reserve_for_training(self, reserve_bytes: float) -> None:
+        """The memory every agent's gradients and Adam moments will take, kept out of an ``auto`` pass budget."""
+        if hasattr(self.trainer, "reserve_bytes"):
+            self.trainer.reserve_bytes = reserve_bytes
+
     def make_optimizer(self, policy):
         """trl's default optimizer (Adam at the configured rate); with ``fast_ppo`` in torch's fused form, the
         same update to float rounding and about 4x faster on CPU (benchmarks/README.md). None: trl builds it."""
@@ -190,4 +195,9 @@ def make_agents(cfg: PPOArgs, names: list[str], tokenizer, *, shared_base: bool 
     policies = models.load_policies(cfg.model_name, names, use_peft=cfg.use_peft, shared_base=shared_base,
                                     lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                                     load_in_4bit=cfg.load_in_4bit)
-    return {name: Agent(name, cfg, policies[name], reference, tokenizer) for name in names}, reference
+    agents = {name: Agent(name, cfg, policies[name], reference, tokenizer) for name in names}
+    from cory.speedups.budget import trainable_state_bytes
+    reserve = sum(trainable_state_bytes(agent.policy) for agent in agents.values())
+    for agent in agents.values():
+        agent.reserve_for_training(reserve)
+    return agents, reference

@@ -26,6 +26,8 @@ def _help(cls, prog: str) -> str:
         if name in INVOCATION_FIELDS:
             continue
         allowed = " | ".join(map(str, meta["choices"])) if meta["choices"] else ("true | false" if tp == "bool" else tp)
+        if meta.get("auto"):
+            allowed = f"auto | {allowed}"
         flags = " [resume]" if meta["on_resume"] else ""
         lines.append(f"  --{name:<27} {allowed}  (default: {default}){flags}")
         if meta["help"]:

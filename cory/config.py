@@ -26,10 +26,12 @@ class ConfigError(ValueError):
     """A user mistake in a config file or a flag; the message is one line."""
 
 
-def arg(default, help: str, *, trl: bool = False, on_resume: bool = False, choices: tuple = ()):
+def arg(default, help: str, *, trl: bool = False, on_resume: bool = False, choices: tuple = (), auto: bool = False):
     """A documented field. ``trl``: passed on to trl's PPOConfig under the same name; ``on_resume``: may
-    change when a run is resumed (it does not change what the run learns); ``choices``: the allowed values."""
-    return field(default=default, metadata={"help": help, "trl": trl, "on_resume": on_resume, "choices": choices})
+    change when a run is resumed (it does not change what the run learns); ``choices``: the allowed values;
+    ``auto``: the word "auto" is allowed besides the field's type."""
+    return field(default=default, metadata={"help": help, "trl": trl, "on_resume": on_resume, "choices": choices,
+                                            "auto": auto})
 
 
 @dataclass
@@ -85,10 +87,11 @@ class PPOArgs:
     # ---- speed and memory (results do not change, up to float rounding)
     fast_ppo: bool = arg(True, "cory.speedups: PPO passes on the response window, packed, within max_pass_tokens, "
                          "fused Adam; false = trl's stock PPOTrainer and Adam", on_resume=True)
-    max_pass_tokens: int = arg(0, "the most tokens one forward pass of a PPO step may hold (packed: real tokens; "
-                               "padded: samples x longest); a mini-batch over it runs as several passes whose "
-                               "gradients add up to the one-pass gradient; 0 = no limit (needs fast_ppo)",
-                               on_resume=True)
+    max_pass_tokens: int | str = arg("auto", "the most tokens one forward pass of a PPO step may hold (packed: "
+                                     "real tokens; padded: samples x longest); a mini-batch over it runs as several "
+                                     "passes whose gradients add up to the one-pass gradient; 0 = no limit; auto = "
+                                     "measured from the GPU's free memory at the first step (no limit on a CPU)",
+                                     on_resume=True, auto=True)
     # ---- generation: one response length per batch, uniform in [min, max] (the paper's LengthSampler(4, 16))
     response_length_min: int = arg(4, "shortest answer, in tokens")
     response_length_max: int = arg(15, "longest answer, in tokens")
@@ -148,7 +151,7 @@ def metadata(cls, name: str) -> dict:
         f = getattr(klass, "__dataclass_fields__", {}).get(name)
         if f is not None and f.metadata.get("help"):
             return dict(f.metadata)
-    return {"help": "", "trl": False, "on_resume": False, "choices": ()}
+    return {"help": "", "trl": False, "on_resume": False, "choices": (), "auto": False}
 
 
 def _coerce(name: str, value, tp, from_cli: bool):
@@ -225,7 +228,10 @@ def build(cls, overrides: dict | None = None, cli: dict | None = None):
         for key, value in source.items():
             if not isinstance(key, str) or key not in types_:
                 raise ConfigError(f"unknown field {key!r}; see --help for the allowed fields")
-            values[key] = _coerce(key, value, types_[key], from_cli)
+            if metadata(cls, key).get("auto") and isinstance(value, str) and value.strip().lower() == "auto":
+                values[key] = "auto"
+            else:
+                values[key] = _coerce(key, value, types_[key], from_cli)
     cfg = cls(**values)
     validate(cfg)
     return cfg
@@ -265,9 +271,9 @@ def validate(cfg: PPOArgs) -> None:
         raise ConfigError("model_name: must not be empty")
     if cfg.resume is not None and not cfg.resume.strip():
         raise ConfigError("resume: must name a run folder")
-    if cfg.max_pass_tokens < 0:
-        raise ConfigError(f"max_pass_tokens: must be >= 0 (0 = no limit), got {cfg.max_pass_tokens}")
-    if cfg.max_pass_tokens and not cfg.fast_ppo:
+    if cfg.max_pass_tokens != "auto" and (not isinstance(cfg.max_pass_tokens, int) or cfg.max_pass_tokens < 0):
+        raise ConfigError(f"max_pass_tokens: must be auto or an integer >= 0 (0 = no limit), got {cfg.max_pass_tokens!r}")
+    if cfg.max_pass_tokens not in (0, "auto") and not cfg.fast_ppo:
         raise ConfigError("max_pass_tokens: needs fast_ppo: true (trl's stock PPOTrainer runs a mini-batch in one pass)")
     if cfg.samples_per_step < 0:
         raise ConfigError(f"samples_per_step: must be >= 0, got {cfg.samples_per_step}")

@@ -125,8 +125,13 @@ def test_gsm8k_rules(tmp_path):
     assert "dataset" in errors(base + ["--dataset", "builtin"])
 
 
-def test_max_pass_tokens_is_a_budget_or_zero():
-    assert build(PPOArgs).max_pass_tokens == 0  # trl's own passes unless asked
+def test_max_pass_tokens_is_auto_a_budget_or_zero(tmp_path):
+    assert build(PPOArgs).max_pass_tokens == "auto"  # measured on a GPU, no limit on a CPU
     assert parse(PPOArgs, ["--max_pass_tokens", "512"]).max_pass_tokens == 512
+    assert parse(PPOArgs, ["--max_pass_tokens", "0"]).max_pass_tokens == 0
+    (tmp_path / "c.yaml").write_text("max_pass_tokens: auto\n")
+    assert parse(PPOArgs, ["--config", str(tmp_path / "c.yaml")]).max_pass_tokens == "auto"
+    assert "max_pass_tokens" in errors(["--max_pass_tokens", "lots"])
+    assert "fast_ppo" in errors(["--max_pass_tokens", "64", "--fast_ppo", "false"])
     msg = errors(["--max_pass_tokens", "-1"])
     assert msg.startswith("max_pass_tokens:") and "-1" in msg

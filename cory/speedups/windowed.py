@@ -55,9 +55,11 @@ class WindowedPPOTrainer(PPOTrainer):
     reuse_rollout = True
     pack = True  # padding-free passes where the model allows them
 
-    def __init__(self, *args, max_pass_tokens: int = 0, **kwargs):
+    def __init__(self, *args, max_pass_tokens: int | str = 0, reserve_bytes: float = 0.0, **kwargs):
         super().__init__(*args, **kwargs)
-        self.max_pass_tokens = max_pass_tokens  # 0 = one pass per mini-batch (trl's way)
+        # 0 = one pass per mini-batch (trl's way); "auto" = measured at the first step (cory.speedups.budget)
+        self.max_pass_tokens = max_pass_tokens
+        self.reserve_bytes = reserve_bytes  # memory the agents' gradients and Adam moments will take
         self._window = None  # the longest response while step() runs on the window; None = trl's own path
         self._reuse = False  # whether this step() keeps the rollout pass's graph for epoch 0
         self._in_reference = False
@@ -76,6 +78,9 @@ class WindowedPPOTrainer(PPOTrainer):
         self.optional_peft_ctx = reference_pass
 
     def step(self, queries, responses, scores, response_masks=None):
+        if self.max_pass_tokens == "auto":
+            from cory.speedups import budget
+            self.max_pass_tokens = budget.resolve(self, queries, responses, self.reserve_bytes)
         usable = (response_masks is None and not self.is_encoder_decoder
                   and _accepts_logits_to_keep(self.model)
                   and (self.ref_model is None or _accepts_logits_to_keep(self.ref_model)))
