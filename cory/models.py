@@ -10,7 +10,7 @@ import contextlib
 import importlib.util
 from pathlib import Path
 
-from cory.assets import AssetError, quiet, resolve_model_path
+from cory.assets import AssetError, gpt2_tokenizer, is_random_spec, quiet, random_config, resolve_model_path
 
 
 def load_tokenizer(spec: str):
@@ -22,9 +22,12 @@ def load_tokenizer(spec: str):
     """
     from transformers import AutoTokenizer
 
-    path = resolve_model_path(spec)
-    with quiet(), unloadable(spec, "tokenizer"):
-        tokenizer = AutoTokenizer.from_pretrained(path)
+    if is_random_spec(spec):
+        tokenizer = gpt2_tokenizer()
+    else:
+        path = resolve_model_path(spec)
+        with quiet(), unloadable(spec, "tokenizer"):
+            tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"
@@ -80,6 +83,9 @@ def _dtype(torch_dtype):
 def _load_causal_lm(path: str, *, dtype, load_in_4bit: bool = False):
     from transformers import AutoModelForCausalLM
 
+    if is_random_spec(path):
+        return _random_causal_lm(path, dtype)
+
     kwargs = {"dtype": dtype}
     if load_in_4bit:
         import torch
@@ -95,6 +101,20 @@ def _load_causal_lm(path: str, *, dtype, load_in_4bit: bool = False):
         )
     with unloadable(path, "model"):
         return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+
+
+def _random_causal_lm(spec: str, dtype):
+    """A ``random:NAME`` stand-in, built where it will run (the GPU when there is one) from a fixed seed, so
+    the reference and every agent start from the same weights, as copies of one checkpoint would."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if device == "cuda" else []):
+        torch.manual_seed(0)
+        with torch.device(device), quiet():
+            model = AutoModelForCausalLM.from_config(random_config(spec), dtype=dtype)
+    return model.eval()
 
 
 @contextlib.contextmanager
