@@ -195,10 +195,11 @@ def prepare_run(cfg: PPOArgs, method: str) -> Run:
     """Everything a run needs, loaded and (with ``resume``) restored; nothing is written yet."""
     from cory import models, preflight
     from cory.agent import make_agents, set_precision
-    from cory.speedups.patches import return_freed_memory
+    from cory.speedups.patches import cuda_allocator_segments, return_freed_memory
     from cory.tasks import make_task
 
     preflight.check_run(cfg, method)
+    cuda_allocator_segments()
     rank, world = parallel.setup()
     return_freed_memory()
     set_precision(cfg.precision)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 
 
 def return_freed_memory(threshold: int = 1 << 20) -> bool:
@@ -37,3 +38,11 @@ def frozen_models_not_wrapped():
         yield
     finally:
         Accelerator.prepare_model = original
+
+
+def cuda_allocator_segments() -> None:
+    """Let PyTorch's CUDA allocator grow its segments instead of caching fixed blocks. Sequence lengths change
+    every iteration, and fixed blocks of the last shapes then fragment the card: memory that no tensor uses
+    but the allocator still holds (what nvidia-smi shows) grows well past what is allocated. Read by torch
+    at its first CUDA allocation, so set before any; a setting the user made wins."""
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
