@@ -26,3 +26,45 @@ def run_script(script: str, *args: str, timeout: int = 900, cwd: Path = REPO):
 
     return subprocess.run([sys.executable, str(REPO / script), *map(str, args)], capture_output=True,
                           text=True, timeout=timeout, cwd=cwd)
+
+
+def start_script(script: str, *args):
+    """A training script started as a user would, left running (a Popen with its output captured)."""
+    import subprocess
+
+    return subprocess.Popen([sys.executable, str(REPO / script), *map(str, args)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_rows(proc, metrics: Path, n: int, timeout: int = 600) -> None:
+    """Until the running ``proc`` has logged ``n`` metrics rows (it must still be running then)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= n):
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        assert time.monotonic() < deadline, "no progress"
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+
+
+@pytest.fixture(scope="module")
+def ppo_batch():
+    """(tokenizer, reference, policy, queries, responses): the tiny model moved away from its reference (so the
+    KL terms are not zero) and four fixed query/response pairs of different lengths, for single PPO steps."""
+    import torch
+
+    from cory import models
+
+    torch.manual_seed(0)
+    tok = models.load_tokenizer("tiny")
+    reference = models.load_reference("tiny")
+    policy = models.load_policy("tiny")
+    with torch.no_grad():
+        for p in policy.pretrained_model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    texts = [("The film was", " very good indeed and I"), ("I did not", " like it"),
+             ("A long and winding opening that goes on", " and on"), ("Bad", " acting, worse plot, but fine music")]
+    queries = [torch.tensor(tok(q)["input_ids"]) for q, _ in texts]
+    responses = [torch.tensor(tok(r)["input_ids"]) for _, r in texts]
+    return tok, reference, policy, queries, responses

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO, run_script
-from cory import assets, models
+from cory import models
 from cory.cli import main
 from cory.config import CoryArgs, PPOArgs, _allowed, _field_types
 

@@ -4,15 +4,11 @@ Real tiny runs throughout; the bad rewards and empty answers are injected in-pro
 """
 import math
 import signal
-import subprocess
-import sys
-import time
-
 import pytest
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from conftest import REPO, run_script
+from conftest import REPO, run_script, start_script, wait_for_rows
 from cory.config import CoryArgs, PPOArgs, build, load_yaml
 from cory.outputs import RunDir, check_output_dir, latest_checkpoint, read_jsonl
 from cory.train import RunError, prepare_run
@@ -25,18 +21,8 @@ def tiny(cls, method, out, **over):
 
 
 def start(method, out, *args):
-    return subprocess.Popen([sys.executable, str(REPO / "imdb_train" / f"{method}.py"), "--config",
-                             f"configs/imdb/{method}_tiny.yaml", "--output_dir", str(out), *args],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def wait_for_rows(proc, metrics, n, timeout=600):
-    deadline = time.monotonic() + timeout
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= n):
-        assert proc.poll() is None, proc.communicate()[1][-2000:]
-        assert time.monotonic() < deadline, "no progress"
-        time.sleep(0.05)
-    assert proc.poll() is None, "the run ended before it could be interrupted"
+    return start_script(f"imdb_train/{method}.py", "--config", f"configs/imdb/{method}_tiny.yaml", "--output_dir",
+                        out, *args)
 
 
 def write_checkpoint(files):

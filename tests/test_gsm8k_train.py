@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from conftest import GSM8K_DIR, run_script
-from cory import assets, models
+from cory import models
 from cory.outputs import read_jsonl
 from cory.tasks.base import Example
 from cory.tasks.gsm8k import Gsm8kTask

@@ -5,17 +5,14 @@ import io
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
-import torch
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO, run_script
+from conftest import REPO, run_script, start_script, wait_for_rows
 from cory import models
 from cory.cli import main
 from cory.experiments import script_hyperparameters
@@ -105,17 +102,7 @@ def test_overwrite_property_foreign_files_survive(tmp_path_factory, names):
 # ----------------------------------------------------------------------------- preemption
 
 def start(out, *args):
-    return subprocess.Popen([sys.executable, str(REPO / "imdb_train" / "cory.py"), "--config",
-                             "configs/imdb/cory_tiny.yaml", "--output_dir", str(out), *map(str, args)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def wait_for_rows(proc, metrics, n, timeout=600):
-    deadline = time.monotonic() + timeout
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= n):
-        assert proc.poll() is None, proc.communicate()[1][-2000:]
-        assert time.monotonic() < deadline, "no progress"
-        time.sleep(0.05)
+    return start_script("imdb_train/cory.py", "--config", "configs/imdb/cory_tiny.yaml", "--output_dir", out, *args)
 
 
 def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from cory import assets, models
+from cory import models
 from cory.config import PPOArgs, build
 from cory.agent import Agent
 from cory.game import agent_metrics

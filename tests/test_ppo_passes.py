@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from cory import assets, models
+from cory import models
 from cory.config import PPOArgs, build
 from cory.agent import Agent
 from cory.speedups.passes import pass_plan
@@ -50,19 +50,8 @@ def test_pass_plan_splits_by_tokens_and_covers_every_sample():
 
 
 @pytest.fixture(scope="module")
-def setup():
-    torch.manual_seed(0)
-    tok = models.load_tokenizer("tiny")
-    reference = models.load_reference("tiny")
-    policy = models.load_policy("tiny")
-    with torch.no_grad():  # away from the reference, so the KL terms are not zero
-        for p in policy.pretrained_model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    texts = [("The film was", " very good indeed and I"), ("I did not", " like it"),
-             ("A long and winding opening that goes on", " and on"), ("Bad", " acting, worse plot, but fine music")]
-    queries = [torch.tensor(tok(q)["input_ids"]) for q, _ in texts]
-    responses = [torch.tensor(tok(r)["input_ids"]) for _, r in texts]
-    return tok, reference, policy, queries, responses
+def setup(ppo_batch):
+    return ppo_batch
 
 
 def run_step(setup, cls, tmp_path, **over):

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 import torch
 
-from cory import models
 from cory.agent import Agent, set_precision
 from cory.config import ConfigError, PPOArgs, build
 
@@ -12,19 +11,8 @@ STATS = ("objective/kl", "ppo/loss/policy", "ppo/loss/value", "ppo/returns/mean"
 
 
 @pytest.fixture(scope="module")
-def setup():
-    torch.manual_seed(0)
-    tok = models.load_tokenizer("tiny")
-    reference = models.load_reference("tiny")
-    policy = models.load_policy("tiny")
-    with torch.no_grad():  # away from the reference, so the KL is not zero
-        for p in policy.pretrained_model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    texts = [("The film was", " very good indeed and I"), ("I did not", " like it"),
-             ("A long and winding opening that goes on", " and on"), ("Bad", " acting, worse plot, but fine")]
-    queries = [torch.tensor(tok(q)["input_ids"]) for q, _ in texts]
-    responses = [torch.tensor(tok(r)["input_ids"]) for _, r in texts]
-    return tok, reference, policy, queries, responses
+def setup(ppo_batch):
+    return ppo_batch
 
 
 def step(setup, tmp_path, precision, **over):

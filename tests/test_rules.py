@@ -1,5 +1,4 @@
 """The arithmetic of CORY: role sequence, reward combination, combined reward, score normalisation."""
-import math
 
 import numpy as np
 import pytest

@@ -1,5 +1,4 @@
 """End to end on the tiny preset: real trl PPO, real (tiny) models, real VADER reward."""
-import json
 
 import pytest
 import torch

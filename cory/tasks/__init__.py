@@ -6,7 +6,6 @@ and one ``register_task`` call (docs/adding_a_task.md); the trainer never needs 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 from cory.config import ConfigError
