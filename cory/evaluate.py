@@ -294,6 +294,7 @@ class Plan:
     n: int | None = None
     ks: list[int] | None = None
     allow_early_eos: bool = True
+    command: str | None = None  # as typed, recorded in the JSON
 
 
 def plan(argv: Sequence[str] | None) -> Plan:
@@ -515,7 +516,7 @@ def run(p: Plan) -> dict:
     from cory.models import load_tokenizer
 
     other_task = ("n", "ks", "dataset_path") if p.task == "imdb" else ("reward", "allow_early_eos")
-    settings = {k: v for k, v in vars(p).items() if k not in ("rows", "json_path", *other_task)}
+    settings = {k: v for k, v in vars(p).items() if k not in ("rows", "json_path", "command", *other_task)}
     results = []
     if p.task == "imdb":
         from cory.tasks.imdb import ImdbTask
@@ -556,7 +557,7 @@ def run(p: Plan) -> dict:
         columns = [(f"pass@{k}", f"pass@{k}", ".4f") for k in p.ks]
         columns += [("accuracy", "accuracy", ".4f"), ("hit limit", "hit_limit", ".3f"),
                     ("length", "response_length", ".1f")]
-    doc = {"task": p.task, "settings": settings, "results": results}
+    doc = {"task": p.task, "command": p.command, "settings": settings, "results": results}
     print(_table(columns, [(r["name"], r) for r in results]))
     if p.task == "gsm8k" and task.source == "generated":
         print("note: generated GSM8K-style stand-in problems, NOT GSM8K (pass --dataset_path for the real test set)")
@@ -573,8 +574,13 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
     from cory.assets import AssetError
     from cory.config import ConfigError
 
+    import shlex
+
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        return run(plan(argv))
+        p = plan(args)
+        p.command = shlex.join(["python", "-m", "cory.evaluate", *args])
+        return run(p)
     except (EvalError, ConfigError, AssetError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)

@@ -186,6 +186,66 @@ def provenance_section(exp: Experiment) -> str:
 
 # ----------------------------------------------------------------------------- the report
 
+EVAL_KEYS = ("pass@1", "pass@4", "pass@16", "accuracy", "hit_limit", "task_reward", "kl", "distinct_1", "distinct_2",
+             "response_length")
+
+
+def evaluation_section(exp: Experiment) -> str | None:
+    """Held-out evaluations (``python -m cory.evaluate``) found beside the runs: ``runs/<label>/seed_<s>/eval_*.json``
+    per trained model, ``eval_*.json`` in the experiment folder for the base model; mean ± std over seeds."""
+    import json
+
+    def load(path):
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    rows, settings, commands = [], None, []
+    for doc in [load(p) for p in sorted(exp.path.glob("eval_*.json"))]:
+        for r in (doc or {}).get("results", []):
+            rows.append(("base model", {0: r}))
+        if doc:
+            settings = settings or doc.get("settings")
+            commands.append(doc.get("command"))
+    for g in _ordered_groups(exp):
+        per_model: dict[str, dict[int, dict]] = {}
+        for seed, run in sorted(g.runs.items()):
+            for path in sorted(run.path.glob("eval_*.json")):
+                doc = load(path)
+                if not doc:
+                    continue
+                settings = settings or doc.get("settings")
+                commands.append(doc.get("command"))
+                for r in doc.get("results", []):
+                    if r.get("name") == "base":
+                        continue
+                    per_model.setdefault(str(r.get("name", "?")).split("/")[-1], {})[seed] = r
+        for agent, by_seed in per_model.items():
+            rows.append((g.name(agent), by_seed))
+    if not rows:
+        return None
+    keys = [k for k in EVAL_KEYS if any(k in r for _, by_seed in rows for r in by_seed.values())]
+    table = []
+    for name, by_seed in rows:
+        cells = []
+        for k in keys:
+            values = np.array([float(r[k]) for r in by_seed.values() if isinstance(r.get(k), (int, float))])
+            cells.append("–" if not len(values) else fmt(values.mean()) if len(values) < 2
+                         else f"{fmt(values.mean())} ± {fmt(values.std(ddof=1))}")
+        table.append([name, len(by_seed)] + cells)
+    shown = {k: v for k, v in (settings or {}).items() if k in ("dataset", "limit", "n", "ks", "max_new_tokens", "seed",
+                                                                 "n_questions", "n_prompts", "allow_early_eos")}
+    lines = ["Each trained model answers held-out prompts from the query alone; mean ± sample std over seeds "
+             f"(one evaluation per seed). Settings: {', '.join(f'{k} {v}' for k, v in shown.items())}.", "",
+             _table(["model", "seeds", *keys], table)]
+    commands = [c for c in dict.fromkeys(commands) if c]
+    if commands:
+        lines += ["", "<details><summary>Evaluation commands</summary>\n\n```text\n" + "\n".join(commands)
+                  + "\n```\n</details>"]
+    return "\n".join(lines)
+
+
 def build_report(path: str | Path) -> Path:
     """Write the figures and REPORT.md into ``path``; returns REPORT.md's path."""
     exp = load_experiment(path)
@@ -243,8 +303,11 @@ def build_report(path: str | Path) -> Path:
            f"Each seed's mean over its last {LAST_N} aligned iterations (all of them if fewer), then mean ± "
            "sample std (ddof=1) over seeds. KL is the full-vocabulary KL(π‖π₀) summed over response tokens "
            "(nats); r_c = task reward − η·KL with the η in force at that iteration.", "",
-           final_table(exp), "",
-           "## Samples", "",
+           final_table(exp), ""]
+    evaluation = evaluation_section(exp)
+    if evaluation:
+        md += ["## Held-out evaluation", "", evaluation, ""]
+    md += ["## Samples", "",
            "A few queries and answers from the first and the last iteration (lowest seed); a collapsed policy "
            "shows here as repeated or degenerate text. r is the task reward of that answer.", "",
            samples_section(exp), "",
