@@ -20,6 +20,13 @@ rounding. Four changes, each measured in benchmarks/README.md:
   mini-batch, as trl does.
 * Packed passes (``cory.speedups.packing``): the sequences of a pass share one row, so the linear layers see
   no padding; attention alone is run per sequence. Models it cannot serve get right-padded passes.
+* The full-vocabulary KL without the full-vocabulary tensors. With ``kl_penalty="full"`` trl keeps the policy's
+  and the reference's logits and both log-softmaxes, four [batch, response, vocabulary] float32 tensors, alive
+  through the whole step (they are locals of ``step()``): at GSM8K's shapes (32 x 256 x 50,257) that is 6.6 GB,
+  many times a small model's weights (benchmarks/README.md). Here the rollout pass also runs the reference on
+  each of its passes, takes the per-token KL a few rows at a time, and keeps only the [batch, response] KL and
+  the reference's log-probabilities; trl's reference pass then returns those, and trl's reward rule
+  (``compute_rewards``) reads the KL from them. The numbers are the same as trl's to float rounding.
 
 trl's ``step()`` makes three kinds of forward pass, told apart here by what surrounds them: the rollout pass
 (no gradients), the reference pass (inside trl's ``optional_peft_ctx``, wrapped below) and the training
@@ -51,6 +58,18 @@ def _hf_config(model):
     return getattr(model, "module", model).pretrained_model.config
 
 
+def _token_kl(logits, ref_logits, rows: int = 4) -> torch.Tensor:
+    """sum_v p(v) (log p(v) - log q(v)) per position, in float32, a few rows at a time (trl's "full" penalty:
+    ``F.kl_div(log q, log p, log_target=True).sum(-1)``), so only a few rows' log-softmaxes are ever alive."""
+    out = []
+    with torch.no_grad():
+        for i in range(0, logits.shape[0], rows):
+            logp = torch.log_softmax(logits[i:i + rows].detach().float(), -1)
+            logq = torch.log_softmax(ref_logits[i:i + rows].float(), -1)
+            out.append(torch.nn.functional.kl_div(logq, logp, log_target=True, reduction="none").sum(-1))
+    return torch.cat(out)
+
+
 class WindowedPPOTrainer(PPOTrainer):
     reuse_rollout = True
     pack = True  # padding-free passes where the model allows them
@@ -64,8 +83,10 @@ class WindowedPPOTrainer(PPOTrainer):
         self._reuse = False  # whether this step() keeps the rollout pass's graph for epoch 0
         self._in_reference = False
         self._rollout = None  # the rollout pass's outputs, until epoch 0's training pass takes them
+        self._reference = None  # (reference log-probs, per-token full KL) from the rollout pass, for this step
+        self._disable_adapters = None
         self._deferred = None  # a training mini-batch over the budget: run pass by pass in train_minibatch
-        disable_adapters = self.optional_peft_ctx
+        disable_adapters = self._disable_adapters = self.optional_peft_ctx
 
         @contextlib.contextmanager
         def reference_pass():
@@ -87,11 +108,11 @@ class WindowedPPOTrainer(PPOTrainer):
         self._window = max(len(r) for r in responses) if usable else None
         self._reuse = (self.reuse_rollout and usable and self.config.mini_batch_size >= len(queries)
                        and not self.is_distributed and len(self._plan(queries, responses)) == 1)
-        self._rollout, self._deferred = None, None
+        self._rollout, self._deferred, self._reference = None, None, None
         try:
             return super().step(queries, responses, scores, response_masks)
         finally:
-            self._window, self._rollout, self._deferred = None, None, None
+            self._window, self._rollout, self._deferred, self._reference = None, None, None, None
 
     def _packs(self, model) -> bool:
         """Whether ``model``'s passes are packed or right-padded."""
@@ -107,15 +128,23 @@ class WindowedPPOTrainer(PPOTrainer):
             return super().batched_forward_pass(model, queries, responses, model_inputs, return_logits,
                                                 response_masks)
         if self._in_reference:
+            if self._reference is not None:  # computed beside the rollout pass
+                ref_logprobs, _ = self._reference
+                return ref_logprobs, self._no_logits(ref_logprobs) if return_logits else None, None, None
             return self._window_pass(model, queries, responses, return_logits)
         if not torch.is_grad_enabled():  # the policy's rollout pass
+            # trl asks for logits here only to take the full-vocabulary KL: take it here, pass by pass
+            full_kl = return_logits
             if not self._reuse:
-                return self._window_pass(model, queries, responses, return_logits)
-            with torch.enable_grad():
-                out = self._window_pass(model, queries, responses, True)
-            self._rollout = (out, list(queries), list(responses))
-            logprobs, logits, values, masks = out
-            return logprobs.detach(), logits.detach().float() if return_logits else None, values.detach(), masks
+                out = self._window_pass(model, queries, responses, False, with_reference=full_kl)
+            else:
+                with torch.enable_grad():
+                    out = self._window_pass(model, queries, responses, True, with_reference=full_kl)
+                self._rollout = (out[:4], list(queries), list(responses))
+            logprobs, _, values, masks = out[:4]
+            if full_kl:
+                self._reference = out[4:]
+            return (logprobs.detach(), self._no_logits(logprobs) if full_kl else None, values.detach(), masks)
         # a training pass
         if self._rollout is not None:  # epoch 0's only mini-batch
             reused, self._rollout = self._from_rollout(queries, responses), None
@@ -129,6 +158,22 @@ class WindowedPPOTrainer(PPOTrainer):
             return placeholder, placeholder, placeholder, placeholder
         return self._window_pass(model, queries, responses, return_logits)
 
+    @staticmethod
+    def _no_logits(like):
+        """Stand-in logits of one class for trl's full-vocabulary log-softmax (the KL is taken in the passes)."""
+        return torch.zeros(*like.shape, 1, device=like.device)
+
+    def compute_rewards(self, scores, logprobs, ref_logprobs, masks):
+        if self._reference is None:
+            return super().compute_rewards(scores, logprobs, ref_logprobs, masks)
+        # trl's rule, row by row in batch order, with the per-token KL the rollout pass took
+        rows = iter(self._reference[1])
+        self._kl_penalty = lambda logprob, ref_logprob: next(rows)
+        try:
+            return super().compute_rewards(scores, logprobs, ref_logprobs, masks)
+        finally:
+            del self._kl_penalty  # back to the class's method
+
     def _from_rollout(self, queries, responses):
         """The rollout outputs in the order of trl's shuffled mini-batch (same tensors, so matched by identity)."""
         (logprobs, logits, values, masks), rollout_queries, rollout_responses = self._rollout
@@ -141,55 +186,67 @@ class WindowedPPOTrainer(PPOTrainer):
         order = torch.tensor(order, device=logprobs.device)
         return logprobs[order], logits[order], values[order], masks[order]
 
-    def _window_pass(self, model, queries, responses, return_logits):
+    def _window_pass(self, model, queries, responses, return_logits, with_reference=False):
         """Log-probs, logits (or None), values and masks on the response window, in the order given, computed
         pass by pass as ``max_pass_tokens`` allows, each pass packed when the model allows it, else
-        right-padded. With grad on, every pass's graph stays alive."""
+        right-padded. With grad on, every pass's graph stays alive. ``with_reference``: also the reference's
+        log-probs and the per-token full-vocabulary KL(policy || reference), pass by pass (no grad)."""
         device = self.current_device
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        config, pack = _hf_config(model), self._packs(model)
         k = torch.arange(self._window, device=device)
         pieces, order = [], []
-        model.eval()
+        reference = self.model if self.is_peft_model else self.ref_model
         for idx in self._plan(queries, responses, model):
             qs, rs = [queries[i] for i in idx], [responses[i] for i in idx]
-            seqs = [torch.cat([q, r]).to(device) for q, r in zip(qs, rs)]
-            q_len = torch.tensor([len(q) for q in qs], device=device)
             r_len = torch.tensor([len(r) for r in rs], device=device)
             masks = (k[None, :] < r_len[:, None]).long()
-            if pack:
-                with packing.packed(config, [len(s) for s in seqs], device) as layout:
-                    input_ids = torch.cat(seqs).unsqueeze(0)
-                    # the logits at position t score token t + 1: response token k of sequence i is scored
-                    # at start_i + len(q_i) - 1 + k (past the response: its last position, masked)
-                    positions = torch.minimum((layout.starts + q_len - 1)[:, None] + k,
-                                              (layout.starts + q_len + r_len - 2)[:, None])
-                    logits, _, values = model(input_ids=input_ids, position_ids=layout.position_ids,
-                                              logits_to_keep=positions.reshape(1, -1), use_cache=False)
-                logits = logits.reshape(len(idx), self._window, -1)
-                values, labels = values[0][positions], input_ids[0][positions + 1]
-            else:
-                input_ids = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=pad)
-                attention = torch.nn.utils.rnn.pad_sequence([torch.ones_like(s) for s in seqs], batch_first=True)
-                positions = ((q_len - 1)[:, None] + k).clamp(max=input_ids.shape[1] - 2)
-                logits, _, values = model(input_ids=input_ids, attention_mask=attention,
-                                          logits_to_keep=positions, use_cache=False)
-                values, labels = values.gather(1, positions), input_ids.gather(1, positions + 1)
+            logits, values, labels = self._forward(model, qs, rs)
             # log-probabilities in float32 whatever the compute precision (bf16 log-softmaxes would swamp the
             # small differences PPO's ratios and KL are made of); a no-op in float32
-            if return_logits and not torch.is_grad_enabled():
-                logits = logits.float()  # trl's full-vocabulary KL is taken from these
-            pieces.append((logprobs_from_logits(logits.float(), labels), logits if return_logits else None,
-                           values.float(), masks))
+            piece = [logprobs_from_logits(logits.float(), labels), logits if return_logits else None,
+                     values.float(), masks]
+            if with_reference:
+                with torch.no_grad(), self._disable_adapters():
+                    ref_logits, _, _ = self._forward(reference, qs, rs)
+                    piece += [logprobs_from_logits(ref_logits.float(), labels), _token_kl(logits, ref_logits)]
+                del ref_logits
+            pieces.append(piece)
             order += idx
         if len(pieces) == 1 and order == list(range(len(order))):
-            return pieces[0]
+            return tuple(pieces[0])
         inverse = torch.empty(len(order), dtype=torch.long, device=device)
         inverse[torch.tensor(order, device=device)] = torch.arange(len(order), device=device)
 
         def joined(j):
             return torch.cat([p[j] for p in pieces])[inverse] if pieces[0][j] is not None else None
-        return joined(0), joined(1), joined(2), joined(3)
+        return tuple(joined(j) for j in range(len(pieces[0])))
+
+    def _forward(self, model, qs, rs):
+        """One pass of ``model`` over the sequences query + response: (logits, values, labels) on the window."""
+        device = self.current_device
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        config, pack = _hf_config(model), self._packs(model)
+        k = torch.arange(self._window, device=device)
+        seqs = [torch.cat([q, r]).to(device) for q, r in zip(qs, rs)]
+        q_len = torch.tensor([len(q) for q in qs], device=device)
+        r_len = torch.tensor([len(r) for r in rs], device=device)
+        model.eval()
+        if pack:
+            with packing.packed(config, [len(s) for s in seqs], device) as layout:
+                input_ids = torch.cat(seqs).unsqueeze(0)
+                # the logits at position t score token t + 1: response token k of sequence i is scored at
+                # start_i + len(q_i) - 1 + k (past the response: its last position, masked)
+                positions = torch.minimum((layout.starts + q_len - 1)[:, None] + k,
+                                          (layout.starts + q_len + r_len - 2)[:, None])
+                logits, _, values = model(input_ids=input_ids, position_ids=layout.position_ids,
+                                          logits_to_keep=positions.reshape(1, -1), use_cache=False)
+            logits = logits.reshape(len(seqs), self._window, -1)
+            return logits, values[0][positions], input_ids[0][positions + 1]
+        input_ids = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=pad)
+        attention = torch.nn.utils.rnn.pad_sequence([torch.ones_like(s) for s in seqs], batch_first=True)
+        positions = ((q_len - 1)[:, None] + k).clamp(max=input_ids.shape[1] - 2)
+        logits, _, values = model(input_ids=input_ids, attention_mask=attention, logits_to_keep=positions,
+                                  use_cache=False)
+        return logits, values.gather(1, positions), input_ids.gather(1, positions + 1)
 
     def train_minibatch(self, old_logprobs, values, logprobs, logits, vpreds, mask, advantages, returns):
         if self._deferred is None:
