@@ -113,18 +113,31 @@ def _response_ids(row: list[int], eos_id: int | None, pad_id: int | None) -> lis
 
 
 def sample(model, tokenizer, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-           extra: dict | None = None) -> list[list[int]]:
-    """One generate() call for the whole batch (left padding), sampling like training: top_k 0,
-    top_p 1, temperature 1, no repetition penalty, so the answers are draws from the policy itself."""
+           extra: dict | None = None, repeats: int = 1, greedy: bool = False) -> list[list[int]]:
+    """One generate() call for the whole batch (left padding), sampling like training: top_k 0, top_p 1,
+    temperature 1, no repetition penalty, so the answers are draws from the policy itself. ``repeats``: that
+    many answers per prompt (a prompt's answers next to each other); the prompt is read once and its keys and
+    values shared by its answers, since reading the prompt is most of the work when answers are short."""
     import torch
 
     ids, mask = _left_pad(prompts, tokenizer.pad_token_id)
     device = next(model.parameters()).device
+    ids, mask = ids.to(device), mask.to(device)
+    kwargs = dict(do_sample=not greedy, repetition_penalty=1.0, max_new_tokens=max_new_tokens,
+                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **(extra or {}))
+    if not greedy:
+        kwargs.update(top_k=0, top_p=1.0, temperature=1.0)
     with torch.inference_mode():
-        out = model.generate(
-            input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=True, top_k=0, top_p=1.0,
-            temperature=1.0, repetition_penalty=1.0, max_new_tokens=max_new_tokens,
-            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **(extra or {}))
+        if repeats > 1 and ids.shape[1] > 1:
+            # all but the last prompt token once per prompt; generate() reads the last one and goes on
+            head, head_mask = ids[:, :-1], mask[:, :-1]
+            cache = model(input_ids=head, attention_mask=head_mask, position_ids=_positions(head_mask),
+                          use_cache=True).past_key_values
+            cache.batch_repeat_interleave(repeats)
+            kwargs["past_key_values"] = cache
+        if repeats > 1:
+            ids, mask = ids.repeat_interleave(repeats, 0), mask.repeat_interleave(repeats, 0)
+        out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
     return [_response_ids(row, tokenizer.eos_token_id, tokenizer.pad_token_id)
             for row in out[:, ids.shape[1]:].tolist()]
 
@@ -190,14 +203,12 @@ def _run_config(run: Path) -> dict:
 
 
 def load_model(spec: str, dtype: str = "float32"):
+    """A plain causal LM (no value head) for any model spec, on the GPU when there is one."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    from cory.assets import quiet, resolve_model_path
+    from cory.models import load_causal_lm
 
-    path = resolve_model_path(spec)
-    with quiet():
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    model = load_causal_lm(spec, dtype=getattr(torch, dtype))
     return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
 
 
@@ -463,10 +474,13 @@ def evaluate_gsm8k_model(model, tokenizer, task, examples, *, n: int, ks: Sequen
     for start in range(0, len(examples), per_call):
         chunk = examples[start:start + per_call]
         prompts = [tokenizer(ex.prompt, add_special_tokens=False)["input_ids"] for ex in chunk]
-        flat = [p for p in prompts for _ in range(n)]
-        raw = []
-        for i in range(0, len(flat), batch_size):  # only splits when n > batch_size
-            raw += sample(model, tokenizer, flat[i:i + batch_size], max_new_tokens, stop)
+        if n <= batch_size:  # each prompt read once, its n answers sampled from the shared prompt cache
+            raw = sample(model, tokenizer, prompts, max_new_tokens, stop, repeats=n)
+        else:
+            flat = [p for p in prompts for _ in range(n)]
+            raw = []
+            for i in range(0, len(flat), batch_size):
+                raw += sample(model, tokenizer, flat[i:i + batch_size], max_new_tokens, stop)
         # the trainer's own cleaning: cut at a model-started "Question:", keep the matching tokens
         answers, kept = decode_and_clean(task, tokenizer, [torch.tensor(r, dtype=torch.long) for r in raw])
         scores = task.score([ex for ex in chunk for _ in range(n)], answers)

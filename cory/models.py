@@ -103,6 +103,13 @@ def _load_causal_lm(path: str, *, dtype, load_in_4bit: bool = False):
         return AutoModelForCausalLM.from_pretrained(path, **kwargs)
 
 
+def load_causal_lm(spec: str, dtype=None):
+    """A plain causal LM (no value head, nothing trainable marked) of any model spec, e.g. to evaluate it."""
+    path = resolve_model_path(spec)
+    with quiet():
+        return _load_causal_lm(path, dtype=_dtype(dtype))
+
+
 def _random_causal_lm(spec: str, dtype):
     """A ``random:NAME`` stand-in, built where it will run (the GPU when there is one) from a fixed seed, so
     the reference and every agent start from the same weights, as copies of one checkpoint would."""

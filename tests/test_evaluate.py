@@ -157,3 +157,19 @@ def test_cli_error_in_a_fresh_process():
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == ["error: --k 4 is larger than --n 2: pass@k needs at least k samples "
                                              "per question"]
+
+
+@pytest.mark.parametrize("spec", ["tiny", "random:llama-tiny"])
+def test_shared_prompt_cache_gives_the_same_answers(spec):
+    """Reading each prompt once and sharing its keys and values among its answers changes nothing: greedy
+    answers with repeats equal those of the prompts repeated by hand (GPT-2 and Llama, left padding)."""
+    from cory import models
+    from cory.evaluate import load_model, sample
+
+    tok = models.load_tokenizer(spec)
+    model = load_model(spec)
+    prompts = [tok("Question: 2 + 3?\nAnswer:")["input_ids"], tok("The film")["input_ids"],
+               tok("A rather longer question about apples and oranges?\nAnswer:")["input_ids"]]
+    shared = sample(model, tok, prompts, 6, repeats=3, greedy=True)
+    by_hand = sample(model, tok, [p for p in prompts for _ in range(3)], 6, greedy=True)
+    assert shared == by_hand and len(shared) == 9
