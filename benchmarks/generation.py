@@ -1,0 +1,208 @@
+"""Generation levers: transformers' static KV cache and torch.compile of the decoding step, against the
+dynamic cache a run uses today, over a sequence of calls shaped like a run's.
+
+    python benchmarks/generation.py --model embedded:smollm2-135m --batch_size 32 --new_tokens 64 --calls 5
+    python benchmarks/generation.py --model tiny --batch_size 4 --new_tokens 8 --calls 3      # smoke check
+    # on a GPU (GSM8K's shapes: batch 32, 256-token answers; IMDB's: batch 256, 4-15 tokens)
+    python benchmarks/generation.py --device cuda --model random:llama-1b --batch_size 32 --new_tokens 256
+    python benchmarks/generation.py --device cuda --model random:gpt2-large --batch_size 256 \
+        --prompt_tokens 2,8 --new_tokens 4,15 --calls 20
+
+Each call samples one batch as a run does (top_k 0, top_p 1, answers of the drawn length: EOS is held off
+until then), on left-padded random prompts whose lengths are drawn afresh each call, so the shapes change
+from call to call as they do between iterations. The same seed gives every variant the same prompts:
+
+    dynamic          transformers' default cache (what runs use)
+    static           cache_implementation "static", compilation off
+    static_compile   the static cache with the decoding step compiled (transformers' auto-compile; on a CPU
+                     its CompileConfig is forced onto the CPU)
+
+Reported per variant: the first call (compilation included), the median of the later calls, the slowest later
+call (a recompilation for a new shape shows there), tokens per second, peak memory, the total for a run of
+--run_calls generations (first + (n - 1) x median) against dynamic's, and a greedy check: the share of
+greedy tokens equal to the dynamic cache's on the first prompts.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+VARIANTS = ("dynamic", "static", "static_compile")
+PRECISIONS = ("fp32", "tf32", "bf16")
+
+
+def int_range(text: str, name: str) -> tuple[int, int]:
+    try:
+        parts = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--{name}: {text!r} is not N or MIN,MAX (whole numbers)") from None
+    lo, hi = (parts[0], parts[0]) if len(parts) == 1 else parts if len(parts) == 2 else (0, -1)
+    if not 1 <= lo <= hi:
+        raise ValueError(f"--{name}: {text!r} must be N or MIN,MAX with 1 <= MIN <= MAX")
+    return lo, hi
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    p.add_argument("--model", default="embedded:smollm2-135m", help="a model spec, e.g. tiny, embedded:smollm2-135m, "
+                                                                     "random:llama-1b")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--precision", default="tf32", help="fp32, tf32 or bf16 (bf16: autocast, as runs generate)")
+    p.add_argument("--batch_size", type=int, default=32)
+    p.add_argument("--prompt_tokens", default="60,160", help="prompt length, N or MIN,MAX drawn per call")
+    p.add_argument("--new_tokens", default="256", help="answer length, N or MIN,MAX drawn per call")
+    p.add_argument("--calls", type=int, default=5, help="generations per variant (the first compiles)")
+    p.add_argument("--run_calls", type=int, default=200, help="generations in the run the totals are for "
+                                                               "(100 iterations x 2 agents for CORY)")
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    args.prompt_tokens = int_range(args.prompt_tokens, "prompt_tokens")
+    args.new_tokens = int_range(args.new_tokens, "new_tokens")
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    for v in args.variants:
+        if v not in VARIANTS:
+            raise ValueError(f"--variants: {v!r} is not one of {', '.join(VARIANTS)}")
+    if args.device not in ("cpu", "cuda"):
+        raise ValueError(f"--device: {args.device!r} is not one of cpu, cuda")
+    if args.precision not in PRECISIONS:
+        raise ValueError(f"--precision: {args.precision!r} is not one of {', '.join(PRECISIONS)}")
+    for name in ("batch_size", "calls", "run_calls"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name}: must be >= 1, got {getattr(args, name)}")
+    if args.json is not None and not Path(args.json).resolve().parent.is_dir():
+        raise ValueError(f"--json: folder {Path(args.json).parent} does not exist")
+    return args
+
+
+def batches(args, vocab: int, pad: int, eos: int):
+    """(input_ids, attention_mask, new_tokens) per call, left-padded as trl pads, the same for every variant."""
+    import torch
+
+    g = torch.Generator().manual_seed(args.seed)
+    out = []
+    for _ in range(args.calls):
+        lengths = torch.randint(args.prompt_tokens[0], args.prompt_tokens[1] + 1, (args.batch_size,), generator=g)
+        width = int(lengths.max())
+        ids = torch.full((args.batch_size, width), pad, dtype=torch.long)
+        mask = torch.zeros((args.batch_size, width), dtype=torch.long)
+        for i, n in enumerate(lengths.tolist()):
+            tokens = torch.randint(0, vocab, (n,), generator=g)
+            tokens[tokens == eos] = (eos + 1) % vocab
+            ids[i, width - n:] = tokens
+            mask[i, width - n:] = 1
+        new = int(torch.randint(args.new_tokens[0], args.new_tokens[1] + 1, (1,), generator=g))
+        out.append((ids, mask, new))
+    return out
+
+
+def variant_kwargs(variant: str, device: str) -> dict:
+    from transformers import CompileConfig
+
+    if variant == "dynamic":
+        return {}
+    if variant == "static":
+        return dict(cache_implementation="static", disable_compile=True)
+    config = CompileConfig()
+    if device == "cpu":
+        config._compile_all_devices = True  # transformers auto-compiles only on accelerators
+        config.mode = "default"  # "reduce-overhead" means CUDA graphs
+    return dict(cache_implementation="static", compile_config=config)
+
+
+def main(argv=None) -> int:
+    sys.path.insert(0, str(REPO))
+    try:
+        args = parse(argv)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    import contextlib
+
+    import torch
+    from tqdm.auto import tqdm
+
+    from cory import models
+    from cory.agent import set_precision
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda: no CUDA GPU here", file=sys.stderr)
+        return 2
+    set_precision(args.precision)
+    tokenizer = models.load_tokenizer(args.model)
+    model = models.load_causal_lm(args.model).to(args.device).eval()
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    calls = batches(args, model.config.vocab_size, pad, tokenizer.eos_token_id)
+
+    def sync():
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+
+    def compute():
+        if args.precision != "bf16":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=args.device, dtype=torch.bfloat16)
+
+    def generate(variant, ids, mask, new, **sampling):
+        with torch.inference_mode(), compute():
+            return model.generate(input_ids=ids.to(args.device), attention_mask=mask.to(args.device),
+                                  max_new_tokens=new, min_new_tokens=new, pad_token_id=pad,
+                                  eos_token_id=tokenizer.eos_token_id, **sampling,
+                                  **variant_kwargs(variant, args.device))[:, ids.shape[1]:].cpu()
+
+    results = {"model": args.model, "device": args.device, "precision": args.precision,
+               "batch_size": args.batch_size, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
+               "calls": args.calls, "torch": torch.__version__,
+               "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None, "variants": {}}
+    greedy = {}
+    for variant in args.variants:
+        torch._dynamo.reset()
+        if args.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        torch.manual_seed(args.seed)
+        times, tokens = [], 0
+        for ids, mask, new in tqdm(calls, desc=variant, unit="call", leave=False):
+            sync()
+            t0 = time.perf_counter()
+            out = generate(variant, ids, mask, new, do_sample=True, top_k=0, top_p=1.0)
+            sync()
+            times.append(time.perf_counter() - t0)
+            tokens += out.numel()
+        ids, mask, _ = calls[0]
+        greedy[variant] = generate(variant, ids[:4], mask[:4], min(args.new_tokens[1], 32), do_sample=False)
+        later = times[1:] or times
+        results["variants"][variant] = {
+            "first_call_s": times[0], "median_call_s": statistics.median(later), "slowest_later_call_s": max(later),
+            "calls_s": times, "tokens_per_s": tokens / sum(times),
+            "run_total_s": times[0] + (args.run_calls - 1) * statistics.median(later),
+            "peak_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if args.device == "cuda" else None,
+            "greedy_equal_to_dynamic": (float((greedy[variant] == greedy["dynamic"]).float().mean())
+                                        if "dynamic" in greedy else None),
+        }
+        r = results["variants"][variant]
+        print(f"{variant:>15}: first {r['first_call_s']:.2f} s, median {r['median_call_s']:.2f} s, slowest later "
+              f"{r['slowest_later_call_s']:.2f} s, {r['tokens_per_s']:.0f} tok/s, {args.run_calls} calls "
+              f"{r['run_total_s']:.0f} s" + (f", peak {r['peak_gib']:.1f} GiB" if r["peak_gib"] else "")
+              + (f", greedy equal {r['greedy_equal_to_dynamic']:.0%}" if r["greedy_equal_to_dynamic"] is not None
+                 else ""), flush=True)
+    if "dynamic" in results["variants"]:
+        base = results["variants"]["dynamic"]
+        for variant, r in results["variants"].items():
+            r["median_speedup_vs_dynamic"] = base["median_call_s"] / r["median_call_s"]
+            r["run_speedup_vs_dynamic"] = base["run_total_s"] / r["run_total_s"]
+        print("vs dynamic (median call / whole run): " + ", ".join(
+            f"{v} {r['median_speedup_vs_dynamic']:.2f}x / {r['run_speedup_vs_dynamic']:.2f}x"
+            for v, r in results["variants"].items()))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

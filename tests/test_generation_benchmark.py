@@ -1,0 +1,54 @@
+"""benchmarks/generation.py: its inputs are checked before a model loads, every variant gets the same prompts,
+and the static KV cache samples the same greedy tokens as the dynamic cache runs use."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import generation  # noqa: E402
+
+
+@pytest.mark.parametrize("flag,value,says", [
+    ("--variants", "dynamic,paged", "'paged' is not one of dynamic, static, static_compile"),
+    ("--new_tokens", "9,3", "must be N or MIN,MAX with 1 <= MIN <= MAX"),
+    ("--prompt_tokens", "ten", "is not N or MIN,MAX"),
+    ("--device", "tpu", "'tpu' is not one of cpu, cuda"),
+    ("--precision", "fp16", "'fp16' is not one of fp32, tf32, bf16"),
+    ("--calls", "0", "must be >= 1"),
+])
+def test_bad_input_is_one_line_before_any_model(flag, value, says):
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "generation.py"), "--model", "no/such-model",
+                        flag, value], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    [line] = p.stderr.strip().splitlines()
+    assert line.startswith(f"error: {flag}: ") and says in line
+
+
+def test_every_variant_gets_the_same_prompts():
+    args = generation.parse(["--batch_size", "3", "--prompt_tokens", "2,9", "--new_tokens", "4,15", "--calls", "4"])
+    a, b = generation.batches(args, 100, 0, 99), generation.batches(args, 100, 0, 99)
+    assert len(a) == 4
+    for (ids, mask, new), (ids2, mask2, new2) in zip(a, b):
+        assert (ids == ids2).all() and (mask == mask2).all() and new == new2
+        assert 4 <= new <= 15 and not (ids[mask.bool()] == 99).any()  # no EOS inside a prompt
+        lengths = mask.sum(1)
+        assert lengths.min() >= 2 and lengths.max() == ids.shape[1]
+        assert (mask[:, -1] == 1).all()  # left-padded: every prompt ends at the last column
+
+
+def test_static_cache_samples_as_the_dynamic_cache(tmp_path):
+    out = tmp_path / "gen.json"
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "generation.py"), "--model", "tiny",
+                        "--batch_size", "4", "--prompt_tokens", "3,12", "--new_tokens", "6", "--calls", "2",
+                        "--variants", "dynamic,static", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    result = json.loads(out.read_text())
+    for variant in ("dynamic", "static"):
+        r = result["variants"][variant]
+        assert len(r["calls_s"]) == 2 and r["tokens_per_s"] > 0
+        assert r["greedy_equal_to_dynamic"] == 1.0
