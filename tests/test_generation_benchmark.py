@@ -1,5 +1,6 @@
 """benchmarks/generation.py: its inputs are checked before a model loads, every variant gets the same prompts,
-and the static KV cache samples the same greedy tokens as the dynamic cache runs use."""
+and the static KV cache samples the same greedy tokens as the dynamic cache runs use. benchmarks/gpu_session.sh:
+every command it would send to a GPU passes its benchmark's checks."""
 import json
 import subprocess
 import sys
@@ -52,3 +53,31 @@ def test_static_cache_samples_as_the_dynamic_cache(tmp_path):
         r = result["variants"][variant]
         assert len(r["calls_s"]) == 2 and r["tokens_per_s"] > 0
         assert r["greedy_equal_to_dynamic"] == 1.0
+
+
+@pytest.mark.parametrize("part", ["1", "2", "3"])
+def test_gpu_session_commands_pass_their_benchmarks_checks(part, tmp_path, monkeypatch):
+    """The commands benchmarks/gpu_session.sh sends to a lent GPU (few, 10-minute calls) must not fail on a
+    flag there: each one's arguments go through its benchmark's own parser, with CUDA stubbed as present."""
+    import shlex
+
+    import torch
+
+    import iteration
+
+    p = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_session.sh"), part], capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "OUT": str(tmp_path)}, timeout=60)
+    assert p.returncode == 0, p.stderr
+    commands = [shlex.split(line) for line in p.stdout.splitlines()]
+    assert commands
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    (tmp_path / f"part{part}").mkdir(exist_ok=True)
+    for cmd in commands:
+        assert cmd[0] == "python3"
+        if cmd[1] == "benchmarks/iteration.py":
+            args = iteration.parse(cmd[2:])
+            assert args.device == "cuda"
+        elif cmd[1] == "benchmarks/generation.py":
+            assert generation.parse(cmd[2:]).device == "cuda"
+        else:
+            assert cmd[1:3] == ["-m", "pytest"]

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Issue 11's GPU measurements in three parts, each under the device tool's 10-minute limit per call, so a
+# session lent a GPU (30 minutes in all) gets every figure in three calls. From the checkout's root there:
+#
+#     source .device/setup.sh && bash benchmarks/gpu_session.sh 1      # IMDB, the paper's batch: tf32, bf16
+#     source .device/setup.sh && bash benchmarks/gpu_session.sh 2      # GSM8K: 1B tf32, 7B bf16 + LoRA
+#     source .device/setup.sh && bash benchmarks/gpu_session.sh 3      # generation levers, the test suite
+#
+# Each part writes its JSON, logs and an nvidia-smi memory trace under $OUT/part<N>/ (the device tool brings
+# $OUT back). Every command has its own time limit, so a slow one costs its own figure, not the part's.
+# DRY_RUN=1 prints the commands instead of running them.
+set -u
+part=${1:?usage: gpu_session.sh 1|2|3}
+PY=${PYTHON:-python3}
+dest=${OUT:-/tmp/gpu_session}/part$part
+mkdir -p "$dest"
+
+run() {  # run NAME SECONDS COMMAND...: one measurement, its output to NAME.log, never past SECONDS
+    local name=$1 limit=$2
+    shift 2
+    if [ -n "${DRY_RUN:-}" ]; then
+        echo "$*"
+        return
+    fi
+    echo "== $name (limit ${limit}s): $*"
+    local t0=$SECONDS
+    timeout --signal=TERM --kill-after=20 "$limit" "$@" >"$dest/$name.log" 2>&1
+    echo "   exit $? after $((SECONDS - t0))s; last lines:"
+    tail -n 25 "$dest/$name.log" | sed 's/^/   /'
+}
+
+if [ -z "${DRY_RUN:-}" ]; then
+    nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv -lms 500 >"$dest/nvidia_smi.csv" 2>&1 &
+    smi=$!
+    trap 'kill $smi 2>/dev/null' EXIT
+    nvidia-smi >"$dest/nvidia_smi_start.txt" 2>&1
+fi
+
+case $part in
+1)  # IMDB at the paper's batch (GPT2-Large shape, batch 256 = mini-batch, 4 epochs, 4-15-token answers)
+    run imdb_tf32 300 $PY benchmarks/iteration.py --device cuda --model random:gpt2-large --batch_size 256 \
+        --iterations 3 --precision tf32 --variants ppo,cory,authors --swap_period 2 --json "$dest/imdb_tf32.json"
+    run imdb_bf16 200 $PY benchmarks/iteration.py --device cuda --model random:gpt2-large --batch_size 256 \
+        --iterations 3 --precision bf16 --variants ppo,cory --swap_period 2 --json "$dest/imdb_bf16.json"
+    ;;
+2)  # GSM8K at the paper's settings (batch 32, mini-batch 2, accumulation 16, 256-token answers, LoRA)
+    gsm8k="--task gsm8k --batch_size 32 --mini_batch_size 2 --gradient_accumulation_steps 16
+           --response_length_min 256 --response_length_max 256"  # LoRA variants: --peft_iterations, no warmup
+    run gsm8k_1b_tf32 200 $PY benchmarks/iteration.py --device cuda --model random:llama-1b $gsm8k \
+        --peft_iterations 2 --precision tf32 --variants ppo_peft,cory_peft --json "$dest/gsm8k_1b_tf32.json"
+    run gsm8k_7b_bf16 280 $PY benchmarks/iteration.py --device cuda --model random:llama-2-7b $gsm8k \
+        --peft_iterations 1 --precision bf16 --variants cory_peft --json "$dest/gsm8k_7b_bf16.json"
+    ;;
+3)  # generation levers, then the suite: the GPU tests first, then everything (the first failures matter)
+    run generation_1b 70 $PY benchmarks/generation.py --device cuda --model random:llama-1b --batch_size 32 \
+        --new_tokens 256 --calls 4 --json "$dest/generation_1b.json"
+    run generation_gpt2_large 50 $PY benchmarks/generation.py --device cuda --model random:gpt2-large \
+        --batch_size 256 --prompt_tokens 2,8 --new_tokens 4,15 --calls 12 --json "$dest/generation_gpt2_large.json"
+    run pytest_gpu 150 $PY -m pytest -q -m gpu -p no:cacheprovider
+    run pytest_all 230 $PY -m pytest -q -p no:cacheprovider --maxfail=10 --durations=15
+    ;;
+*)  echo "gpu_session.sh: part must be 1, 2 or 3, got '$part'" >&2
+    exit 2 ;;
+esac
