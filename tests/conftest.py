@@ -15,6 +15,18 @@ REPO = Path(__file__).resolve().parent.parent
 GSM8K_DIR = Path(os.environ.get("CORY_GSM8K_DIR", REPO.parent / "shared" / "data" / "gsm8k"))
 
 
+@pytest.fixture(autouse=True)
+def _fp32_matmuls_between_tests():
+    """A run in the test process switches TF32 on (``precision: tf32``, the default), a process-wide flag: put
+    it back, so that on a GPU machine a later test's tolerances are not met or missed by the order tests ran in
+    (on a CPU the flag does nothing)."""
+    import torch
+
+    flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
+
+
 @pytest.fixture
 def repo() -> Path:
     return REPO

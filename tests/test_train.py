@@ -168,5 +168,7 @@ def test_lora_agents_share_one_frozen_base(tmp_path):
 
 def test_every_row_reports_its_peak_memory(tmp_path):
     rows = read_jsonl(prepare_run(tiny(PPOArgs, "ppo", tmp_path, steps=2), "ppo").fit() / "metrics.jsonl")
-    # CPU: the process's peak resident memory during the iteration (models, trl and torch: well over 100 MiB)
-    assert all(0.1 < r["memory/peak_gib"] < 64 for r in rows)
+    if torch.cuda.is_available():  # the allocator's peak: the tiny model's tensors, a few MiB
+        assert all(0 < r["memory/peak_gib"] < 80 for r in rows)
+    else:  # the process's peak resident memory during the iteration (models, trl and torch: well over 100 MiB)
+        assert all(0.1 < r["memory/peak_gib"] < 64 for r in rows)
