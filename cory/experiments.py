@@ -310,6 +310,10 @@ def pair_state(pair: Pair) -> tuple[str, str]:
     saved_steps = saved.get("steps") if saved else None
     if saved and saved_steps == pair.steps and (d / "final").is_dir() and pair.steps - 1 in logged:
         return "finished", f"finished ({pair.steps} iterations)"
+    if saved and saved_steps == pair.steps and set(range(pair.steps)) <= logged:
+        # every iteration's metrics without the weights: a committed results folder (weights are not kept
+        # in git) - its metrics are the result, so rerunning would only overwrite it
+        return "finished", f"finished ({pair.steps} iterations; weights not kept)"
     ckpt = latest_checkpoint(d)
     if saved is None or ckpt is None:
         return "overwrite", "cut off before its first checkpoint"
@@ -384,7 +388,13 @@ class Record:
         self.path = out / "runs.json"
         self.lock = threading.Lock()
         self.data = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        earlier = {k: self.data.get(k) or [] for k in ("methods", "seeds", "kl_coefs")}
         self.data.update({k: v for k, v in spec.items() if k not in ("out", "jobs")})
+        # the folder holds every earlier command's runs too: list them all, not only this command's
+        for key, before in earlier.items():
+            now = self.data[key] or []
+            merged = list(before) + [v for v in now if v not in before]
+            self.data[key] = merged if merged or self.data[key] is not None else None
         self.data.setdefault("invocations", [])
         self.data.setdefault("runs", {})
 

@@ -211,3 +211,17 @@ def test_runner_runs_skips_and_resumes(tmp_path, capsys):
     longer = planned("--preset", "tiny", "--methods", "ppo", "--seeds", "0", "--steps", "5", "--out", str(out),
                      "--set", "save_every=1", "--set", "keep_checkpoints=2")[0][0]
     assert pair_state(longer)[0] == "resume"
+
+
+def test_runs_json_lists_the_methods_and_seeds_of_every_command(tmp_path):
+    """A second command adding methods to a folder (e.g. the confounds after the main comparison) keeps the
+    first command's methods, seeds and KL coefficients in runs.json's summary, in the order they came."""
+    spec = {"task": "imdb", "preset": "tiny", "methods": ["ppo", "cory"], "seeds": [0, 1], "steps": 2,
+            "kl_coefs": None, "set": {}, "jobs": 1, "out": tmp_path}
+    experiments.Record(tmp_path, spec).save()
+    record = experiments.Record(tmp_path, {**spec, "methods": ["cory", "ppo_norm"], "seeds": [2],
+                                           "kl_coefs": [0.1]})
+    assert record.data["methods"] == ["ppo", "cory", "ppo_norm"]
+    assert record.data["seeds"] == [0, 1, 2]
+    assert record.data["kl_coefs"] == [0.1]
+    assert experiments.Record(tmp_path, spec).data["kl_coefs"] is None  # never saved: nothing to keep

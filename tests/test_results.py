@@ -43,3 +43,27 @@ def test_evaluation_section_averages_seeds(tmp_path):
     assert "| base model | 1 | 0.05 |" in text
     assert "| CORY-LLM1 | 3 | 0.2 ± 0.1 |" in text and "| CORY-LLM2 | 3 | 0.3 ± 0.173 |" in text
     assert "n 4, limit 200" in text and "python -m cory.evaluate --task gsm8k --model X" in text
+
+
+@pytest.mark.parametrize("folder", RESULTS, ids=[p.name for p in RESULTS])
+def test_rerunning_a_committed_experiment_skips_every_run(folder, tmp_path):
+    """Weights are not committed, so a fresh clone has each run's metrics without final/ or checkpoints/. Rerunning
+    the commands in runs.json must count those runs as finished: never overwrite the committed metrics."""
+    import shlex
+
+    from cory import experiments
+
+    copy = tmp_path / "results" / folder.name
+    shutil.copytree(folder, copy)
+    invocations = json.loads((folder / "runs.json").read_text())["invocations"]
+    for inv in invocations:
+        argv = shlex.split(inv["command"])[3:]  # after "python -m cory.experiments"
+        argv[argv.index("--out") + 1] = str(copy)
+        sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+        if any(s.startswith("dataset_path=") and not (REPO / s.split("=", 1)[1]).is_dir() for s in sets):
+            pytest.skip("the experiment's local dataset is not beside this checkout")
+        pairs, _ = experiments.plan(experiments._parser().parse_args(argv))
+        for pair in pairs:
+            state, why = experiments.pair_state(pair)
+            assert state == "finished", (pair.key, why)
+            assert experiments._mismatch(pair) is None, pair.key
