@@ -310,11 +310,11 @@ def pair_state(pair: Pair) -> tuple[str, str]:
     saved_steps = saved.get("steps") if saved else None
     if saved and saved_steps == pair.steps and (d / "final").is_dir() and pair.steps - 1 in logged:
         return "finished", f"finished ({pair.steps} iterations)"
-    if saved and saved_steps == pair.steps and set(range(pair.steps)) <= logged:
-        # every iteration's metrics without the weights: a committed results folder (weights are not kept
-        # in git) - its metrics are the result, so rerunning would only overwrite it
-        return "finished", f"finished ({pair.steps} iterations; weights not kept)"
     ckpt = latest_checkpoint(d)
+    if saved and saved_steps == pair.steps and set(range(pair.steps)) <= logged and ckpt is None:
+        # every iteration's metrics and no weights at all: a committed results folder (git keeps no weights),
+        # whose metrics are the result - rerunning would only overwrite them
+        return "finished", f"finished ({pair.steps} iterations; weights not kept)"
     if saved is None or ckpt is None:
         return "overwrite", "cut off before its first checkpoint"
     done = int(ckpt.name.split("_")[-1])

@@ -206,6 +206,10 @@ def test_runner_runs_skips_and_resumes(tmp_path, capsys):
     shutil.rmtree(cut / "final")
     assert pair_state(pairs["cory/seed_1"])[0] == "resume"
     shutil.rmtree(cut / "checkpoints")
+    # every row and no weights at all, as a committed results folder: its metrics are kept, not redone
+    assert pair_state(pairs["cory/seed_1"]) == ("finished", "finished (2 iterations; weights not kept)")
+    rows = (cut / "metrics.jsonl").read_text().splitlines()
+    (cut / "metrics.jsonl").write_text(rows[0] + "\n")
     assert pair_state(pairs["cory/seed_1"])[0] == "overwrite"
     # asking for more iterations continues a finished run from its last checkpoint
     longer = planned("--preset", "tiny", "--methods", "ppo", "--seeds", "0", "--steps", "5", "--out", str(out),
