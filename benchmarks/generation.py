@@ -32,8 +32,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from cory.config import PPOArgs  # noqa: E402  (imports nothing heavy: the checks stay before any model)
+
 VARIANTS = ("dynamic", "static", "static_compile")
-PRECISIONS = ("fp32", "tf32", "bf16")
+PRECISIONS = PPOArgs.__dataclass_fields__["precision"].metadata["choices"]
 
 
 def int_range(text: str, name: str) -> tuple[int, int]:
@@ -117,19 +120,16 @@ def variant_kwargs(variant: str, device: str) -> dict:
 
 
 def main(argv=None) -> int:
-    sys.path.insert(0, str(REPO))
     try:
         args = parse(argv)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    import contextlib
-
     import torch
     from tqdm.auto import tqdm
 
     from cory import models
-    from cory.agent import set_precision
+    from cory.agent import precision_context, set_precision
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda: no CUDA GPU here", file=sys.stderr)
@@ -144,13 +144,8 @@ def main(argv=None) -> int:
         if args.device == "cuda":
             torch.cuda.synchronize()
 
-    def compute():
-        if args.precision != "bf16":
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=args.device, dtype=torch.bfloat16)
-
     def generate(variant, ids, mask, new, **sampling):
-        with torch.inference_mode(), compute():
+        with torch.inference_mode(), precision_context(args.precision, args.device):
             return model.generate(input_ids=ids.to(args.device), attention_mask=mask.to(args.device),
                                   max_new_tokens=new, min_new_tokens=new, pad_token_id=pad,
                                   eos_token_id=tokenizer.eos_token_id, **sampling,

@@ -119,10 +119,7 @@ class Agent:
         Within one autocast region each weight is cast to bf16 once and the copy reused: right for a whole
         generation (one cast instead of one per token), wrong across optimizer steps (a stale copy), so a PPO
         step casts afresh (``training``)."""
-        if self.cfg.precision != "bf16":
-            return contextlib.nullcontext()
-        device = self.trainer.accelerator.device.type
-        return torch.autocast(device_type=device, dtype=torch.bfloat16, cache_enabled=not training)
+        return precision_context(self.cfg.precision, self.trainer.accelerator.device.type, cache=not training)
 
     @torch.inference_mode()
     def generate(self, prompts: list[torch.Tensor], **generation_kwargs) -> list[torch.Tensor]:
@@ -177,6 +174,13 @@ class Agent:
         self.trainer.optimizer.load_state_dict(state["optimizer"])
         self.trainer.kl_ctl.value = state["kl_coef"]
         self.normalizer.load_state_dict(state["normalizer"])
+
+
+def precision_context(precision: str, device_type: str, cache: bool = True):
+    """bf16: an autocast region (``cache``: each weight cast once for the whole region); otherwise nothing."""
+    if precision != "bf16":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device_type, dtype=torch.bfloat16, cache_enabled=cache)
 
 
 def set_precision(precision: str) -> None:

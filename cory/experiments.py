@@ -387,14 +387,12 @@ class Record:
     def __init__(self, out: Path, spec: dict):
         self.path = out / "runs.json"
         self.lock = threading.Lock()
-        self.data = json.loads(self.path.read_text()) if self.path.is_file() else {}
-        earlier = {k: self.data.get(k) or [] for k in ("methods", "seeds", "kl_coefs")}
-        self.data.update({k: v for k, v in spec.items() if k not in ("out", "jobs")})
+        prior = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        self.data = {**prior, **{k: v for k, v in spec.items() if k not in ("out", "jobs")}}
         # the folder holds every earlier command's runs too: list them all, not only this command's
-        for key, before in earlier.items():
-            now = self.data[key] or []
-            merged = list(before) + [v for v in now if v not in before]
-            self.data[key] = merged if merged or self.data[key] is not None else None
+        for key in ("methods", "seeds", "kl_coefs"):
+            before = prior.get(key) or []
+            self.data[key] = before + [v for v in spec[key] or [] if v not in before] or spec[key]
         self.data.setdefault("invocations", [])
         self.data.setdefault("runs", {})
 
