@@ -12,7 +12,7 @@ Each variant runs in a fresh subprocess (so peak resident memory is its own), on
 model (configs/imdb/{ppo,cory}_<preset>.yaml: embedded SmolLM2-135M + VADER for ``cpu``), with the
 same seed and so the same prompts and response lengths, the full batch in one PPO mini-batch:
 
-    ppo        our PPO iteration (Run.ppo_iteration)
+    ppo        our PPO iteration (cory.game.ppo_iteration)
     cory       our CORY iteration (Run.cory_iteration)
     authors    CORY as the released code runs it, built from the same pieces: trl's stock PPOTrainer and
                Adam, trl's default list generation in batches of 4, and role exchange by save_pretrained
@@ -167,8 +167,9 @@ def window_peak_mb() -> float:
 # ----------------------------------------------------------------------------- the worker
 
 def build_cfg(args, variant: str, out_dir: str):
+    import importlib
+
     from cory.config import build, load_yaml
-    from cory.experiments import script_hyperparameters
 
     method = "ppo" if variant.startswith("ppo") else "cory"
     base = load_yaml(REPO / "configs" / args.task / f"{method}_{args.preset}.yaml")
@@ -181,7 +182,9 @@ def build_cfg(args, variant: str, out_dir: str):
     for field in OVERRIDES:
         if getattr(args, field) is not None:
             base[field] = getattr(args, field)
-    return method, build(script_hyperparameters(args.task, method), base)
+    # the script's class holds the task's paper values; the preset lists only what it changes
+    script = importlib.import_module(f"{args.task}_train.{method}")
+    return method, build(script.Hyperparameters, base)
 
 
 def authors_agent_class():

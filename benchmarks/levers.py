@@ -98,11 +98,13 @@ def main(argv=None) -> int:
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(REPO))  # the training scripts' folders import by name (imdb_train.cory)
     from iteration import matmul_peak_gflops
 
     from cory import models
     from cory.agent import Agent
-    from cory.config import CoryArgs, build, load_yaml
+    from cory.config import build, load_yaml
+    from imdb_train.cory import Hyperparameters
     from cory.rollout import decode_and_clean, generation_kwargs, tokenize_prompts
     from cory.speedups.windowed import WindowedPPOTrainer
     from cory.tasks import make_task
@@ -114,7 +116,7 @@ def main(argv=None) -> int:
     base = load_yaml(REPO / "configs" / "imdb" / f"cory_{args.preset}.yaml")
     base.update(batch_size=args.batch_size, mini_batch_size=args.batch_size, ppo_epochs=args.ppo_epochs,
                 output_dir="/tmp/unused", seed=args.seed)
-    cfg = build(CoryArgs, base)
+    cfg = build(Hyperparameters, base)  # the IMDB script's values, then the preset's changes
     spec = cfg.model_name
     torch.manual_seed(cfg.seed)
     tok = models.load_tokenizer(spec)

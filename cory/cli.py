@@ -6,10 +6,13 @@ import os
 import sys
 from pathlib import Path
 
-from cory.config import (INVOCATION_FIELDS, ConfigError, CoryArgs, PPOArgs, _allowed, _field_types, build,
-                         field_help, load_yaml, metadata, validate)
+import yaml
 
-USAGE = "usage: {prog} [--config FILE.yaml] [--field value ...] [--resume RUN_DIR [--steps N]] [--overwrite]"
+from cory.config import (INVOCATION_FIELDS, REQUIRED, ConfigError, _allowed, _field_types,
+                         build, field_help, load_yaml, metadata, to_dict, validate)
+
+USAGE = ("usage: {prog} [--config FILE.yaml] [--field value ...] [--resume RUN_DIR [--steps N]] [--overwrite] "
+         "[--print_config]")
 
 
 def _help(cls, prog: str) -> str:
@@ -21,6 +24,7 @@ def _help(cls, prog: str) -> str:
         "  --resume RUN_DIR     continue that run from its newest checkpoint (its config.yaml is the base);",
         "                       only the fields marked [resume] may differ, e.g. --steps N extends a finished run",
         "  --overwrite          replace the run already in output_dir (only ever a folder this project wrote)",
+        "  --print_config       check the resolved config as a run would, print it as YAML and exit (trains nothing)",
         "", "fields (--name value; a true/false field may stand alone to mean true):"]
     for name, tp, default, meta in field_help(cls):
         if name in INVOCATION_FIELDS:
@@ -29,7 +33,8 @@ def _help(cls, prog: str) -> str:
         if meta.get("auto"):
             allowed = f"auto | {allowed}"
         flags = " [resume]" if meta["on_resume"] else ""
-        lines.append(f"  --{name:<27} {allowed}  (default: {default}){flags}")
+        given = "required" if default is REQUIRED else f"default: {default}"
+        lines.append(f"  --{name:<27} {allowed}  ({given}){flags}")
         if meta["help"]:
             lines.append(f"      {meta['help']}")
     return "\n".join(lines)
@@ -68,7 +73,7 @@ def parse(cls, argv: list[str] | None = None, prog: str | None = None):
     the config saved in DIR, and only fields that do not change what the run learns may differ from it."""
     from cory import preflight
 
-    argv = sys.argv[1:] if argv is None else argv
+    argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != PRINT_CONFIG]
     if any(a in ("-h", "--help") for a in argv):
         print(_help(cls, prog or Path(sys.argv[0]).name))
         raise SystemExit(0)
@@ -124,17 +129,33 @@ def build_saved(cls, saved: dict, path: Path):
     return build(cls, {k: v for k, v in saved.items() if k not in INVOCATION_FIELDS})
 
 
+PRINT_CONFIG = "--print_config"
+
+
 def main(cls, method: str, argv: list[str] | None = None) -> None:
-    """Entry point of a training script: user mistakes print one line and exit 2, no traceback."""
+    """Entry point of a training script: user mistakes print one line and exit 2, no traceback.
+
+    ``--print_config``: the resolved config, checked as far as a run checks it before loading a model, printed
+    as YAML (``method`` and ``config``); this is how the experiment runner reads a script's values."""
     from cory.assets import AssetError
+
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        cfg = parse(cls, argv)
+        script_task = cls.__dataclass_fields__["task"].default
+        if script_task is not REQUIRED and cfg.task != script_task:
+            raise ConfigError(f"task: this script trains {script_task}, the config asks for {cfg.task}; use "
+                              f"that task's own script")
+    except (ConfigError, AssetError) as e:
+        print(f"error: {one_line(str(e))}", file=sys.stderr)
+        raise SystemExit(2)
+    if PRINT_CONFIG in argv:
+        print(yaml.safe_dump({"method": method, "config": to_dict(cfg)}, sort_keys=False), end="")
+        return
+    # the training stack (torch, trl) loads only now, so that --help and --print_config answer at once
     from cory.train import RunError, train
 
     try:
-        cfg = parse(cls, argv)
-        script_task = None if cls in (PPOArgs, CoryArgs) else cls.__dataclass_fields__["task"].default
-        if script_task is not None and cfg.task != script_task:
-            raise ConfigError(f"task: this script trains {script_task}, the config asks for {cfg.task}; use "
-                              f"{cfg.task}_train/{method}.py")
         out = train(cfg, method)
     except (ConfigError, AssetError) as e:
         print(f"error: {one_line(str(e))}", file=sys.stderr)

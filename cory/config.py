@@ -1,7 +1,7 @@
 """Hyperparameters: the fields, their meaning, defaults and the checks that need nothing else.
 
-Values come from the dataclass defaults (a training script's ``Hyperparameters`` subclass sets its task's
-paper values), then a YAML preset (``--config``), then ``--field value`` flags. Every user mistake (unknown
+Values come from a training script's ``Hyperparameters`` subclass (its task's paper values: this module
+gives none), then a YAML preset (``--config``), then ``--field value`` flags. Every user mistake (unknown
 field, wrong type, out-of-range value, unreadable file) raises ``ConfigError`` with one line naming the field,
 before any model is loaded.
 
@@ -26,58 +26,71 @@ class ConfigError(ValueError):
     """A user mistake in a config file or a flag; the message is one line."""
 
 
+REQUIRED = dataclasses.MISSING  # a field without a default: the training script states its value
+
+
 def arg(default, help: str, *, trl: bool = False, on_resume: bool = False, choices: tuple = (), auto: bool = False):
-    """A documented field. ``trl``: passed on to trl's PPOConfig under the same name; ``on_resume``: may
-    change when a run is resumed (it does not change what the run learns); ``choices``: the allowed values;
-    ``auto``: the word "auto" is allowed besides the field's type."""
-    return field(default=default, metadata={"help": help, "trl": trl, "on_resume": on_resume, "choices": choices,
-                                            "auto": auto})
+    """A documented field. ``default`` REQUIRED: the script sets it (a paper value has its one home there);
+    ``trl``: passed on to trl's PPOConfig under the same name; ``on_resume``: may change when a run is resumed
+    (it does not change what the run learns); ``choices``: the allowed values; ``auto``: the word "auto" is
+    allowed besides the field's type."""
+    meta = {"help": help, "trl": trl, "on_resume": on_resume, "choices": choices, "auto": auto}
+    if default is REQUIRED:
+        # keyword-only, so a required field may follow fields with defaults
+        return field(kw_only=True, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass
 class PPOArgs:
-    """Single-agent PPO (the paper's baseline); the CORY arguments extend these. The defaults are trl 0.11.4's
-    PPOConfig defaults, which are also the paper's IMDB settings (Table 1)."""
+    """Single-agent PPO (the paper's baseline); the CORY arguments extend these.
+
+    Only the fields; their values are the training scripts'. A field whose value the paper gives (a
+    hyperparameter of its Tables 1 and 2, the model, the reward) has no default here: each task's ``ppo.py``
+    states it, and ``cory.py`` states only what CORY adds or changes, so no second copy can disagree with
+    the script a user edits. The defaults below are switches that are off (no LoRA, no top-k, no clipping)
+    or the project's own engineering choices (precision, checkpoints, logging)."""
 
     # ---- the run
-    task: str = arg("imdb", "the task: prompts, reward and data (imdb, gsm8k, or one registered with "
+    task: str = arg(REQUIRED, "the task: prompts, reward and data (a name registered with "
                     "cory.tasks.register_task)")
-    output_dir: str = arg("runs/ppo", "the run's folder (config, metrics, samples, checkpoints, final models)",
+    output_dir: str = arg(REQUIRED, "the run's folder (config, metrics, samples, checkpoints, final models)",
                           on_resume=True)
     seed: int = arg(0, "seeds data order, sampling and initialisation", trl=True)
-    steps: int = arg(100, "PPO iterations (one batch each); raise it with --resume RUN to extend a run",
+    steps: int = arg(REQUIRED, "PPO iterations (one batch each); raise it with --resume RUN to extend a run",
                      on_resume=True)
     # ---- the model
-    model_name: str = arg("gpt2-large", "'tiny', 'embedded:smollm2-135m', a model folder or a hub id", trl=True)
+    model_name: str = arg(REQUIRED, "'tiny', 'embedded:smollm2-135m', a model folder or a hub id", trl=True)
     use_peft: bool = arg(False, "train LoRA adapters (and the value head) instead of every weight")
-    lora_r: int = arg(16, "LoRA rank")
-    lora_alpha: int = arg(16, "LoRA scaling alpha")
+    lora_r: int | None = arg(None, "LoRA rank (needed with use_peft)")
+    lora_alpha: int | None = arg(None, "LoRA scaling alpha (needed with use_peft)")
     lora_dropout: float = arg(0.05, "LoRA dropout")
     load_in_4bit: bool = arg(False, "the frozen base in 4 bit (bitsandbytes, CUDA only; needs use_peft)")
-    # ---- data and reward
-    dataset: str = arg("auto", "where prompts come from (imdb: auto|hub|builtin; gsm8k: auto|hub|local|generated)")
-    dataset_path: str | None = arg(None, "gsm8k: a folder with train.jsonl and test.jsonl (selects dataset local)")
-    reward_model: str = arg("distilbert-imdb", "imdb: vader | distilbert-imdb | a classifier folder; "
-                            "gsm8k: correctness")
+    # ---- data and reward: the values a task allows are its own (--help of its script lists them)
+    dataset: str = arg("auto", "where prompts come from (auto: the task's best source available here)")
+    dataset_path: str | None = arg(None, "a folder of data files, for a task that reads them (selects dataset "
+                                   "local)")
+    reward_model: str = arg(REQUIRED, "the task's reward (a value the task allows)")
     score_norm: bool = arg(False, "normalise training scores by their running mean and std (the authors' "
                            "use_score_scaling + use_score_norm; trl 0.11.4's own option crashes)")
     score_clip: float | None = arg(None, "clip training scores to [-score_clip, score_clip]", trl=True)
     # ---- PPO (trl's PPOConfig)
-    learning_rate: float = arg(1.41e-5, "Adam learning rate", trl=True)
-    batch_size: int = arg(256, "queries per iteration (per process in data-parallel runs)", trl=True)
-    mini_batch_size: int = arg(256, "queries per optimizer step", trl=True)
-    gradient_accumulation_steps: int = arg(1, "mini-batches whose gradients add up to one optimizer step", trl=True)
-    ppo_epochs: int = arg(4, "passes over each batch", trl=True)
-    init_kl_coef: float = arg(0.3, "eta, the KL penalty's starting coefficient", trl=True)
-    adap_kl_ctrl: bool = arg(True, "adapt eta towards the target KL (Ziegler et al.)", trl=True)
-    target: float = arg(6.0, "the adaptive controller's target KL", trl=True)
-    horizon: float = arg(10000.0, "the adaptive controller's horizon", trl=True)
-    gamma: float = arg(1.0, "discount", trl=True)
-    lam: float = arg(0.95, "GAE lambda", trl=True)
-    cliprange: float = arg(0.2, "policy ratio clip", trl=True)
-    cliprange_value: float = arg(0.2, "value clip", trl=True)
-    vf_coef: float = arg(0.1, "value loss weight", trl=True)
-    kl_penalty: str = arg("full", "per-token KL estimate: full = the full-vocabulary KL(pi || pi0)", trl=True,
+    learning_rate: float = arg(REQUIRED, "Adam learning rate", trl=True)
+    batch_size: int = arg(REQUIRED, "queries per iteration (per process in data-parallel runs)", trl=True)
+    mini_batch_size: int = arg(REQUIRED, "queries per optimizer step", trl=True)
+    gradient_accumulation_steps: int = arg(1, "mini-batches whose gradients add up to one optimizer step "
+                                           "(1 = none)", trl=True)
+    ppo_epochs: int = arg(REQUIRED, "passes over each batch", trl=True)
+    init_kl_coef: float = arg(REQUIRED, "eta, the KL penalty's starting coefficient", trl=True)
+    adap_kl_ctrl: bool = arg(REQUIRED, "adapt eta towards the target KL (Ziegler et al.)", trl=True)
+    target: float = arg(REQUIRED, "the adaptive controller's target KL", trl=True)
+    horizon: float = arg(REQUIRED, "the adaptive controller's horizon", trl=True)
+    gamma: float = arg(REQUIRED, "discount", trl=True)
+    lam: float = arg(REQUIRED, "GAE lambda", trl=True)
+    cliprange: float = arg(REQUIRED, "policy ratio clip", trl=True)
+    cliprange_value: float = arg(REQUIRED, "value clip", trl=True)
+    vf_coef: float = arg(REQUIRED, "value loss weight", trl=True)
+    kl_penalty: str = arg(REQUIRED, "per-token KL estimate: full = the full-vocabulary KL(pi || pi0)", trl=True,
                           choices=("full", "kl", "abs", "mse"))
     max_grad_norm: float | None = arg(None, "clip the gradient norm (none = no clipping)", trl=True)
     # ---- precision: tf32 measured 2.3x faster than fp32 for PPO at the paper's IMDB shapes on an H100 (README)
@@ -92,17 +105,17 @@ class PPOArgs:
                                      "passes whose gradients add up to the one-pass gradient; 0 = no limit; auto = "
                                      "measured from the GPU's free memory at the first step (no limit on a CPU)",
                                      on_resume=True, auto=True)
-    # ---- generation: one response length per batch, uniform in [min, max] (the paper's LengthSampler(4, 16))
-    response_length_min: int = arg(4, "shortest answer, in tokens")
-    response_length_max: int = arg(15, "longest answer, in tokens")
-    # GPT-2 practically never emits EOS within 4-15 tokens, so the paper's answers have the drawn length; an
+    # ---- generation: one response length per batch, uniform in [min, max] (the paper's LengthSampler)
+    response_length_min: int = arg(REQUIRED, "shortest answer, in tokens")
+    response_length_max: int = arg(REQUIRED, "longest answer, in tokens")
+    # GPT-2 practically never emits EOS within 4-15 tokens, so the paper's IMDB answers have the drawn length; an
     # instruct model does emit it, and PPO then learns to end every answer at once
-    allow_early_eos: bool = arg(False, "false: every answer runs to its drawn length (EOS masked until then, "
-                                "the paper's regime); true: EOS may end it sooner (GSM8K)")
+    allow_early_eos: bool = arg(REQUIRED, "false: every answer runs to its drawn length (EOS masked until then); "
+                                "true: EOS (or the task's stop string) may end it sooner")
     top_k: int = arg(0, "sampling top-k (0 = off)")
-    top_p: float = arg(1.0, "sampling nucleus")
-    temperature: float = arg(1.0, "sampling temperature")
-    repetition_penalty: float = arg(1.1, "sampling repetition penalty (the authors' 1.1)")
+    top_p: float = arg(1.0, "sampling nucleus (1 = off)")
+    temperature: float = arg(1.0, "sampling temperature (1 = the policy's own distribution)")
+    repetition_penalty: float = arg(1.0, "sampling repetition penalty (1 = off)")
     # ---- outputs and faults
     save_every: int = arg(25, "iterations between checkpoints", on_resume=True)
     keep_checkpoints: int = arg(1, "checkpoints kept (the newest)", on_resume=True)
@@ -116,20 +129,26 @@ class PPOArgs:
 
 @dataclass
 class CoryArgs(PPOArgs):
-    """CORY: two PPO agents, pioneer and observer, exchanging roles."""
+    """CORY: two PPO agents, pioneer and observer, exchanging roles (arXiv 2410.06101)."""
 
-    output_dir: str = arg("runs/cory", "the run's folder (config, metrics, samples, checkpoints, final models)",
-                          on_resume=True)
-    swap_period: int = arg(5, "iterations between role exchanges (the paper's T_REx); 0 = never (ablation)")
-    other_reward_coef: float = arg(1.0, "reward = own + coef * partner's: 1 collective (the paper), 0 independent, "
-                                   "-1 competitive")
-    knowledge_transfer: bool = arg(True, "the observer reads the pioneer's answer; false = only the query (ablation)")
+    swap_period: int = arg(REQUIRED, "iterations between role exchanges (the paper's T_REx); 0 = never (ablation)")
+    other_reward_coef: float = arg(REQUIRED, "reward = own + coef * partner's: 1 collective (the paper), "
+                                   "0 independent, -1 competitive")
+    knowledge_transfer: bool = arg(REQUIRED, "the observer reads the pioneer's answer; false = only the query "
+                                   "(ablation)")
     reset_on_swap: bool = arg(False, "fresh Adam moments, KL coefficient and score statistics at each exchange "
-                              "(the authors' code reloads its trainers)")
+                              "(the authors' code reloads its trainers at each exchange: Harry67Hu/CORY "
+                              "imdb_train/cory.py)")
 
 
 # run-control fields that describe one invocation, not the experiment
 INVOCATION_FIELDS = ("resume", "overwrite")
+
+
+def on_resume_fields(cls) -> tuple[str, ...]:
+    """The fields that do not change what a run learns: a resume may change them, and the experiment runner
+    counts a finished run made with other values as done."""
+    return tuple(f.name for f in fields(cls) if metadata(cls, f.name)["on_resume"])
 
 
 def _field_types(cls) -> dict[str, typing.Any]:
@@ -232,9 +251,17 @@ def build(cls, overrides: dict | None = None, cli: dict | None = None):
                 values[key] = "auto"
             else:
                 values[key] = _coerce(key, value, types_[key], from_cli)
+    missing = [f.name for f in fields(cls) if f.name not in values and _is_required(f)]
+    if missing:
+        raise ConfigError(f"{missing[0]}: no value; {cls.__name__} leaves it to the training script, which states "
+                          f"its task's value (or give it in --config or as --{missing[0]})")
     cfg = cls(**values)
     validate(cfg)
     return cfg
+
+
+def _is_required(f) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
 
 
 def _one_of(name, value, allowed):
@@ -257,8 +284,14 @@ def validate(cfg: PPOArgs) -> None:
         if choices:
             _one_of(f.name, v, choices)
     for name in ("steps", "batch_size", "mini_batch_size", "gradient_accumulation_steps", "ppo_epochs",
-                 "response_length_min", "save_every", "keep_checkpoints", "lora_r", "lora_alpha"):
+                 "response_length_min", "save_every", "keep_checkpoints"):
         positive(name)
+    for name in ("lora_r", "lora_alpha"):
+        if getattr(cfg, name) is None:
+            if cfg.use_peft:
+                raise ConfigError(f"{name}: needed with use_peft: true")
+        elif getattr(cfg, name) <= 0:
+            raise ConfigError(f"{name}: must be > 0, got {getattr(cfg, name)}")
     for name in ("learning_rate", "target", "horizon", "temperature", "repetition_penalty"):
         positive(name, integer=False)
     if not 0 <= cfg.seed < 2 ** 31:  # numpy seeds below 2**32, and each process adds its rank
@@ -322,7 +355,8 @@ def trl_fields(cfg) -> dict:
 
 
 def field_help(cls) -> list[tuple[str, str, object, dict]]:
-    """(name, type, default, metadata) of every field, for --help."""
+    """(name, type, default, metadata) of every field, for --help; the default of a field the script must
+    state is REQUIRED."""
     out = []
     for f in fields(cls):
         base, optional = _allowed(_field_types(cls)[f.name])

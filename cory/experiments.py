@@ -15,8 +15,11 @@ the ways the authors' runs differ from a like-for-like comparison:
   sets init_kl_coef itself, so in a ``--kl_coefs`` sweep every one of its folders runs at 0.4 (a method's own
   flags come last and win).
 
-Each run is a fresh process of the real training script (``<task>_train/{ppo,cory}.py``) with the preset
-``configs/<task>/<ppo|cory>_<preset>.yaml`` and writes ``OUT/runs/<method>[_kl<eta>]/seed_<s>/``. Running
+Each run is a fresh process of the real training script (``<task>_train/{ppo,cory}.py``, or for a task in one
+file, ``--task_file FILE``: ``FILE ppo|cory`` as docs/adding_a_task.md writes it) with the preset
+``configs/<task>/<ppo|cory>_<preset>.yaml`` (a task file: none, its own values) and writes
+``OUT/runs/<method>[_kl<eta>]/seed_<s>/``. The runner reads each run's config from the script itself
+(``--print_config``: resolved and checked exactly as the run will be), before anything is written. Running
 the same command again skips finished runs and resumes cut-off ones, so a long experiment can be stopped
 (Ctrl-C lets the current run save a checkpoint) and continued. Each run's command, wall time and exit
 status go to ``OUT/runs.json``, its output to ``OUT/logs/``; at the end ``cory.report`` writes the figures
@@ -38,9 +41,9 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-from cory import preflight
-from cory.assets import AssetError
-from cory.config import ConfigError, CoryArgs, PPOArgs, build, load_yaml
+import yaml
+
+from cory.config import ConfigError, CoryArgs, PPOArgs, load_yaml, on_resume_fields
 from cory.outputs import latest_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
@@ -64,9 +67,9 @@ LARGER_MODEL = {
 }
 # run-control fields the runner sets itself; --set may not touch them
 RUNNER_FIELDS = ("task", "seed", "steps", "output_dir", "resume", "overwrite")
-# fields that do not change what a run learns: a finished run made with other values still counts
-BOOKKEEPING_FIELDS = ("output_dir", "steps", "resume", "overwrite", "save_every", "keep_checkpoints",
-                      "report_to", "samples_per_step")
+# fields that do not change what a run learns (those a resume may change): a finished run made with other
+# values still counts
+BOOKKEEPING_FIELDS = on_resume_fields(PPOArgs)
 
 
 class ExperimentError(Exception):
@@ -78,12 +81,13 @@ class Pair:
     method: str
     seed: int
     kl_coef: float | None
-    script: str         # repo-relative
-    preset: str         # repo-relative
+    script: str         # repo-relative (absolute when outside the repository)
+    preset: str | None  # repo-relative; None: the script's own values
     flags: list[str]    # --set overrides, eta, then the method's own flags (later flags win)
     run_dir: Path       # absolute
     steps: int
     intended: dict      # field -> value this command asks for (to compare with a run already there)
+    script_args: tuple = ()  # a one-file task's method argument: FILE ppo|cory
 
     @property
     def label(self) -> str:
@@ -105,8 +109,12 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m cory.experiments",
                 description="Run every (method, seed[, KL coefficient]) training run, skip finished ones, "
                             "resume cut-off ones, then write the report.")
-    p.add_argument("--task", default="imdb", help="imdb or gsm8k (default imdb)")
-    p.add_argument("--preset", default="cpu", help="configs/<task>/<ppo|cory>_<preset>.yaml: paper, cpu or tiny")
+    task = p.add_mutually_exclusive_group(required=True)
+    task.add_argument("--task", help="a task with training scripts <task>_train/{ppo,cory}.py in the repository")
+    task.add_argument("--task_file", metavar="FILE", help="a task in one file, run as `python FILE ppo|cory` "
+                      "(docs/adding_a_task.md)")
+    p.add_argument("--preset", help="configs/<task>/<ppo|cory>_<preset>.yaml, e.g. paper, cpu or tiny (default: cpu "
+                                    "for --task; none, the script's own values, for --task_file)")
     p.add_argument("--methods", default="ppo,cory",
                    help=f"comma-separated, from {', '.join(METHODS)} (default ppo,cory). Ablations: cory_no_kt "
                         "(--knowledge_transfer false), cory_no_swap (--swap_period 0), ppo_2x (a model twice the "
@@ -162,17 +170,49 @@ def _overrides(items: list[str]) -> dict[str, str]:
     return out
 
 
+@dataclass
+class Scripts:
+    """Where a task's two training scripts and its presets are."""
+    commands: dict[str, list[str]]  # "ppo" | "cory" -> the script and its arguments (repo-relative when inside)
+    configs: Path | None            # the presets' folder
+
+
+def task_scripts(args: argparse.Namespace) -> Scripts:
+    if args.task_file is not None:
+        path = Path(args.task_file).expanduser().resolve()
+        if not path.is_file():
+            raise ExperimentError(f"--task_file: {args.task_file} not found")
+        return Scripts({m: [_rel(path), m] for m in ("ppo", "cory")}, None)
+    tasks = sorted(d.name.removesuffix("_train") for d in REPO.glob("*_train") if (d / "ppo.py").is_file())
+    if args.task not in tasks:
+        raise ExperimentError(f"--task: {args.task!r} is not one of {', '.join(tasks)} (the <task>_train folders "
+                              "here); a task in one file runs with --task_file FILE")
+    return Scripts({m: [f"{args.task}_train/{m}.py"] for m in ("ppo", "cory")}, REPO / "configs" / args.task)
+
+
+def script_config(command: list[str], flags: list[str], what: str) -> dict:
+    """The config a training script resolves from ``flags``, checked as it checks it before loading a model:
+    the runner asks the script itself (``--print_config``) rather than rebuilding its values."""
+    p = subprocess.run([sys.executable, *command, *flags, "--print_config"], cwd=REPO, capture_output=True,
+                       text=True, timeout=300, stdin=subprocess.DEVNULL)
+    if p.returncode != 0:
+        last = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
+        raise ExperimentError(f"{what}: {last.removeprefix('error: ')}")
+    return yaml.safe_load(p.stdout)["config"]
+
+
 def plan(args: argparse.Namespace) -> tuple[list[Pair], dict]:
-    """Every run this command asks for, each validated like the training script would; writes nothing."""
-    if args.task not in ("imdb", "gsm8k"):
-        raise ExperimentError(f"--task: {args.task!r} is not one of imdb, gsm8k")
-    if not (REPO / f"{args.task}_train").is_dir():
-        raise ExperimentError(f"the training scripts are not in {REPO}; run from a source checkout (pip install -e .)")
-    configs = REPO / "configs" / args.task
-    presets = sorted(p.stem.split("_", 1)[1] for p in configs.glob("ppo_*.yaml"))
-    if args.preset not in presets:
-        raise ExperimentError(f"--preset: {args.preset!r} is not one of {', '.join(presets)} "
-                              f"(configs/{args.task}/ppo_<preset>.yaml)")
+    """Every run this command asks for, each validated by its training script; writes nothing."""
+    scripts = task_scripts(args)
+    preset = args.preset or ("cpu" if scripts.configs is not None else None)
+    if preset is not None and scripts.configs is None:
+        raise ExperimentError("--preset: a task file's runs take the file's own values (change them with --set)")
+    if preset is not None:
+        configs = scripts.configs
+        presets = sorted(p.stem.split("_", 1)[1] for p in configs.glob("ppo_*.yaml"))
+        if preset not in presets:
+            raise ExperimentError(f"--preset: {preset!r} is not one of {', '.join(presets) or 'none'} "
+                                  f"({_rel(configs)}/ppo_<preset>.yaml)")
     methods = _split(args.methods, "methods")
     for m in methods:
         if m not in METHODS:
@@ -195,68 +235,57 @@ def plan(args: argparse.Namespace) -> tuple[list[Pair], dict]:
     sets = _overrides(args.set)
     if "init_kl_coef" in sets and args.kl_coefs is not None:
         raise ExperimentError("--set init_kl_coef: conflicts with --kl_coefs, which sets it per run")
-    known = set(PPOArgs.__dataclass_fields__) | set(CoryArgs.__dataclass_fields__)
-    for key in sets:
-        if key not in known:
-            raise ExperimentError(f"--set {key}: unknown field; see `python {args.task}_train/cory.py --help`")
     if not args.out.strip():  # "" would resolve to the current folder and fill it with the experiment
         raise ExperimentError(f"--out: must name the experiment folder, got {args.out!r}")
     out = Path(args.out).expanduser().resolve()
     if out.exists() and not out.is_dir():
         raise ExperimentError(f"--out: {args.out} exists and is not a folder")
 
+    # each script's own values with the preset: its fields, and the base every run's flags change
+    scripts_used = list(dict.fromkeys(METHODS[m][0] for m in methods))
+    preset_files = {s: None if preset is None else configs / f"{s}_{preset}.yaml" for s in scripts_used}
+    preset_flags = {s: [] if f is None else ["--config", _rel(f)] for s, f in preset_files.items()}
+    bases = {s: script_config(scripts.commands[s], preset_flags[s], f"{s} script") for s in scripts_used}
+    known = set().union(*bases.values())
+    for key in sets:
+        if key not in known:
+            if key in CoryArgs.__dataclass_fields__:
+                raise ExperimentError(f"--set {key}: not a field of any of the methods {', '.join(methods)}")
+            raise ExperimentError(f"--set {key}: unknown field; see `python {' '.join(scripts.commands['cory'])} "
+                                  "--help`")
+    task = next(iter(bases.values()))["task"]
+
     pairs = []
     for method in methods:
         script_name, method_flags = METHODS[method]
-        cls = script_hyperparameters(args.task, script_name)
-        preset = configs / f"{script_name}_{args.preset}.yaml"
+        base = bases[script_name]
         try:
-            base = load_yaml(preset)
+            given = load_yaml(preset_files[script_name]) if preset_files[script_name] is not None else {}
         except ConfigError as e:
             raise ExperimentError(str(e)) from None
-        mine = {k: v for k, v in sets.items() if k in cls.__dataclass_fields__}
+        mine = {k: v for k, v in sets.items() if k in base}
         flags = [f for k, v in mine.items() for f in (f"--{k}", v)]
         method_flags = list(method_flags)
         if method == "ppo_2x":
-            method_flags += ["--model_name", _larger_model(args, mine.get("model_name") or base.get("model_name"))]
+            method_flags += ["--model_name", _larger_model(args, mine.get("model_name") or base["model_name"])]
         for eta in kl_coefs:
             eta_flags = [] if eta is None else ["--init_kl_coef", repr(eta)]
             all_flags = flags + eta_flags + method_flags
-            cli = dict(zip(all_flags[::2], all_flags[1::2]))
-            cli = {k[2:]: v for k, v in cli.items()}
-            try:
-                cfg = build(cls, {**base, "task": args.task},
-                            {**cli, **({"steps": str(steps)} if steps else {})})
-                preflight.check_config(cfg)
-            except (ConfigError, AssetError) as e:
-                raise ExperimentError(f"{method}: {e}") from None
-            asked = (set(base) | set(cli)) - set(BOOKKEEPING_FIELDS)
-            intended = {k: getattr(cfg, k) for k in sorted(asked) if k in cls.__dataclass_fields__}
+            extra = all_flags + ([] if steps is None else ["--steps", str(steps)])
+            cfg = base if not extra else script_config(scripts.commands[script_name],
+                                                       preset_flags[script_name] + extra, method)
+            asked = (set(given) | {k[2:] for k in all_flags[::2]}) - set(BOOKKEEPING_FIELDS)
+            intended = {k: cfg[k] for k in sorted(asked) if k in cfg}
+            command_ = scripts.commands[script_name]
             for seed in seeds:
                 label = method if eta is None else f"{method}_kl{eta:g}"
-                pairs.append(Pair(method, seed, eta, f"{args.task}_train/{script_name}.py",
-                                  str(preset.relative_to(REPO)), all_flags, out / "runs" / label / f"seed_{seed}",
-                                  cfg.steps, {**intended, "seed": seed}))
-    for key in sets:
-        if not any(key in (CoryArgs if METHODS[m][0] == "cory" else PPOArgs).__dataclass_fields__ for m in methods):
-            raise ExperimentError(f"--set {key}: not a field of any of the methods {', '.join(methods)}")
-    spec = {"task": args.task, "preset": args.preset, "methods": methods, "seeds": seeds, "steps": steps,
+                pairs.append(Pair(method, seed, eta, command_[0],
+                                  None if preset_files[script_name] is None else _rel(preset_files[script_name]),
+                                  all_flags, out / "runs" / label / f"seed_{seed}", cfg["steps"],
+                                  {**intended, "seed": seed}, tuple(command_[1:])))
+    spec = {"task": task, "preset": preset, "methods": methods, "seeds": seeds, "steps": steps,
             "kl_coefs": None if args.kl_coefs is None else kl_coefs, "set": sets, "jobs": jobs, "out": out}
     return pairs, spec
-
-
-def script_hyperparameters(task: str, script_name: str):
-    """The ``Hyperparameters`` class of ``<task>_train/<script>.py``: the runner builds and checks each run's
-    config exactly as that script will (its defaults are the task's paper values)."""
-    import importlib.util
-
-    name = f"_cory_script_{task}_{script_name}"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / f"{task}_train" / f"{script_name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name].Hyperparameters
 
 
 def _larger_model(args, model: str) -> str:
@@ -357,7 +386,8 @@ def _rel(path: Path) -> str:
 
 def command(pair: Pair, mode: str) -> list[str]:
     out = _rel(pair.run_dir)
-    cmd = [sys.executable, pair.script, "--config", pair.preset, *pair.flags,
+    preset = [] if pair.preset is None else ["--config", pair.preset]
+    cmd = [sys.executable, pair.script, *pair.script_args, *preset, *pair.flags,
            "--seed", str(pair.seed), "--steps", str(pair.steps), "--output_dir", out]
     if mode == "resume":
         cmd += ["--resume", out]
@@ -467,7 +497,7 @@ def run(argv: list[str] | None = None) -> int:
     for key in ("task", "preset"):
         if prior.get(key) not in (None, spec[key]):
             raise ExperimentError(f"--out: {args.out} holds the {prior.get('task')}/{prior.get('preset')} "
-                                  f"experiment; use another folder for {args.task}/{args.preset}")
+                                  f"experiment; use another folder for {spec['task']}/{spec['preset']}")
     states = {}
     for pair in pairs:
         state, why = pair_state(pair)
@@ -502,7 +532,7 @@ def run(argv: list[str] | None = None) -> int:
             todo.append((pair, state, why))
     record.save()
 
-    bar = tqdm(total=len(pairs), initial=len(pairs) - len(todo), desc=f"{args.task} {args.preset}", unit="run",
+    bar = tqdm(total=len(pairs), initial=len(pairs) - len(todo), desc=f"{spec['task']} {spec['preset'] or ''}", unit="run",
                dynamic_ncols=True)
     failed = []
     interrupted = False

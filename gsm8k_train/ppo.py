@@ -8,9 +8,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-# Python searches a script's own folder first, and this folder holds a script named cory.py that would
-# shadow the installed `cory` package: look for imports past it.
-sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+# Python puts this script's folder first on sys.path, and the folder holds a script named cory.py that would
+# shadow the `cory` package: put the repository root there instead (`cory`, `gsm8k_train.ppo` import by name).
+_HERE = Path(__file__).resolve().parent
+sys.path = [str(_HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() not in (_HERE, _HERE.parent)]
 
 from cory.cli import main  # noqa: E402
 from cory.config import PPOArgs  # noqa: E402
@@ -18,40 +19,36 @@ from cory.config import PPOArgs  # noqa: E402
 
 @dataclass
 class Hyperparameters(PPOArgs):
-    # the paper's Table 2
+    # the paper's model and reward (arXiv 2410.06101, Table 2)
     task: str = "gsm8k"
     model_name: str = "meta-llama/Llama-2-7b-chat-hf"
     load_in_4bit: bool = True              # bitsandbytes, CUDA only
-    use_peft: bool = True                  # LoRA r 16, alpha 16, bias none
+    use_peft: bool = True                  # LoRA adapters (bias none) on the 4-bit base
     lora_r: int = 16
     lora_alpha: int = 16
     reward_model: str = "correctness"      # 1 if the final number equals the reference answer, else 0
-    dataset: str = "auto"                  # openai/gsm8k, or --dataset_path DIR, else generated stand-in
     output_dir: str = "runs/gsm8k_ppo"
-    seed: int = 0
     steps: int = 100
+    # the paper's Table 2
     learning_rate: float = 1e-5
     batch_size: int = 32
     mini_batch_size: int = 2
     gradient_accumulation_steps: int = 16
     ppo_epochs: int = 4
-    init_kl_coef: float = 0.01
+    init_kl_coef: float = 0.01             # eta
     adap_kl_ctrl: bool = True
+    target: float = 6.0                    # not in Table 2: trl's defaults, as for IMDB
+    horizon: float = 10000.0
     gamma: float = 1.0
     lam: float = 0.95
     cliprange: float = 0.2
     cliprange_value: float = 0.2
     vf_coef: float = 0.1
     kl_penalty: str = "full"
-    response_length_min: int = 256         # answers stop at a new "Question:" or at 256 tokens
+    # answers end at EOS or at a new "Question:" the model starts, else at 256 tokens
+    response_length_min: int = 256
     response_length_max: int = 256
-    allow_early_eos: bool = True           # an answer ends at EOS or a new "Question:"
-    top_k: int = 0
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
-
-    # speed: TF32 matmuls on a GPU (2.3x faster than fp32 for PPO at the paper's IMDB shapes); fp32 for exact runs
-    precision: str = "tf32"                # fp32 | tf32 | bf16
+    allow_early_eos: bool = True
 
 
 if __name__ == "__main__":

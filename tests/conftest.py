@@ -12,6 +12,9 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parent.parent
+# the training scripts' folders are packages beside `cory` (imdb_train.ppo, ...): importable from the root
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 GSM8K_DIR = Path(os.environ.get("CORY_GSM8K_DIR", REPO.parent / "shared" / "data" / "gsm8k"))
 
 
@@ -25,6 +28,18 @@ def _fp32_matmuls_between_tests():
     flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     yield
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
+
+
+def script_hyperparameters(task: str, method: str):
+    """The ``Hyperparameters`` of ``<task>_train/<method>.py``: the task's paper values, as a user edits them."""
+    import importlib
+
+    return importlib.import_module(f"{task}_train.{method}").Hyperparameters
+
+
+# the scripts' classes, for tests that build a config from a preset (presets list only what they change)
+IMDB_PPO, IMDB_CORY = script_hyperparameters("imdb", "ppo"), script_hyperparameters("imdb", "cory")
+GSM8K_PPO, GSM8K_CORY = script_hyperparameters("gsm8k", "ppo"), script_hyperparameters("gsm8k", "cory")
 
 
 @pytest.fixture

@@ -4,9 +4,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import REPO
+from conftest import IMDB_CORY, IMDB_PPO, REPO, script_hyperparameters
 from cory import assets
-from cory.config import CoryArgs, PPOArgs, build, load_yaml
+from cory.config import build, load_yaml
 from cory.outputs import read_jsonl
 from cory.train import train
 
@@ -36,10 +36,10 @@ def always_eos(tmp_path_factory):
 def run(cls, name, tmp_path, model, **over):
     base = load_yaml(REPO / "configs" / "imdb" / f"{name}_tiny.yaml")
     base.update(output_dir=str(tmp_path / name), model_name=str(model), steps=2, save_every=10, **over)
-    return read_jsonl(train(build(cls, base), "cory" if cls is CoryArgs else "ppo") / "metrics.jsonl")
+    return read_jsonl(train(build(cls, base), "cory" if cls is IMDB_CORY else "ppo") / "metrics.jsonl")
 
 
-@pytest.mark.parametrize("cls,name", [(PPOArgs, "ppo"), (CoryArgs, "cory")])
+@pytest.mark.parametrize("cls,name", [(IMDB_PPO, "ppo"), (IMDB_CORY, "cory")])
 def test_answers_run_to_the_drawn_length(always_eos, tmp_path, cls, name):
     rows = run(cls, name, tmp_path, always_eos)
     agents = ["policy"] if name == "ppo" else ["llm1", "llm2"]
@@ -50,7 +50,7 @@ def test_answers_run_to_the_drawn_length(always_eos, tmp_path, cls, name):
             assert length == int(length) and 4 <= length <= 8, (a, length)
 
 
-@pytest.mark.parametrize("cls,name", [(PPOArgs, "ppo"), (CoryArgs, "cory")])
+@pytest.mark.parametrize("cls,name", [(IMDB_PPO, "ppo"), (IMDB_CORY, "cory")])
 def test_allow_early_eos_lets_answers_end_at_once(always_eos, tmp_path, cls, name):
     rows = run(cls, name, tmp_path, always_eos, allow_early_eos=True)
     agents = ["policy"] if name == "ppo" else ["llm1", "llm2"]
@@ -60,8 +60,9 @@ def test_allow_early_eos_lets_answers_end_at_once(always_eos, tmp_path, cls, nam
 def test_gsm8k_lets_answers_end_early(repo):
     from cory.cli import parse
     for script in ("ppo", "cory"):
-        assert load_yaml(repo / "configs" / "gsm8k" / f"{script}_cpu.yaml")["allow_early_eos"] is True
-    assert parse(PPOArgs, ["--config", str(repo / "configs/imdb/ppo_cpu.yaml")]).allow_early_eos is False
+        cpu = parse(script_hyperparameters("gsm8k", script), ["--config", str(repo / f"configs/gsm8k/{script}_cpu.yaml")])
+        assert cpu.allow_early_eos is True
+    assert parse(IMDB_PPO, ["--config", str(repo / "configs/imdb/ppo_cpu.yaml")]).allow_early_eos is False
 
 
 @pytest.mark.parametrize("flag,length", [([], 5.0), (["--allow_early_eos", "true"], 1.0)])

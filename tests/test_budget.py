@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import IMDB_PPO
 from cory import models
 from cory.agent import Agent
-from cory.config import PPOArgs, build
+from cory.config import build
 from cory.speedups import budget
 
 
@@ -23,7 +24,7 @@ def test_budget_arithmetic():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU behaviour: on CUDA auto measures a budget (test_gpu.py)")
 def test_auto_means_no_limit_on_a_cpu(tmp_path):
     tok = models.load_tokenizer("tiny")
-    cfg = build(PPOArgs, {"model_name": "tiny", "reward_model": "vader", "batch_size": 2, "mini_batch_size": 2,
+    cfg = build(IMDB_PPO, {"model_name": "tiny", "reward_model": "vader", "batch_size": 2, "mini_batch_size": 2,
                           "output_dir": str(tmp_path)})
     agent = Agent("policy", cfg, models.load_policy("tiny"), models.load_reference("tiny"), tok)
     q = [torch.tensor(tok("The film")["input_ids"])] * 2
@@ -53,7 +54,7 @@ def test_a_stubbed_small_card_takes_more_passes_and_the_same_step(tmp_path, monk
     monkeypatch.setattr(budget, "resolve", fake_resolve)
 
     def step(max_pass_tokens):
-        cfg = build(PPOArgs, {"model_name": "tiny", "reward_model": "vader", "batch_size": 4, "mini_batch_size": 4,
+        cfg = build(IMDB_PPO, {"model_name": "tiny", "reward_model": "vader", "batch_size": 4, "mini_batch_size": 4,
                               "ppo_epochs": 2, "learning_rate": 1e-3, "init_kl_coef": 0.2,
                               "max_pass_tokens": max_pass_tokens, "output_dir": str(tmp_path)})
         agent = Agent("policy", cfg, copy.deepcopy(policy), reference, tok)

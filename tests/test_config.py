@@ -1,11 +1,18 @@
 """Config files, flags and validation: one clear line, before any model loads."""
+import dataclasses
+
 import pytest
 
+from conftest import script_hyperparameters
 from cory.cli import parse
 from cory.config import ConfigError, CoryArgs, PPOArgs, build
 
+# the fields' checks, run on a real script's values (cory.config itself states no paper value)
+IMDB_PPO = script_hyperparameters("imdb", "ppo")
+IMDB_CORY = script_hyperparameters("imdb", "cory")
 
-def errors(argv, cls=PPOArgs):
+
+def errors(argv, cls=IMDB_PPO):
     with pytest.raises(ConfigError) as e:
         parse(cls, argv)
     msg = str(e.value)
@@ -14,27 +21,43 @@ def errors(argv, cls=PPOArgs):
 
 
 def test_defaults_are_the_paper_table1():
-    cfg = build(PPOArgs)
+    cfg = build(IMDB_PPO)
     assert (cfg.learning_rate, cfg.batch_size, cfg.mini_batch_size, cfg.ppo_epochs) == (1.41e-5, 256, 256, 4)
     assert (cfg.init_kl_coef, cfg.target, cfg.horizon, cfg.kl_penalty) == (0.3, 6.0, 10000.0, "full")
     assert (cfg.gamma, cfg.lam, cfg.cliprange, cfg.cliprange_value, cfg.vf_coef) == (1.0, 0.95, 0.2, 0.2, 0.1)
     assert (cfg.response_length_min, cfg.response_length_max) == (4, 15)
-    cory = build(CoryArgs)
+    cory = build(IMDB_CORY)
     assert (cory.swap_period, cory.other_reward_coef, cory.knowledge_transfer) == (5, 1.0, True)
+
+
+def test_the_paper_values_live_in_the_scripts_alone():
+    """cory.config states no paper value: a config built without a script names the first field it lacks."""
+    for cls in (PPOArgs, CoryArgs):
+        with pytest.raises(ConfigError, match=r"^task: no value"):
+            build(cls)
+    for name in ("init_kl_coef", "learning_rate", "batch_size", "response_length_max", "model_name"):
+        assert PPOArgs.__dataclass_fields__[name].default is dataclasses.MISSING, name
+    for name in ("swap_period", "other_reward_coef", "knowledge_transfer"):
+        assert CoryArgs.__dataclass_fields__[name].default is dataclasses.MISSING, name
+    # each CORY script restates none of its PPO script's values: it only adds or changes
+    for task in ("imdb", "gsm8k"):
+        cory, ppo = script_hyperparameters(task, "cory"), script_hyperparameters(task, "ppo")
+        assert issubclass(cory, ppo)
+        restated = [n for n in cory.__annotations__ if n in ppo.__dataclass_fields__ and
+                    getattr(cory, n) == getattr(ppo, n)]
+        assert not restated, (task, restated)
 
 
 def test_yaml_then_flags(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("steps: 7\nlearning_rate: 1\nmodel_name: tiny\nreward_model: vader\n")
-    cfg = parse(PPOArgs, ["--config", str(p), "--steps", "9", "--seed=3", "--score_norm"])
+    cfg = parse(IMDB_PPO, ["--config", str(p), "--steps", "9", "--seed=3", "--score_norm"])
     assert cfg.steps == 9 and cfg.seed == 3 and cfg.learning_rate == 1.0 and cfg.score_norm is True
-    cfg = parse(CoryArgs, ["--config", str(p), "--other_reward_coef", "-1", "--knowledge_transfer", "false"])
+    cfg = parse(IMDB_CORY, ["--config", str(p), "--other_reward_coef", "-1", "--knowledge_transfer", "false"])
     assert cfg.other_reward_coef == -1.0 and cfg.knowledge_transfer is False
 
 
 def test_every_preset_is_valid(repo):
-    from cory.experiments import script_hyperparameters
-
     presets = sorted(p for p in (repo / "configs").glob("*/*.yaml") if p.parent.name != "accelerate")
     assert len(presets) >= 12
     for p in presets:
@@ -44,8 +67,6 @@ def test_every_preset_is_valid(repo):
 
 def test_the_scripts_defaults_are_the_papers_tables():
     """Paper Table 1 (IMDB, trl's defaults) and Table 2 (GSM8K); the paper presets add nothing to these."""
-    from cory.experiments import script_hyperparameters
-
     table = {
         "imdb": dict(model_name="gpt2-large", reward_model="distilbert-imdb", learning_rate=1.41e-5, batch_size=256,
                      mini_batch_size=256, gradient_accumulation_steps=1, ppo_epochs=4, init_kl_coef=0.3,
@@ -98,8 +119,8 @@ def test_bad_flags_name_the_field(argv, needle):
 
 
 def test_cory_only_fields():
-    assert "swap_period" in errors(["--swap_period", "-1"], CoryArgs)
-    assert "swap_period" in errors(["--swap_period", "2"], PPOArgs)  # not a PPO field
+    assert "swap_period" in errors(["--swap_period", "-1"], IMDB_CORY)
+    assert "swap_period" in errors(["--swap_period", "2"], IMDB_PPO)  # not a PPO field
 
 
 @pytest.mark.parametrize("text,needle", [
@@ -118,7 +139,7 @@ def test_bad_yaml(tmp_path, text, needle):
 
 def test_gsm8k_rules(tmp_path):
     base = ["--task", "gsm8k", "--reward_model", "correctness"]
-    assert parse(PPOArgs, base).task == "gsm8k"
+    assert parse(IMDB_PPO, base).task == "gsm8k"
     assert "reward_model" in errors(["--task", "gsm8k"])  # distilbert is an IMDB reward
     assert "dataset_path" in errors(base + ["--dataset", "local"])
     assert "dataset_path" in errors(base + ["--dataset_path", str(tmp_path)])  # no train/test.jsonl
@@ -126,11 +147,11 @@ def test_gsm8k_rules(tmp_path):
 
 
 def test_max_pass_tokens_is_auto_a_budget_or_zero(tmp_path):
-    assert build(PPOArgs).max_pass_tokens == "auto"  # measured on a GPU, no limit on a CPU
-    assert parse(PPOArgs, ["--max_pass_tokens", "512"]).max_pass_tokens == 512
-    assert parse(PPOArgs, ["--max_pass_tokens", "0"]).max_pass_tokens == 0
+    assert build(IMDB_PPO).max_pass_tokens == "auto"  # measured on a GPU, no limit on a CPU
+    assert parse(IMDB_PPO, ["--max_pass_tokens", "512"]).max_pass_tokens == 512
+    assert parse(IMDB_PPO, ["--max_pass_tokens", "0"]).max_pass_tokens == 0
     (tmp_path / "c.yaml").write_text("max_pass_tokens: auto\n")
-    assert parse(PPOArgs, ["--config", str(tmp_path / "c.yaml")]).max_pass_tokens == "auto"
+    assert parse(IMDB_PPO, ["--config", str(tmp_path / "c.yaml")]).max_pass_tokens == "auto"
     assert "max_pass_tokens" in errors(["--max_pass_tokens", "lots"])
     assert "fast_ppo" in errors(["--max_pass_tokens", "64", "--fast_ppo", "false"])
     msg = errors(["--max_pass_tokens", "-1"])

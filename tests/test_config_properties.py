@@ -18,16 +18,16 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO, run_script
+from conftest import IMDB_CORY, IMDB_PPO, REPO, run_script
 from cory import models
 from cory.cli import main
-from cory.config import CoryArgs, PPOArgs, _allowed, _field_types
+from cory.config import _allowed, _field_types
 
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 PER_FIELD = settings(SETTINGS, max_examples=8)  # parametrized over every field: each one gets its share
-PRESET = {PPOArgs: REPO / "configs" / "imdb" / "ppo_tiny.yaml", CoryArgs: REPO / "configs" / "imdb" / "cory_tiny.yaml"}
-METHOD = {PPOArgs: "ppo", CoryArgs: "cory"}
+PRESET = {IMDB_PPO: REPO / "configs" / "imdb" / "ppo_tiny.yaml", IMDB_CORY: REPO / "configs" / "imdb" / "cory_tiny.yaml"}
+METHOD = {IMDB_PPO: "ppo", IMDB_CORY: "cory"}
 IDENT = st.from_regex(r"[a-z_][a-z0-9_]{0,15}", fullmatch=True)
 _counter = itertools.count()
 
@@ -128,10 +128,10 @@ WRONG_YAML = {
 
 
 @PER_FIELD
-@pytest.mark.parametrize("name", sorted(_field_types(CoryArgs)))
+@pytest.mark.parametrize("name", sorted(_field_types(IMDB_CORY)))
 @given(data=st.data())
 def test_wrong_type_names_the_field(dirs, name, data):
-    cls = CoryArgs if name not in _field_types(PPOArgs) else data.draw(st.sampled_from([PPOArgs, CoryArgs]))
+    cls = IMDB_CORY if name not in _field_types(IMDB_PPO) else data.draw(st.sampled_from([IMDB_PPO, IMDB_CORY]))
     kind = _allowed(_field_types(cls)[name])[0]
     target = data.draw(st.sampled_from(["fresh", "existing", "overwrite"]))
     # every flag value is text: only non-text fields can get the wrong type from a flag
@@ -185,7 +185,7 @@ CORY_OUT_OF_RANGE = {"swap_period": st.integers(max_value=-1), "other_reward_coe
 @pytest.mark.parametrize("name", sorted({**OUT_OF_RANGE, **CORY_OUT_OF_RANGE}))
 @given(data=st.data())
 def test_out_of_range_names_the_field(dirs, name, data):
-    cls = CoryArgs if name in CORY_OUT_OF_RANGE else data.draw(st.sampled_from([PPOArgs, CoryArgs]))
+    cls = IMDB_CORY if name in CORY_OUT_OF_RANGE else data.draw(st.sampled_from([IMDB_PPO, IMDB_CORY]))
     value = data.draw({**OUT_OF_RANGE, **CORY_OUT_OF_RANGE}[name])
     target = data.draw(st.sampled_from(["fresh", "existing", "overwrite"]))
     if name == "output_dir":  # the folder under test is the bad value itself
@@ -201,7 +201,7 @@ def test_out_of_range_names_the_field(dirs, name, data):
 @SETTINGS
 @given(data=st.data())
 def test_unknown_field_is_named(dirs, data):
-    cls = data.draw(st.sampled_from([PPOArgs, CoryArgs]))
+    cls = data.draw(st.sampled_from([IMDB_PPO, IMDB_CORY]))
     name = data.draw(IDENT.filter(lambda n: n not in _field_types(cls) and n != "config"))
     value = data.draw(st.one_of(st.integers(), st.text(max_size=5), st.booleans()))
     if data.draw(st.booleans()):
@@ -225,7 +225,7 @@ def malformed(text) -> bool:
 
 @SETTINGS
 @given(text=st.one_of(st.text(max_size=40), st.lists(YAML_PIECES, max_size=12).map("".join)),
-       cls=st.sampled_from([PPOArgs, CoryArgs]))
+       cls=st.sampled_from([IMDB_PPO, IMDB_CORY]))
 def test_malformed_yaml_names_the_config(dirs, text, cls):
     assume(malformed(text))
     assert_rejected(dirs, cls, "config", yaml_text=text, target="overwrite")
@@ -233,11 +233,11 @@ def test_malformed_yaml_names_the_config(dirs, text, cls):
 
 @pytest.mark.parametrize("text", [b"\xff\xfe\x00bad", "seed: 2024-02-30\n", "[" * 500 + "]" * 500, "steps: 3\nsteps: [\n"])
 def test_unreadable_config_files(dirs, text):
-    assert_rejected(dirs, PPOArgs, "config", yaml_text=text, target="existing")
+    assert_rejected(dirs, IMDB_PPO, "config", yaml_text=text, target="existing")
 
 
 @SETTINGS
-@given(name=IDENT, cls=st.sampled_from([PPOArgs, CoryArgs]),
+@given(name=IDENT, cls=st.sampled_from([IMDB_PPO, IMDB_CORY]),
        field=st.sampled_from(["config", "dataset_path", "resume", "reward_model", "model_name"]))
 def test_missing_files_are_named(dirs, name, cls, field):
     missing = str(dirs[1] / "missing" / name)
@@ -261,19 +261,19 @@ def test_other_bad_paths(dirs, tmp_path):
                          (["--load_in_4bit"], "load_in_4bit"),
                          ([f"--output_dir={a_file}"], "output_dir"),
                          ([f"--output_dir={tmp_path}", "--overwrite"], "output_dir")]:  # not a run folder
-        assert_rejected(dirs, PPOArgs, field, flags=flags)
+        assert_rejected(dirs, IMDB_PPO, field, flags=flags)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["classifier", "empty_folder", "file.txt"]
     # resume/overwrite belong to one invocation, never to a config file
-    assert_rejected(dirs, PPOArgs, "resume", yaml_text=f"resume: {run}\n")
+    assert_rejected(dirs, IMDB_PPO, "resume", yaml_text=f"resume: {run}\n")
     # the message stays on one line whatever the user typed
-    line = assert_rejected(dirs, PPOArgs, "config", flags=["--config", "/no\nsuch\u2028file.yaml"])
+    line = assert_rejected(dirs, IMDB_PPO, "config", flags=["--config", "/no\nsuch\u2028file.yaml"])
     assert "\\n" in line
 
 
 def test_valid_input_reaches_model_loading(dirs):
     """The tripwire is live: the rejections above come from validation, not from the harness."""
     _, scratch, fresh = dirs
-    for cls in (PPOArgs, CoryArgs):
+    for cls in (IMDB_PPO, IMDB_CORY):
         with pytest.raises(Accepted), pytest.MonkeyPatch.context() as mp:
             mp.setattr(models, "load_tokenizer", _tripwire)
             main(cls, METHOD[cls], ["--config", str(PRESET[cls]), f"--output_dir={fresh}", "--learning_rate=1e-3"])
@@ -281,7 +281,7 @@ def test_valid_input_reaches_model_loading(dirs):
     path.write_text("learning_rate: 1e-4\nmax_grad_norm: null\n")  # YAML 1.1 reads 1e-4 as text
     with pytest.raises(Accepted), pytest.MonkeyPatch.context() as mp:
         mp.setattr(models, "load_tokenizer", _tripwire)
-        main(PPOArgs, "ppo", ["--config", str(path), "--model_name=tiny", "--reward_model=vader",
+        main(IMDB_PPO, "ppo", ["--config", str(path), "--model_name=tiny", "--reward_model=vader",
                               f"--output_dir={fresh}"])
     assert not fresh.exists()
 

@@ -40,13 +40,13 @@ def test_plan_maps_methods_to_scripts_and_flags(tmp_path):
     assert command(p["ppo/seed_0"], "resume")[-2:] == ["--resume", str(p["ppo/seed_0"].run_dir)]
     assert command(p["ppo/seed_0"], "overwrite")[-2:] == ["--overwrite", "true"]
     # the preset's steps when --steps is not given
-    pairs, _ = planned("--preset", "tiny", "--methods", "ppo", "--seeds", "0", "--out", str(tmp_path / "y"))
+    pairs, _ = planned("--task", "imdb", "--preset", "tiny", "--methods", "ppo", "--seeds", "0", "--out", str(tmp_path / "y"))
     assert pairs[0].steps == 3
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
 def test_plan_kl_sweep_folders(tmp_path):
-    pairs, spec = planned("--preset", "tiny", "--methods", "ppo,cory", "--seeds", "0", "--kl_coefs", "0.01,1e-5",
+    pairs, spec = planned("--task", "imdb", "--preset", "tiny", "--methods", "ppo,cory", "--seeds", "0", "--kl_coefs", "0.01,1e-5",
                           "--out", str(tmp_path))
     assert sorted(p.key for p in pairs) == ["cory_kl0.01/seed_0", "cory_kl1e-05/seed_0", "ppo_kl0.01/seed_0",
                                             "ppo_kl1e-05/seed_0"]
@@ -56,7 +56,7 @@ def test_plan_kl_sweep_folders(tmp_path):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--task", "mnist"], "--task: 'mnist' is not one of imdb, gsm8k"),
+    (["--task", "mnist"], "--task: 'mnist' is not one of gsm8k, imdb"),
     (["--preset", "huge"], "--preset: 'huge' is not one of cpu, paper, tiny"),
     (["--methods", "ppo,dpo"], "--methods: 'dpo' is not one of ppo, cory, cory_no_kt, cory_no_swap, ppo_2x, "
                                "ppo_norm, cory_authors"),
@@ -73,7 +73,7 @@ def test_plan_kl_sweep_folders(tmp_path):
 def test_user_mistakes_one_line_exit_2_nothing_written(tmp_path, capsys, argv, message):
     out = tmp_path / "exp"
     with pytest.raises(SystemExit) as e:
-        experiments.main(["--preset", "tiny", "--out", str(out), *argv])
+        experiments.main(["--task", "imdb", "--preset", "tiny", "--out", str(out), *argv])
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {message}") and len(err.strip().splitlines()) == 1, err
@@ -81,7 +81,7 @@ def test_user_mistakes_one_line_exit_2_nothing_written(tmp_path, capsys, argv, m
 
 
 def test_plan_confounds_score_norm_and_the_authors_resets(tmp_path):
-    pairs, _ = planned("--preset", "tiny", "--methods", "ppo,cory,ppo_norm,cory_authors", "--seeds", "0",
+    pairs, _ = planned("--task", "imdb", "--preset", "tiny", "--methods", "ppo,cory,ppo_norm,cory_authors", "--seeds", "0",
                        "--out", str(tmp_path / "x"))
     p = by_key(pairs)
     assert p["ppo_norm/seed_0"].script == "imdb_train/ppo.py" and p["ppo_norm/seed_0"].flags == ["--score_norm", "true"]
@@ -96,11 +96,11 @@ def test_plan_confounds_score_norm_and_the_authors_resets(tmp_path):
     assert cmd[1:8] == ["imdb_train/cory.py", "--config", "configs/imdb/cory_tiny.yaml", "--reset_on_swap", "true",
                         "--init_kl_coef", "0.4"]
     # the method's own init_kl_coef comes last and wins over --kl_coefs and --set (as the help says)
-    pairs, _ = planned("--preset", "tiny", "--methods", "cory_authors", "--seeds", "0", "--kl_coefs", "0.01",
+    pairs, _ = planned("--task", "imdb", "--preset", "tiny", "--methods", "cory_authors", "--seeds", "0", "--kl_coefs", "0.01",
                        "--out", str(tmp_path / "y"))
     assert pairs[0].label == "cory_authors_kl0.01" and pairs[0].intended["init_kl_coef"] == 0.4
     assert pairs[0].flags == ["--init_kl_coef", "0.01", "--reset_on_swap", "true", "--init_kl_coef", "0.4"]
-    pairs, _ = planned("--preset", "tiny", "--methods", "cory_authors", "--seeds", "0", "--set", "init_kl_coef=0.2",
+    pairs, _ = planned("--task", "imdb", "--preset", "tiny", "--methods", "cory_authors", "--seeds", "0", "--set", "init_kl_coef=0.2",
                        "--out", str(tmp_path / "z"))
     assert pairs[0].intended["init_kl_coef"] == 0.4
     assert "cory_authors" in _parser().format_help() and "0.4" in experiments.__doc__
@@ -111,7 +111,7 @@ def test_plan_confounds_score_norm_and_the_authors_resets(tmp_path):
 def test_empty_out_refused_before_anything_is_written(tmp_path, monkeypatch, capsys, out):
     monkeypatch.chdir(tmp_path)  # an empty --out would resolve to the current folder
     with pytest.raises(SystemExit) as e:
-        experiments.main(["--preset", "tiny", "--methods", "ppo", "--seeds", "0", "--out", out])
+        experiments.main(["--task", "imdb", "--preset", "tiny", "--methods", "ppo", "--seeds", "0", "--out", out])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("error: --out: must name the experiment folder")
     assert len(err.strip().splitlines()) == 1
@@ -121,12 +121,12 @@ def test_empty_out_refused_before_anything_is_written(tmp_path, monkeypatch, cap
 def test_ppo_2x_without_a_larger_model_offline(tmp_path, capsys):
     # the cpu preset's larger sibling is a hub model: offline (conftest) it is unavailable, said in one line
     with pytest.raises(SystemExit) as e:
-        experiments.main(["--preset", "cpu", "--methods", "ppo,ppo_2x", "--out", str(tmp_path / "x")])
+        experiments.main(["--task", "imdb", "--preset", "cpu", "--methods", "ppo,ppo_2x", "--out", str(tmp_path / "x")])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "ppo_2x" in err and "SmolLM2-360M" in err and len(err.strip().splitlines()) == 1
     (tmp_path / "big").mkdir()
     (tmp_path / "big" / "config.json").write_text("{}")
-    pairs, _ = planned("--preset", "tiny", "--methods", "ppo_2x", "--model_2x", str(tmp_path / "big"),
+    pairs, _ = planned("--task", "imdb", "--preset", "tiny", "--methods", "ppo_2x", "--model_2x", str(tmp_path / "big"),
                        "--seeds", "0", "--out", str(tmp_path / "y"))
     assert pairs[0].flags == ["--model_name", str(tmp_path / "big")] and pairs[0].script == "imdb_train/ppo.py"
 
@@ -212,7 +212,7 @@ def test_runner_runs_skips_and_resumes(tmp_path, capsys):
     (cut / "metrics.jsonl").write_text(rows[0] + "\n")
     assert pair_state(pairs["cory/seed_1"])[0] == "overwrite"
     # asking for more iterations continues a finished run from its last checkpoint
-    longer = planned("--preset", "tiny", "--methods", "ppo", "--seeds", "0", "--steps", "5", "--out", str(out),
+    longer = planned("--task", "imdb", "--preset", "tiny", "--methods", "ppo", "--seeds", "0", "--steps", "5", "--out", str(out),
                      "--set", "save_every=1", "--set", "keep_checkpoints=2")[0][0]
     assert pair_state(longer)[0] == "resume"
 

@@ -3,8 +3,8 @@ resume. Skipped where there is no GPU (CI); on a GPU machine: python -m pytest -
 import pytest
 import torch
 
-from conftest import REPO, run_script
-from cory.config import CoryArgs, PPOArgs, build, load_yaml
+from conftest import IMDB_CORY, IMDB_PPO, REPO, run_script
+from cory.config import build, load_yaml
 from cory.outputs import read_jsonl
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -61,15 +61,15 @@ def test_auto_budget_under_a_small_memory_figure_gives_the_same_run(tmp_path, mo
         chosen.append(n)
         return n
     monkeypatch.setattr(budget, "auto_pass_tokens", small)
-    auto = prepare_run(tiny(CoryArgs, "cory", tmp_path / "auto", steps=2, precision="fp32",
+    auto = prepare_run(tiny(IMDB_CORY, "cory", tmp_path / "auto", steps=2, precision="fp32",
                             max_pass_tokens="auto"), "cory").fit()
     assert chosen and all(n < 64 for n in chosen)
-    one = prepare_run(tiny(CoryArgs, "cory", tmp_path / "one", steps=2, precision="fp32", max_pass_tokens=0),
+    one = prepare_run(tiny(IMDB_CORY, "cory", tmp_path / "one", steps=2, precision="fp32", max_pass_tokens=0),
                       "cory").fit()
     assert_same(read_jsonl(auto / "metrics.jsonl"), read_jsonl(one / "metrics.jsonl"))
 
 
-@pytest.mark.parametrize("method,cls", [("cory", CoryArgs), ("ppo", PPOArgs)])
+@pytest.mark.parametrize("method,cls", [("cory", IMDB_CORY), ("ppo", IMDB_PPO)])
 def test_resume_on_cuda_equals_uninterrupted(tmp_path, method, cls):
     from cory.train import prepare_run
 

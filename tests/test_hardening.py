@@ -12,10 +12,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO, run_script, start_script, wait_for_rows
+from conftest import REPO, run_script, script_hyperparameters, start_script, wait_for_rows
 from cory import models
 from cory.cli import main
-from cory.experiments import script_hyperparameters
 from cory.outputs import latest_checkpoint, read_jsonl
 
 

@@ -2,8 +2,9 @@
 import pytest
 import torch
 
+from conftest import IMDB_PPO
 from cory import models
-from cory.config import PPOArgs, build
+from cory.config import build
 from cory.agent import Agent
 from cory.game import agent_metrics
 
@@ -21,7 +22,7 @@ def hand_kl(policy, reference, query, response) -> float:
 
 def test_reported_kl_is_full_vocabulary_kl(tmp_path):
     torch.manual_seed(0)
-    cfg = build(PPOArgs, {"model_name": "tiny", "reward_model": "vader", "batch_size": 2, "mini_batch_size": 2,
+    cfg = build(IMDB_PPO, {"model_name": "tiny", "reward_model": "vader", "batch_size": 2, "mini_batch_size": 2,
                           "ppo_epochs": 1, "init_kl_coef": 0.2, "output_dir": str(tmp_path)})
     tok = models.load_tokenizer("tiny")
     reference = models.load_reference("tiny")

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import IMDB_PPO
 from cory import models
-from cory.config import PPOArgs, build
+from cory.config import build
 from cory.agent import Agent
 from cory.speedups.passes import pass_plan
 
@@ -58,7 +59,7 @@ def run_step(setup, cls, tmp_path, **over):
     import copy
 
     tok, reference, policy, queries, responses = setup
-    cfg = build(PPOArgs, {"model_name": "tiny", "reward_model": "vader", "batch_size": 4, "mini_batch_size": 4,
+    cfg = build(IMDB_PPO, {"model_name": "tiny", "reward_model": "vader", "batch_size": 4, "mini_batch_size": 4,
                           "ppo_epochs": 2, "init_kl_coef": 0.2, "learning_rate": 1e-3,
                           "output_dir": str(tmp_path), **over})
     agent = cls("policy", cfg, copy.deepcopy(policy), reference, tok)

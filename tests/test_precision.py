@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import IMDB_PPO
 from cory.agent import Agent, set_precision
-from cory.config import ConfigError, PPOArgs, build
+from cory.config import ConfigError, build
 
 STATS = ("objective/kl", "ppo/loss/policy", "ppo/loss/value", "ppo/returns/mean", "objective/entropy")
 
@@ -19,7 +20,7 @@ def step(setup, tmp_path, precision, **over):
     import copy
 
     tok, reference, policy, queries, responses = setup
-    cfg = build(PPOArgs, {"model_name": "tiny", "reward_model": "vader", "batch_size": 4, "mini_batch_size": 4,
+    cfg = build(IMDB_PPO, {"model_name": "tiny", "reward_model": "vader", "batch_size": 4, "mini_batch_size": 4,
                           "ppo_epochs": 2, "init_kl_coef": 0.2, "learning_rate": 1e-3, "precision": precision,
                           "output_dir": str(tmp_path), **over})
     agent = Agent("policy", cfg, copy.deepcopy(policy), reference, tok)
@@ -48,7 +49,7 @@ def test_bf16_step_is_close_to_fp32(setup, tmp_path, over):
 
 def test_bf16_generation_samples_from_nearly_the_same_policy(setup, tmp_path):
     tok, reference, policy, queries, _ = setup
-    cfg = build(PPOArgs, {"model_name": "tiny", "reward_model": "vader", "batch_size": 4, "mini_batch_size": 4,
+    cfg = build(IMDB_PPO, {"model_name": "tiny", "reward_model": "vader", "batch_size": 4, "mini_batch_size": 4,
                           "precision": "bf16", "output_dir": str(tmp_path)})
     agent = Agent("policy", cfg, policy, reference, tok)
     torch.manual_seed(0)
@@ -66,4 +67,4 @@ def test_tf32_is_a_cuda_switch():
 
 def test_precision_is_checked():
     with pytest.raises(ConfigError, match="precision: 'fp16' is not one of fp32, tf32, bf16"):
-        build(PPOArgs, {"precision": "fp16"})
+        build(IMDB_PPO, {"precision": "fp16"})

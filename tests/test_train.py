@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import REPO, run_script
-from cory.config import CoryArgs, PPOArgs, build, load_yaml
+from conftest import GSM8K_CORY, IMDB_CORY, IMDB_PPO, REPO, run_script
+from cory.config import build, load_yaml
 from cory.outputs import read_jsonl
 from cory.train import prepare_run
 
@@ -88,7 +88,7 @@ def test_bad_input_exits_2_before_loading(tmp_path):
 
 
 def test_agents_keep_their_own_state_across_exchanges(tmp_path):
-    cfg = tiny(CoryArgs, "cory", tmp_path, steps=4, swap_period=1)
+    cfg = tiny(IMDB_CORY, "cory", tmp_path, steps=4, swap_period=1)
     run = prepare_run(cfg, "cory")
     ref_before = {n: p.clone() for n, p in run.reference.named_parameters()}
     run.fit()
@@ -107,7 +107,7 @@ def test_agents_keep_their_own_state_across_exchanges(tmp_path):
 
 
 def test_reset_on_swap_restarts_optimizer_state(tmp_path):
-    cfg = tiny(CoryArgs, "cory", tmp_path, steps=3, swap_period=2, reset_on_swap=True)
+    cfg = tiny(IMDB_CORY, "cory", tmp_path, steps=3, swap_period=2, reset_on_swap=True)
     run = prepare_run(cfg, "cory")
     run.fit()
     per_iter = cfg.ppo_epochs * cfg.batch_size // cfg.mini_batch_size
@@ -117,7 +117,7 @@ def test_reset_on_swap_restarts_optimizer_state(tmp_path):
         assert agent.normalizer.count == pytest.approx(cfg.batch_size)
 
 
-@pytest.mark.parametrize("method,cls", [("cory", CoryArgs), ("ppo", PPOArgs)])
+@pytest.mark.parametrize("method,cls", [("cory", IMDB_CORY), ("ppo", IMDB_PPO)])
 def test_resume_equals_uninterrupted(tmp_path, method, cls):
     straight = tiny(cls, method, tmp_path / "a", steps=4, save_every=2)
     prepare_run(straight, method).fit()
@@ -144,7 +144,7 @@ def test_resume_equals_uninterrupted(tmp_path, method, cls):
 def test_lora_agents_share_one_frozen_base(tmp_path):
     base = load_yaml(REPO / "configs" / "gsm8k" / "cory_tiny.yaml")
     base.update(output_dir=str(tmp_path / "run"), steps=2, swap_period=1, dataset="generated")
-    cfg = build(CoryArgs, base)
+    cfg = build(GSM8K_CORY, base)
     run = prepare_run(cfg, "cory")
     a1, a2 = run.agents["llm1"], run.agents["llm2"]
     shared = a1.policy.pretrained_model
@@ -167,7 +167,7 @@ def test_lora_agents_share_one_frozen_base(tmp_path):
 
 
 def test_every_row_reports_its_peak_memory(tmp_path):
-    rows = read_jsonl(prepare_run(tiny(PPOArgs, "ppo", tmp_path, steps=2), "ppo").fit() / "metrics.jsonl")
+    rows = read_jsonl(prepare_run(tiny(IMDB_PPO, "ppo", tmp_path, steps=2), "ppo").fit() / "metrics.jsonl")
     if torch.cuda.is_available():  # the allocator's peak: the tiny model's tensors, a few MiB
         assert all(0 < r["memory/peak_gib"] < 80 for r in rows)
     else:  # the process's peak resident memory during the iteration (models, trl and torch: well over 100 MiB)
