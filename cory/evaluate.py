@@ -4,10 +4,12 @@ after training), next to the base model they started from.
     python -m cory.evaluate --task imdb  --model runs/imdb_cory_cpu            # every model in final/
     python -m cory.evaluate --task imdb  --model runs/a/final/llm1 --model runs/b/final/policy
     python -m cory.evaluate --task gsm8k --model runs/gsm8k_cory_cpu --dataset_path ../gsm8k --k 1,4 --n 4
+    python -m cory.evaluate --task_file kind_words.py --task kind_words --model runs/kind_cory
 
-IMDB rows: mean task reward, KL(pi || pi0) to the reference (full vocabulary, summed over the
-response tokens, mean over prompts), distinct-1/2 of the answers and their mean length in tokens.
-GSM8K rows: unbiased pass@k from ``n`` samples per test question, mean accuracy, and the share of
+What a row holds is the task's choice (``cory.tasks.Evaluation``, given to ``register_task``):
+reward tasks (IMDB): mean task reward, KL(pi || pi0) to the reference (full vocabulary, summed over the
+response tokens, mean over prompts), distinct-1/2 of the answers and their mean length in tokens;
+pass@k tasks (GSM8K): unbiased pass@k from ``n`` samples per test question, mean accuracy, and the share of
 answers that ran to the token limit (the paper's sign of collapse).
 
 A user mistake prints one line and exits with status 2 before any model is loaded.
@@ -18,13 +20,26 @@ import argparse
 import json
 import math
 import os
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Sequence
 
-TASKS = ("imdb", "gsm8k")  # the tasks with an evaluation
-IMDB_LIMIT = 256  # the paper's IMDB batch; the built-in eval openings are fewer (110)
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from cory.assets import MODEL_SPECS_HELP, SMOLLM2_SPEC, TINY_SPEC, AssetError, check_hub_asset, is_valid_model_spec
+from cory.config import ConfigError, load_yaml
+from cory.models import load_causal_lm, load_tokenizer
+from cory.outputs import check_writable
+from cory.passk import mean_pass_at_k
+from cory.rollout import decode_and_clean, tokenize_prompts
+from cory.tasks import (PASS_AT_K, REWARD_METRICS, check_eval_config, load_task_file, make_eval_task, registered,
+                        task_spec)
+
 DEFAULT_KS = (1, 4, 16)
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -46,8 +61,6 @@ def distinct_n(texts: Sequence[str], n: int) -> float:
 
 
 def _left_pad(seqs: Sequence[Sequence[int]], pad_id: int):
-    import torch
-
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -71,9 +84,6 @@ def sequence_kl(model, reference, prompts: Sequence[Sequence[int]], responses: S
     One plain forward pass of each model on the left-padded prompt + response; prompt and padding
     positions are masked out.
     """
-    import torch
-    import torch.nn.functional as F
-
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
     if not prompts:
@@ -118,8 +128,6 @@ def sample(model, tokenizer, prompts: Sequence[Sequence[int]], max_new_tokens: i
     temperature 1, no repetition penalty, so the answers are draws from the policy itself. ``repeats``: that
     many answers per prompt (a prompt's answers next to each other); the prompt is read once and its keys and
     values shared by its answers, since reading the prompt is most of the work when answers are short."""
-    import torch
-
     ids, mask = _left_pad(prompts, tokenizer.pad_token_id)
     device = next(model.parameters()).device
     ids, mask = ids.to(device), mask.to(device)
@@ -152,14 +160,10 @@ class ModelEntry:
 
 
 def _is_builtin_spec(spec: str) -> bool:
-    from cory.assets import SMOLLM2_SPEC, TINY_SPEC
-
     return spec in (TINY_SPEC, SMOLLM2_SPEC)
 
 
 def _hub_id_or_error(arg: str, flag: str) -> str:
-    from cory.assets import MODEL_SPECS_HELP, AssetError, check_hub_asset, is_valid_model_spec
-
     first = Path(arg).expanduser().parts[0] if arg else ""
     pathlike = arg.startswith((".", "/", "~")) or (os.sep in arg and Path(first).is_dir())
     if pathlike or not is_valid_model_spec(arg):
@@ -194,8 +198,6 @@ def expand_model(arg: str) -> list[ModelEntry]:
 
 
 def _run_config(run: Path) -> dict:
-    from cory.config import ConfigError, load_yaml
-
     try:
         return load_yaml(run / "config.yaml")
     except ConfigError as e:
@@ -204,10 +206,6 @@ def _run_config(run: Path) -> dict:
 
 def load_model(spec: str, dtype: str = "float32"):
     """A plain causal LM (no value head) for any model spec, on the GPU when there is one."""
-    import torch
-
-    from cory.models import load_causal_lm
-
     model = load_causal_lm(spec, dtype=getattr(torch, dtype))
     return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
 
@@ -256,7 +254,9 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m cory.evaluate", description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", required=True, help="imdb or gsm8k")
+    p.add_argument("--task", required=True, help=f"a registered task ({', '.join(registered())}, or one that "
+                                                 "--task_file registers)")
+    p.add_argument("--task_file", metavar="FILE", help="a one-file task (docs/adding_a_task.md) to load first")
     p.add_argument("--model", action="append", required=True, metavar="DIR",
                    help="a model folder (e.g. RUN/final/llm1), a run folder (all of its final/ models), "
                         "or a model spec ('tiny', 'embedded:smollm2-135m', a hub id), evaluated as-is; repeatable")
@@ -265,32 +265,36 @@ def build_parser() -> argparse.ArgumentParser:
                         "run's config.yaml; a model given as a spec is its own reference")
     p.add_argument("--no_base", action="store_true", help="do not evaluate the base model as a row")
     p.add_argument("--limit", type=_positive_int("limit"),
-                   help=f"held-out prompts/questions to use (default: imdb {IMDB_LIMIT}, gsm8k all 1,319)")
-    p.add_argument("--max_new_tokens", type=_positive_int("max_new_tokens"), help="default: imdb 15, gsm8k 256")
+                   help="held-out prompts/questions to use (default: the task's, e.g. imdb 256, gsm8k all 1,319)")
+    p.add_argument("--max_new_tokens", type=_positive_int("max_new_tokens"),
+                   help="default: the task's, e.g. imdb 15, gsm8k 256")
     p.add_argument("--batch_size", type=_positive_int("batch_size"), default=32,
                    help="sequences per generate() call (default 32)")
     p.add_argument("--seed", type=_seed, default=0, help="sampling seed, the same for every model (default 0)")
-    p.add_argument("--dataset", help="imdb: auto|hub|builtin; gsm8k: auto|hub|local|generated "
+    p.add_argument("--dataset", help="where the held-out examples come from: a value the task allows "
                                      "(default: the run's, else auto)")
+    p.add_argument("--dataset_path", metavar="DIR", help="a folder of data files, for a task that reads them "
+                                                         "(GSM8K: the original release's test.jsonl)")
+    p.add_argument("--reward", help="the task's reward, e.g. imdb: vader | distilbert-imdb | a classifier folder "
+                                    "(default: the run's)")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="model weights (default float32)")
     p.add_argument("--json", metavar="OUT.json",
                    help="where to write the results (default: RUN/eval_<task>.json when all models come "
                         "from one run folder, else nowhere)")
-    imdb = p.add_argument_group("imdb")
-    imdb.add_argument("--reward", help="vader | distilbert-imdb | a classifier folder (default: the run's)")
-    imdb.add_argument("--allow_early_eos", choices=("true", "false"),
-                      help="true: EOS may end an answer before --max_new_tokens; false: every answer has that "
-                           "length, as in training (default: the run's allow_early_eos, else false)")
-    gsm = p.add_argument_group("gsm8k")
-    gsm.add_argument("--k", type=_ks, help="comma-separated k of pass@k (default: those of 1,4,16 that are <= n)")
-    gsm.add_argument("--n", type=_positive_int("n"), help="samples per question (default 16)")
-    gsm.add_argument("--dataset_path", metavar="DIR", help="folder with GSM8K's test.jsonl (the original release)")
+    reward = p.add_argument_group(f"{REWARD_METRICS} tasks (e.g. imdb)")
+    reward.add_argument("--allow_early_eos", choices=("true", "false"),
+                        help="true: EOS may end an answer before --max_new_tokens; false: every answer has that "
+                             "length, as in training (default: the run's allow_early_eos, else false)")
+    passk = p.add_argument_group(f"{PASS_AT_K} tasks (e.g. gsm8k)")
+    passk.add_argument("--k", type=_ks, help="comma-separated k of pass@k (default: those of 1,4,16 that are <= n)")
+    passk.add_argument("--n", type=_positive_int("n"), help="samples per question (default 16)")
     return p
 
 
 @dataclass
 class Plan:
     task: str
+    metrics: str               # the task's kind of evaluation: REWARD_METRICS or PASS_AT_K
     rows: list[ModelEntry]     # what to evaluate, the base first
     reference: str | None      # the KL reference / base spec
     dataset: str
@@ -307,23 +311,38 @@ class Plan:
     allow_early_eos: bool = True
     command: str | None = None  # as typed, recorded in the JSON
 
+    def task_config(self) -> SimpleNamespace:
+        """The fields of a training config the task's ``make`` and checks read."""
+        return SimpleNamespace(task=self.task, dataset=self.dataset, dataset_path=self.dataset_path,
+                               reward_model=self.reward, seed=0)
+
+
+# the task's checks name config fields; this command's flags for them
+_FLAG_OF_FIELD = {"reward_model": "--reward", "dataset_path": "--dataset_path", "dataset": "--dataset",
+                  "task": "--task"}
+
+
+def _as_flags(e: ConfigError) -> EvalError:
+    field, colon, rest = str(e).partition(":")
+    return EvalError(f"{_FLAG_OF_FIELD[field]}:{rest}" if colon and field in _FLAG_OF_FIELD else str(e))
+
 
 def plan(argv: Sequence[str] | None) -> Plan:
     """Validate everything that needs no model (raises EvalError, ConfigError or AssetError)."""
-    from cory.tasks import registered
-    from cory.outputs import check_writable
-    from cory.tasks.gsm8k import check_local_files
-    from cory.tasks.imdb import check_reward_model
-
     args = build_parser().parse_args(argv)
-    if args.task not in TASKS:
-        raise EvalError(f"--task {args.task!r} is not one of {', '.join(TASKS)}")
-    gsm = args.task == "gsm8k"
-    wrong = ([("--reward", args.reward), ("--allow_early_eos", args.allow_early_eos)] if gsm else
-             [("--k", args.k), ("--n", args.n), ("--dataset_path", args.dataset_path)])
+    if args.task_file is not None:
+        load_task_file(args.task_file)
+    try:
+        spec = task_spec(args.task)
+    except ConfigError as e:
+        raise _as_flags(e) from None
+    evaluation = spec.evaluation
+    passk = evaluation.metrics == PASS_AT_K
+    wrong = [("--allow_early_eos", args.allow_early_eos)] if passk else [("--k", args.k), ("--n", args.n)]
     for flag, value in wrong:
         if value is not None:
-            raise EvalError(f"{flag} applies to the other task, not --task {args.task}")
+            raise EvalError(f"{flag} applies to {PASS_AT_K if not passk else REWARD_METRICS} tasks, not "
+                            f"--task {args.task}")
 
     entries = [e for arg in args.model for e in expand_model(arg)]
     runs = list(dict.fromkeys(e.run_dir.resolve() for e in entries if e.run_dir is not None))
@@ -348,9 +367,9 @@ def plan(argv: Sequence[str] | None) -> Plan:
             reference = bases.pop()
         elif len(entries) == 1 and entries[0].run_dir is None and not Path(entries[0].spec).is_dir():
             reference = entries[0].spec
-    needs_reference = not gsm or not args.no_base
+    needs_reference = not passk or not args.no_base  # the KL column of a reward task needs it
     if reference is None and needs_reference:
-        why = "the KL reference" if not gsm else "the 'base' row (or pass --no_base)"
+        why = "the KL reference" if not passk else "the 'base' row (or pass --no_base)"
         raise EvalError(f"--reference: needed for {why}; no run config.yaml found at DIR/../../config.yaml")
 
     rows = [] if args.no_base else [ModelEntry("base", reference)]
@@ -370,30 +389,22 @@ def plan(argv: Sequence[str] | None) -> Plan:
         if path and Path(path).is_dir():
             dataset_path = path
         elif dataset == "local":
-            raise EvalError(f"the run read GSM8K from {path}, which is not found here; pass --dataset_path DIR")
+            raise EvalError(f"the run read its data from {path}, which is not found here; pass --dataset_path DIR")
     dataset = dataset or ("local" if dataset_path else "auto")
-    datasets = registered()[args.task].datasets
-    if dataset not in datasets:
-        raise EvalError(f"--dataset {dataset!r} is not one of {', '.join(datasets)} for {args.task}")
-    if dataset_path is not None:
-        if not (Path(dataset_path) / "test.jsonl").is_file():
-            raise EvalError(f"--dataset_path {dataset_path}: no test.jsonl there (expected GSM8K's release files)")
-        if dataset not in ("local", "auto"):
-            raise EvalError(f"--dataset_path needs --dataset local (or auto), got {dataset}")
-        check_local_files(dataset_path, ("test",))  # evaluation reads the test split alone
+    if dataset not in spec.datasets:
+        raise EvalError(f"--dataset {dataset!r} is not one of {', '.join(spec.datasets)} for {args.task}")
+    reward = (args.reward or inherited.get("reward_model") or evaluation.reward
+              or (spec.rewards[0] if len(spec.rewards) == 1 else None))
+    if reward is None:
+        raise EvalError(f"--reward: needed ({args.task} takes any reward and no run's config.yaml names one)")
 
-    reward = None
-    if not gsm:
-        reward = args.reward or inherited.get("reward_model") or "vader"
-        check_reward_model(reward, "--reward")  # before the classifier loads (and prints its load report)
-
-    allow_early_eos = True  # GSM8K answers end where the model stops
-    if not gsm:
+    allow_early_eos = True  # pass@k: an answer ends where the model stops
+    if not passk:
         allow_early_eos = (args.allow_early_eos == "true" if args.allow_early_eos is not None
                            else bool(inherited.get("allow_early_eos", False)))
 
     n = ks = None
-    if gsm:
+    if passk:
         n = args.n or 16
         ks = args.k or [k for k in DEFAULT_KS if k <= n]
         too_big = [k for k in ks if k > n]
@@ -406,18 +417,21 @@ def plan(argv: Sequence[str] | None) -> Plan:
         raise EvalError(f"--json {json_path}: is a folder, expected a file name")
     if json_path is not None:  # known now, not after the whole evaluation
         check_writable(json_path, "--json")
-    return Plan(task=args.task, rows=rows, reference=reference, dataset=dataset, dataset_path=dataset_path,
-                reward=reward, limit=args.limit if args.limit is not None else (IMDB_LIMIT if not gsm else None),
-                max_new_tokens=args.max_new_tokens or (256 if gsm else 15), batch_size=args.batch_size,
-                seed=args.seed, dtype=args.dtype, json_path=json_path, n=n, ks=ks,
-                allow_early_eos=allow_early_eos)
+    p = Plan(task=args.task, metrics=evaluation.metrics, rows=rows, reference=reference, dataset=dataset,
+             dataset_path=dataset_path, reward=reward,
+             limit=args.limit if args.limit is not None else evaluation.limit,
+             max_new_tokens=args.max_new_tokens or evaluation.answer_tokens, batch_size=args.batch_size,
+             seed=args.seed, dtype=args.dtype, json_path=json_path, n=n, ks=ks, allow_early_eos=allow_early_eos)
+    try:  # the reward and the data, before any model loads (and prints its load report)
+        check_eval_config(p.task_config())
+    except ConfigError as e:
+        raise _as_flags(e) from None
+    return p
 
 
 # ----------------------------------------------------------------------------- evaluation
 
 def _progress(total: int, label: str):
-    from tqdm.auto import tqdm
-
     return tqdm(total=total, desc=label, unit="prompt", dynamic_ncols=True, leave=False, file=sys.stderr)
 
 
@@ -425,19 +439,19 @@ def _same_vocabulary(tok_a, tok_b) -> bool:
     return len(tok_a) == len(tok_b) and tok_a.get_vocab() == tok_b.get_vocab()
 
 
-def evaluate_imdb_model(model, reference, tokenizer, task, examples, *, max_new_tokens: int, batch_size: int,
-                        seed: int, label: str = "", allow_early_eos: bool = False) -> dict:
+def evaluate_reward(model, reference, tokenizer, task, examples, *, max_new_tokens: int, batch_size: int,
+                    seed: int, label: str = "", allow_early_eos: bool = False) -> dict:
     """Task reward, KL to ``reference``, distinct-1/2 and length of ``model``'s answers to ``examples``."""
-    import torch
-
     torch.manual_seed(seed)
     texts, rewards, kls, lengths = [], [], [], []
     bar = _progress(len(examples), label)
+    stop = dict(stop_strings=[task.stop], tokenizer=tokenizer) if task.stop else {}
     for start in range(0, len(examples), batch_size):
         chunk = examples[start:start + batch_size]
-        prompts = [ex.prompt_ids for ex in chunk]  # the pioneer's prompt: the review opening alone
+        # the pioneer's prompt (IMDB: the review opening alone, at the tokens the task drew)
+        prompts = [ids.tolist() for ids in tokenize_prompts(tokenizer, chunk)]
         responses = sample(model, tokenizer, prompts, max_new_tokens,
-                           None if allow_early_eos else {"min_new_tokens": max_new_tokens})
+                           stop if allow_early_eos else {"min_new_tokens": max_new_tokens})
         answers = [task.clean_response(tokenizer.decode(r, skip_special_tokens=True)) for r in responses]
         rewards += task.score(chunk, answers)
         kls += sequence_kl(model, reference, prompts, responses, tokenizer.pad_token_id)
@@ -457,15 +471,10 @@ def evaluate_imdb_model(model, reference, tokenizer, task, examples, *, max_new_
     }
 
 
-def evaluate_gsm8k_model(model, tokenizer, task, examples, *, n: int, ks: Sequence[int], max_new_tokens: int,
-                         batch_size: int, seed: int, label: str = "") -> dict:
-    """pass@k (unbiased, from ``n`` samples per question), accuracy, and the share of answers cut by the
-    token limit, for ``model`` answering ``examples`` from the one-shot prompt alone."""
-    import torch
-
-    from cory.passk import mean_pass_at_k
-    from cory.rollout import decode_and_clean
-
+def evaluate_pass_at_k(model, tokenizer, task, examples, *, n: int, ks: Sequence[int], max_new_tokens: int,
+                       batch_size: int, seed: int, label: str = "") -> dict:
+    """pass@k (unbiased, from ``n`` samples per question, of a 0/1 reward), accuracy, and the share of answers
+    cut by the token limit, for ``model`` answering ``examples`` from the pioneer's prompt alone."""
     torch.manual_seed(seed)
     stop = dict(stop_strings=[task.stop], tokenizer=tokenizer) if task.stop else {}
     per_call = max(1, batch_size // n)  # whole questions per step; a question's n samples stay together
@@ -473,7 +482,7 @@ def evaluate_gsm8k_model(model, tokenizer, task, examples, *, n: int, ks: Sequen
     bar = _progress(len(examples), label)
     for start in range(0, len(examples), per_call):
         chunk = examples[start:start + per_call]
-        prompts = [tokenizer(ex.prompt, add_special_tokens=False)["input_ids"] for ex in chunk]
+        prompts = [ids.tolist() for ids in tokenize_prompts(tokenizer, chunk)]
         if n <= batch_size:  # each prompt read once, its n answers sampled from the shared prompt cache
             raw = sample(model, tokenizer, prompts, max_new_tokens, stop, repeats=n)
         else:
@@ -527,19 +536,20 @@ def _task(make):
 
 def run(p: Plan) -> dict:
     """Evaluate every row of the plan; returns the JSON document (also written to ``p.json_path``)."""
-    from cory.models import load_tokenizer
-
-    other_task = ("n", "ks", "dataset_path") if p.task == "imdb" else ("reward", "allow_early_eos")
-    settings = {k: v for k, v in vars(p).items() if k not in ("rows", "json_path", "command", *other_task)}
+    reward_metrics = p.metrics == REWARD_METRICS
+    other_kind = ("n", "ks") if reward_metrics else ("allow_early_eos",)
+    settings = {k: v for k, v in vars(p).items()
+                if k not in ("rows", "json_path", "command", "metrics", *other_kind)}
+    if reward_metrics and p.dataset_path is None:
+        settings.pop("dataset_path")
     results = []
-    if p.task == "imdb":
-        from cory.tasks.imdb import ImdbTask
-
-        tokenizer = load_tokenizer(p.reference)
-        # the reward and the prompts first: a missing reward model fails before any LM is loaded
-        task = _task(lambda: ImdbTask(tokenizer, source=p.dataset, reward=p.reward))
-        examples = task.eval_examples(p.limit)
-        settings.update(dataset=task.source, n_prompts=len(examples))
+    tokenizer = load_tokenizer(p.reference if p.reference is not None else p.rows[0].spec)
+    # the reward and the prompts first: a missing reward model fails before any LM is loaded
+    task = _task(lambda: make_eval_task(p.task_config(), tokenizer))
+    examples = task.eval_examples(p.limit)
+    settings.update(dataset=task.source,
+                    **({"n_prompts": len(examples)} if reward_metrics else {"n_questions": len(examples)}))
+    if reward_metrics:
         for entry in p.rows:
             if entry.spec != p.reference and not _same_vocabulary(load_tokenizer(entry.spec), tokenizer):
                 raise EvalError(f"--model {entry.spec}: its tokenizer differs from the reference "
@@ -547,25 +557,20 @@ def run(p: Plan) -> dict:
         reference = load_model(p.reference, p.dtype)
         for entry in p.rows:
             model = reference if entry.spec == p.reference else load_model(entry.spec, p.dtype)
-            res = evaluate_imdb_model(model, reference, tokenizer, task, examples, max_new_tokens=p.max_new_tokens,
-                                      batch_size=p.batch_size, seed=p.seed, label=entry.label,
-                                      allow_early_eos=p.allow_early_eos)
+            res = evaluate_reward(model, reference, tokenizer, task, examples, max_new_tokens=p.max_new_tokens,
+                                  batch_size=p.batch_size, seed=p.seed, label=entry.label,
+                                  allow_early_eos=p.allow_early_eos)
             results.append({"name": entry.label, "model": entry.spec, **res})
             del model
         columns = [("reward", "task_reward", ".4f"), ("KL", "kl", ".4f"), ("distinct-1", "distinct_1", ".3f"),
                    ("distinct-2", "distinct_2", ".3f"), ("length", "response_length", ".2f")]
     else:
-        from cory.tasks.gsm8k import Gsm8kTask
-
-        task = _task(lambda: Gsm8kTask(source=p.dataset, dataset_path=p.dataset_path, with_train=False))
-        examples = task.eval_examples(p.limit)
-        settings.update(dataset=task.source, n_questions=len(examples))
         for entry in p.rows:
             tokenizer = load_tokenizer(entry.spec)
             model = load_model(entry.spec, p.dtype)
-            res = evaluate_gsm8k_model(model, tokenizer, task, examples, n=p.n, ks=p.ks,
-                                       max_new_tokens=p.max_new_tokens, batch_size=p.batch_size, seed=p.seed,
-                                       label=entry.label)
+            res = evaluate_pass_at_k(model, tokenizer, task, examples, n=p.n, ks=p.ks,
+                                     max_new_tokens=p.max_new_tokens, batch_size=p.batch_size, seed=p.seed,
+                                     label=entry.label)
             results.append({"name": entry.label, "model": entry.spec, **res})
             del model
         columns = [(f"pass@{k}", f"pass@{k}", ".4f") for k in p.ks]
@@ -573,8 +578,9 @@ def run(p: Plan) -> dict:
                     ("length", "response_length", ".1f")]
     doc = {"task": p.task, "command": p.command, "settings": settings, "results": results}
     print(_table(columns, [(r["name"], r) for r in results]))
-    if p.task == "gsm8k" and task.source == "generated":
-        print("note: generated GSM8K-style stand-in problems, NOT GSM8K (pass --dataset_path for the real test set)")
+    note = task_spec(p.task).evaluation.note
+    if note is not None and note(task):
+        print(f"note: {note(task)}")
     if p.json_path is not None:
         p.json_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.json_path.with_name(p.json_path.name + ".tmp")
@@ -585,11 +591,6 @@ def run(p: Plan) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> dict | None:
-    from cory.assets import AssetError
-    from cory.config import ConfigError
-
-    import shlex
-
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         p = plan(args)

@@ -8,10 +8,6 @@ from pathlib import Path
 
 from cory.config import ConfigError, PPOArgs
 
-# room for the prompt next to the longest answer (the observer's prompt also holds the pioneer's answer)
-PROMPT_TOKENS = {"imdb": 64, "gsm8k": 384}
-
-
 def check_config(cfg: PPOArgs) -> None:
     """Checks of a resolved config that read files but write nothing (run by the CLI and the runner)."""
     from cory.assets import AssetError, check_model_spec
@@ -50,13 +46,14 @@ def check_context(cfg: PPOArgs) -> None:
     """The longest answer, with its prompt, must fit the model's context (where the model's config.json is
     on this machine); CORY's observer reads the pioneer's answer too."""
     from cory.assets import context_length
+    from cory.tasks import task_spec
 
     context = context_length(cfg.model_name)
     if context is None:
         return
     cory = hasattr(cfg, "swap_period") and getattr(cfg, "knowledge_transfer", False)
     answers = 2 if cory else 1
-    room = PROMPT_TOKENS.get(cfg.task, 64)
+    room = task_spec(cfg.task).prompt_tokens  # the prompt's room beside the answers
     longest = (context - room) // answers
     if cfg.response_length_max > longest:
         why = " and the observer's prompt also holds the pioneer's answer" if cory else ""

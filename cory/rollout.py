@@ -21,13 +21,13 @@ class Answers:
 
 
 def generation_kwargs(cfg: PPOArgs, tokenizer, task) -> dict:
-    """Sampling as in the paper (top_k 0, top_p 1, the authors' repetition penalty); stop strings from the task."""
+    """Sampling as configured (the scripts: the paper's top_k 0, top_p 1 and the authors' repetition penalty);
+    the task's stop string ends an answer too."""
     kwargs = dict(do_sample=True, top_k=cfg.top_k, top_p=cfg.top_p, temperature=cfg.temperature,
                   repetition_penalty=cfg.repetition_penalty, pad_token_id=tokenizer.pad_token_id,
                   eos_token_id=tokenizer.eos_token_id)
-    stop = getattr(task, "stop", None)
-    if stop:
-        kwargs.update(stop_strings=[stop], tokenizer=tokenizer)
+    if task.stop:
+        kwargs.update(stop_strings=[task.stop], tokenizer=tokenizer)
     return kwargs
 
 
@@ -96,9 +96,10 @@ def decode_and_clean(task, tokenizer, responses: list[torch.Tensor]) -> tuple[li
     return texts, kept_ids
 
 
-def score_batch(task, examples, responses: list[str], reward_name: str | None = None) -> list[float]:
-    """The task's scores, or a RunError naming the reward and the text it failed on."""
-    name = reward_name or getattr(task, "reward_name", task.name)
+def score_batch(task, examples, responses: list[str], reward_name: str) -> list[float]:
+    """The task's scores, or a RunError naming the reward (the config's ``reward_model``) and the text it
+    failed on."""
+    name = reward_name
     try:
         scores = _scores(task, examples, responses)
     except Exception as e:  # a reward model's failure must say what it was scoring

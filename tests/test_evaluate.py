@@ -128,7 +128,7 @@ def test_gsm8k_pass_at_k_on_generated_problems(tiny_run, tmp_path, capsys):
     (["--task", "gsm8k", "--model", "tiny", "--k", "1,x"], "--k: expected comma-separated"),
     (["--task", "imdb", "--model", "tiny", "--seed", "-1"], "--seed: must be >= 0"),
     (["--task", "imdb", "--model", "tiny", "--batch_size", "2.5"], "--batch_size: expected a positive integer"),
-    (["--task", "imdb", "--model", "tiny", "--k", "1"], "--k applies to the other task"),
+    (["--task", "imdb", "--model", "tiny", "--k", "1"], "--k applies to pass@k tasks, not --task imdb"),
     (["--task", "imdb", "--model", "tiny", "--reward", "sentiment"], "--reward: 'sentiment' is not one of"),
     (["--task", "imdb", "--model", "tiny", "--dataset", "local"], "--dataset 'local' is not one of auto, hub, builtin"),
     (["--task", "gsm8k", "--model", "tiny", "--dataset_path", "{tmp}"], "no test.jsonl"),

@@ -1,17 +1,23 @@
-"""Tasks: prompts, the observer's prompt, data and a reward, behind one protocol (``cory.tasks.base.Task``).
+"""Tasks: prompts, the observer's prompt, data, a reward, where answers stop and how held-out examples are
+scored, behind one protocol (``cory.tasks.base.Task``) and one registry.
 
 Built in: IMDB (subjective sentiment reward) and GSM8K (objective 0/1 correctness). A new task is one class
-and one ``register_task`` call (docs/adding_a_task.md); the trainer never needs to know it by name.
+and one ``register_task`` call (docs/adding_a_task.md); nothing outside this folder needs to know it by name:
+training, the checks before a run, ``cory.evaluate`` and the experiment runner ask the registry.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import runpy
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from cory.config import ConfigError
-from cory.tasks.base import Example, Task
+from cory.tasks.base import PASS_AT_K, REWARD_METRICS, Evaluation, Example, Task, TaskBase
 
-__all__ = ["Example", "Task", "TaskSpec", "check_config", "make_task", "register_task", "registered"]
+__all__ = ["Evaluation", "Example", "PASS_AT_K", "REWARD_METRICS", "Task", "TaskBase", "TaskSpec", "check_config",
+           "check_eval_config", "load_task_file", "make_eval_task", "make_task", "register_task", "registered",
+           "task_spec"]
 
 
 @dataclass
@@ -20,46 +26,86 @@ class TaskSpec:
     datasets: tuple[str, ...] = ("auto",)  # the values ``dataset`` may take
     rewards: tuple[str, ...] = ()  # the values ``reward_model`` may take; () = any
     check: Callable | None = None  # (cfg) -> None, raising ConfigError: what else to check before loading
+    prompt_tokens: int = 64  # room kept for the prompt beside the longest answer (the model's context check)
+    evaluation: Evaluation = field(default_factory=Evaluation)
 
 
 _REGISTRY: dict[str, TaskSpec] = {}
 
 
-def register_task(name: str, make: Callable, *, datasets=("auto",), rewards=(), check=None) -> None:
+def register_task(name: str, make: Callable, *, datasets=("auto",), rewards=(), check=None, prompt_tokens: int = 64,
+                  evaluation: Evaluation | None = None) -> None:
     """Make ``task: name`` mean ``make(cfg, tokenizer, seed)``, a ``Task``; ``datasets`` and ``rewards`` are the
-    values the config's ``dataset`` and ``reward_model`` may take (no ``rewards``: any)."""
-    _REGISTRY[name] = TaskSpec(make, tuple(datasets), tuple(rewards), check)
+    values the config's ``dataset`` and ``reward_model`` may take (no ``rewards``: any); ``prompt_tokens``: the
+    room its prompts need beside an answer; ``evaluation``: how ``cory.evaluate`` scores it (default: mean
+    reward, KL and distinct-n of 15-token answers)."""
+    _REGISTRY[name] = TaskSpec(make, tuple(datasets), tuple(rewards), check, prompt_tokens,
+                               evaluation or Evaluation())
 
 
 def registered() -> dict[str, TaskSpec]:
     return dict(_REGISTRY)
 
 
-def make_task(cfg, tokenizer, rank: int = 0) -> Task:
-    """The task a config names; data-parallel ranks draw different batches."""
-    return _spec(cfg.task).make(cfg, tokenizer, cfg.seed + 1000 * rank)
-
-
-def _spec(name: str) -> TaskSpec:
+def task_spec(name: str) -> TaskSpec:
+    """The registration of task ``name`` (ConfigError, one line, naming the registered ones)."""
     if name not in _REGISTRY:
         raise ConfigError(f"task: {name!r} is not one of {', '.join(_REGISTRY)} (or a task registered with "
                           "cory.tasks.register_task)")
     return _REGISTRY[name]
 
 
-def check_config(cfg) -> None:
-    """The task, reward and data a config names, checked before any model loads (ConfigError, one line)."""
-    spec = _spec(cfg.task)
+def make_task(cfg, tokenizer, rank: int = 0) -> Task:
+    """The task a config names; data-parallel ranks draw different batches."""
+    return task_spec(cfg.task).make(cfg, tokenizer, cfg.seed + 1000 * rank)
+
+
+def make_eval_task(cfg, tokenizer) -> Task:
+    """The task whose ``eval_examples`` an evaluation scores (``cfg`` names task, dataset, dataset_path and
+    reward_model)."""
+    spec = task_spec(cfg.task)
+    if spec.evaluation.make is not None:
+        return spec.evaluation.make(cfg, tokenizer)
+    return spec.make(cfg, tokenizer, 0)
+
+
+def _check_values(cfg, spec: TaskSpec) -> None:
     if cfg.dataset not in spec.datasets:
         raise ConfigError(f"dataset: {cfg.dataset!r} is not one of {', '.join(spec.datasets)}")
     if spec.rewards and cfg.reward_model not in spec.rewards:
         raise ConfigError(f"reward_model: {cfg.reward_model!r} is not allowed for {cfg.task}; allowed: "
                           f"{', '.join(spec.rewards)}")
+
+
+def check_config(cfg) -> None:
+    """The task, reward and data a config names, checked before any model loads (ConfigError, one line)."""
+    spec = task_spec(cfg.task)
+    _check_values(cfg, spec)
     if spec.check is not None:
         spec.check(cfg)
 
 
+def check_eval_config(cfg) -> None:
+    """``check_config`` for an evaluation, which reads the held-out data alone."""
+    spec = task_spec(cfg.task)
+    _check_values(cfg, spec)
+    check = spec.evaluation.check or spec.check
+    if check is not None:
+        check(cfg)
+
+
+def load_task_file(path: str | Path) -> None:
+    """Run a user's one-file task (docs/adding_a_task.md) as a module, so that its ``register_task`` calls
+    take effect; its ``if __name__ == "__main__"`` part (the training) does not run."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"task_file: {path} not found")
+    runpy.run_path(str(path), run_name="cory_task_file")
+
+
 # ----------------------------------------------------------------------------- the built-in tasks
+# (their modules load when a run or an evaluation first asks for them: the checks before a model loads stay
+# cheap, and importing cory.tasks does not load datasets or reward libraries)
 
 def _make_imdb(cfg, tokenizer, seed):
     from cory.tasks.imdb import ImdbTask, make_reward
@@ -82,16 +128,37 @@ def _make_gsm8k(cfg, tokenizer, seed):
     return Gsm8kTask(source=cfg.dataset, dataset_path=cfg.dataset_path, seed=seed)
 
 
-def _check_gsm8k(cfg) -> None:
+def _check_gsm8k(cfg, splits=("train", "test")) -> None:
     from cory.tasks.gsm8k import check_local_files
 
     if cfg.dataset_path is not None:
         if cfg.dataset not in ("local", "auto"):
             raise ConfigError(f"dataset_path: dataset {cfg.dataset} does not read it; use --dataset local "
-                              "(or auto) to train on the files in it")
-        check_local_files(cfg.dataset_path, ("train", "test"))
+                              "(or auto) to read the files in it")
+        if splits == ("test",) and not (Path(cfg.dataset_path) / "test.jsonl").is_file():
+            raise ConfigError(f"dataset_path: {cfg.dataset_path}: no test.jsonl there (expected GSM8K's release "
+                              "files)")
+        check_local_files(cfg.dataset_path, splits)
 
 
-register_task("imdb", _make_imdb, datasets=("auto", "hub", "builtin"), check=_check_imdb)
+def _make_gsm8k_eval(cfg, tokenizer):
+    from cory.tasks.gsm8k import Gsm8kTask
+
+    return Gsm8kTask(source=cfg.dataset, dataset_path=cfg.dataset_path, with_train=False)
+
+
+def _gsm8k_note(task) -> str | None:
+    if task.source == "generated":
+        return "generated GSM8K-style stand-in problems, NOT GSM8K (pass --dataset_path for the real test set)"
+    return None
+
+
+# IMDB: reward, KL and diversity of 15-token answers to the paper's batch of 256 held-out openings (the built-in
+# eval openings are fewer, 110); GSM8K: pass@k of 256-token answers to all 1,319 test questions, whose
+# one-shot prompt needs the longer budget
+register_task("imdb", _make_imdb, datasets=("auto", "hub", "builtin"), check=_check_imdb, prompt_tokens=64,
+              evaluation=Evaluation(REWARD_METRICS, answer_tokens=15, limit=256, reward="vader"))
 register_task("gsm8k", _make_gsm8k, datasets=("auto", "hub", "local", "generated"), rewards=("correctness",),
-              check=_check_gsm8k)
+              check=_check_gsm8k, prompt_tokens=384,
+              evaluation=Evaluation(PASS_AT_K, answer_tokens=256, make=_make_gsm8k_eval,
+                                    check=lambda cfg: _check_gsm8k(cfg, ("test",)), note=_gsm8k_note))

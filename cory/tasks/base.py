@@ -1,8 +1,9 @@
-"""What the trainer needs from a task: prompts, the observer's prompt, and a reward."""
+"""What the trainer and the evaluation need from a task: prompts, the observer's prompt, a reward, where an
+answer stops, and how its held-out examples are scored."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 
 @dataclass
@@ -25,6 +26,8 @@ class Example:
 
 class Task(Protocol):
     name: str
+    source: str  # where its examples come from (the concrete value a config's dataset "auto" stood for)
+    stop: str | None  # a line starting with this string ends an answer (besides EOS); None: EOS alone
 
     def sample(self, batch_size: int) -> list[Example]:
         """The next training batch (deterministic given the task's seed)."""
@@ -45,3 +48,42 @@ class Task(Protocol):
         """Sampler position, so a resumed run draws the same batches."""
 
     def load_state_dict(self, state: dict) -> None: ...
+
+
+class TaskBase:
+    """The parts of ``Task`` most tasks share: answers end at EOS alone and the reward sees the whole answer.
+    Subclass it and write the rest (docs/adding_a_task.md)."""
+
+    source: str = "builtin"  # examples written in the task's own code
+    stop: str | None = None
+
+    def clean_response(self, text: str) -> str:
+        return text
+
+
+REWARD_METRICS = "reward"  # subjective tasks: mean reward, KL to the base model, distinct-1/2, length
+PASS_AT_K = "pass@k"       # objective tasks (a 0/1 reward): pass@k from n samples per question, accuracy
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """How ``python -m cory.evaluate`` scores a task's held-out examples, declared where the task is registered.
+
+    ``metrics``: ``REWARD_METRICS`` or ``PASS_AT_K``; ``answer_tokens``: the default ``--max_new_tokens``;
+    ``limit``: the default number of held-out examples (None: all); ``reward``: the reward to score with when
+    neither ``--reward`` nor the run's config names one (default: the task's only allowed reward); ``make``: ``(cfg, tokenizer) -> Task`` for
+    the held-out examples (default: the training ``make`` with seed 0); ``check``: ``(cfg) -> None``, what
+    evaluation needs that can be checked before a model loads (default: the training ``check``); ``note``:
+    ``(task) -> str | None``, a line printed under the results (e.g. that the data are a stand-in)."""
+
+    metrics: str = REWARD_METRICS
+    answer_tokens: int = 15
+    limit: int | None = None
+    reward: str | None = None
+    make: Callable | None = None
+    check: Callable | None = None
+    note: Callable | None = None
+
+    def __post_init__(self):
+        if self.metrics not in (REWARD_METRICS, PASS_AT_K):
+            raise ValueError(f"Evaluation.metrics: {self.metrics!r} is not one of {REWARD_METRICS}, {PASS_AT_K}")

@@ -27,7 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
-from .base import Example
+from cory.tasks.base import Example, TaskBase
 
 logger = logging.getLogger(__name__)
 
@@ -402,7 +402,7 @@ def load_gsm8k(
 # ---------------------------------------------------------------------------------------------
 
 
-class Gsm8kTask:
+class Gsm8kTask(TaskBase):
     """GSM8K as a ``cory.tasks.base.Task``.
 
     ``seed`` orders the training stream (a fresh seeded permutation of train per epoch);

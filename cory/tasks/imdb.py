@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from cory.tasks.base import Example
+from cory.tasks.base import Example, TaskBase
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +198,7 @@ def make_reward(name: str, device: Any = None, *, batch_size: int = 64) -> Rewar
 # --------------------------------------------------------------------------- task
 
 
-class ImdbTask:
+class ImdbTask(TaskBase):
     """IMDB review openings -> positive continuations (implements ``cory.tasks.base.Task``).
 
     ``sample`` walks a seeded permutation of the training pool (a new permutation at each
