@@ -129,14 +129,16 @@ def main(argv=None) -> int:
     from tqdm.auto import tqdm
 
     from cory import models
+
+    from cory.assets import locate
     from cory.agent import precision_context, set_precision
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda: no CUDA GPU here", file=sys.stderr)
         return 2
     set_precision(args.precision)
-    tokenizer = models.load_tokenizer(args.model)
-    model = models.load_causal_lm(args.model).to(args.device).eval()
+    tokenizer = models.load_tokenizer(locate(args.model))
+    model = models.load_causal_lm(locate(args.model)).to(args.device).eval()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     calls = batches(args, model.config.vocab_size, pad, tokenizer.eos_token_id)
 

@@ -207,6 +207,7 @@ def authors_cfg(cfg):
 def authors_exchange(run, folder: Path) -> float:
     """The released code's role exchange: both models to disk, then new PPOTrainers on the reloaded copies."""
     from cory import models
+    from cory.assets import locate
     from cory.game import AGENTS
 
     t0 = time.perf_counter()
@@ -216,7 +217,7 @@ def authors_exchange(run, folder: Path) -> float:
     run.agents.clear()
     gc.collect()
     for name in AGENTS:
-        policy = models.load_policy(str(folder / name))
+        policy = models.load_policy(locate(str(folder / name)))
         run.agents[name] = agent_cls(name, authors_cfg(run.cfg), policy, run.reference, run.tokenizer)
     return time.perf_counter() - t0
 

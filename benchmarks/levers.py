@@ -102,6 +102,8 @@ def main(argv=None) -> int:
     from iteration import matmul_peak_gflops
 
     from cory import models
+
+    from cory.assets import locate
     from cory.agent import Agent
     from cory.config import build, load_yaml
     from imdb_train.cory import Hyperparameters
@@ -117,7 +119,7 @@ def main(argv=None) -> int:
     base.update(batch_size=args.batch_size, mini_batch_size=args.batch_size, ppo_epochs=args.ppo_epochs,
                 output_dir="/tmp/unused", seed=args.seed)
     cfg = build(Hyperparameters, base)  # the IMDB script's values, then the preset's changes
-    spec = cfg.model_name
+    spec = locate(cfg.model_name)  # resolved once for the loaders below
     torch.manual_seed(cfg.seed)
     tok = models.load_tokenizer(spec)
     task = make_task(cfg, tok)

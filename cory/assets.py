@@ -13,9 +13,10 @@ Both are written once under :func:`cache_dir` (atomically, under a file lock) an
 from there. Hub ids are checked with :func:`check_hub_asset` before anything is loaded,
 because transformers' own retries take close to a minute to give up on a missing asset.
 
-Heavy libraries (torch, transformers) are imported inside the functions that need them, so the checks
-made before any model loads (:func:`check_model_spec`) stay cheap. Loading policies and the reference
-for training is ``cory.models``'s work.
+A model name is resolved once into a :class:`ModelSpec` (:func:`model_spec`, from the disk alone, for the
+checks before a run; :func:`locate`, which builds or checks, when the run is prepared), and the loaders in
+``cory.models`` take that value. Heavy libraries (torch, transformers) are imported inside the functions that
+need them, so the checks made before any model loads stay cheap.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ import threading
 import urllib.error
 import urllib.request
 import warnings
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -204,42 +206,74 @@ def is_random_spec(spec: str) -> bool:
     return isinstance(spec, str) and spec.startswith(RANDOM_PREFIX) and spec[len(RANDOM_PREFIX):] in RANDOM_SHAPES
 
 
-def random_config(spec: str):
-    """The transformers config of a ``random:NAME`` stand-in (GPT-2 tokenizer's vocabulary and special ids)."""
-    from transformers import GPT2Config, LlamaConfig
-
-    kind, shape = RANDOM_SHAPES[spec[len(RANDOM_PREFIX):]]
-    eos = GPT2_VOCAB - 1
-    ids = dict(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
-    if kind == "gpt2":
-        return GPT2Config(vocab_size=GPT2_VOCAB, **shape, **ids)
-    return LlamaConfig(vocab_size=GPT2_VOCAB, **shape, **ids)
+# the five kinds of model a spec can name
+TINY, EMBEDDED, RANDOM, FOLDER, HUB = "tiny", "embedded", "random", "folder", "hub"
 
 
-def resolve_model_path(spec: str) -> str:
-    """A path or hub id that ``from_pretrained`` can load without hanging on the network."""
-    if spec == TINY_SPEC:
-        return str(tiny_model_dir())
-    if spec == SMOLLM2_SPEC:
-        return str(embedded_smollm2_dir())
-    if is_random_spec(spec):
-        return spec  # built in memory by cory.models
-    local = Path(spec).expanduser()
-    if local.is_dir():
-        return str(local)
-    if not is_valid_model_spec(spec):
-        raise AssetError(f"unknown model {spec!r}: {MODEL_SPECS_HELP}")
-    check_hub_asset(spec, "model")
-    return spec
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model name resolved once, when a run is prepared: which of the five kinds it is, its context, and
+    (once located) what ``from_pretrained`` loads. Loaders take it instead of resolving the name again.
+
+    ``name``: as the config writes it (``model_name``); ``kind``: TINY, EMBEDDED, RANDOM, FOLDER or HUB;
+    ``context``: the most positions the model takes, where its config is on this machine (None: a hub model
+    not downloaded yet); ``path``: the folder or hub id to load, None until ``locate`` (which builds an
+    offline model once and checks a hub id)."""
+
+    name: str
+    kind: str
+    context: int | None = None
+    path: str | None = None
+
+    def __str__(self) -> str:
+        return self.name
 
 
-def check_model_spec(name: str, spec: str) -> None:
-    """Raise AssetError naming the field ``name`` unless ``spec`` can name a model; touches only the disk.
-    A local folder must be a model folder (its config.json readable)."""
-    if not is_valid_model_spec(spec):
-        raise AssetError(f"{name}: {spec!r} is not a model spec; allowed: {MODEL_SPECS_HELP}")
-    if spec not in (TINY_SPEC, SMOLLM2_SPEC) and Path(spec).expanduser().is_dir():
-        model_config(name, Path(spec).expanduser())
+def model_spec(name: str, field: str = "model_name") -> ModelSpec:
+    """The spec ``name`` stands for, read from the disk alone (nothing is built, loaded or downloaded); an
+    AssetError naming ``field`` unless it names a model (a local folder must hold a readable config.json)."""
+    if not is_valid_model_spec(name):
+        raise AssetError(f"{field}: {name!r} is not a model spec; allowed: {MODEL_SPECS_HELP}")
+    if name == TINY_SPEC:
+        return ModelSpec(name, TINY, _TINY_POSITIONS)
+    if name == SMOLLM2_SPEC:
+        return ModelSpec(name, EMBEDDED, _SMOLLM2_POSITIONS)
+    if is_random_spec(name):
+        shape = RANDOM_SHAPES[name[len(RANDOM_PREFIX):]][1]
+        return ModelSpec(name, RANDOM, shape.get("n_positions") or shape.get("max_position_embeddings"), name)
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        return ModelSpec(name, FOLDER, _positions(model_config(field, folder)), str(folder))
+    try:
+        snapshot = local_snapshot(name)
+        config = json.loads((snapshot / "config.json").read_text()) if snapshot is not None else {}
+    except Exception:  # not cached, or a snapshot without a readable config: the context is unknown here
+        config = {}
+    return ModelSpec(name, HUB, _positions(config))
+
+
+def _positions(config) -> int | None:
+    for key in ("max_position_embeddings", "n_positions", "n_ctx"):
+        if isinstance(config, dict) and isinstance(config.get(key), int) and config[key] > 0:
+            return config[key]
+    return None
+
+
+def locate(spec: ModelSpec | str) -> ModelSpec:
+    """``spec`` with ``path`` set: the offline models built (once per cache), a hub id checked (fast when the
+    hub is out of reach). A name is resolved first, for callers that hold one."""
+    if isinstance(spec, str):
+        if not is_valid_model_spec(spec):
+            raise AssetError(f"unknown model {spec!r}: {MODEL_SPECS_HELP}")
+        spec = model_spec(spec)
+    if spec.path is not None:
+        return spec
+    if spec.kind == TINY:
+        return replace(spec, path=str(tiny_model_dir()))
+    if spec.kind == EMBEDDED:
+        return replace(spec, path=str(embedded_smollm2_dir()))
+    check_hub_asset(spec.name, "model")
+    return replace(spec, path=spec.name)
 
 
 def model_config(name: str, folder: Path) -> dict:
@@ -253,33 +287,6 @@ def model_config(name: str, folder: Path) -> dict:
     if not isinstance(config, dict):
         raise AssetError(f"{name}: {folder}/config.json is not a model config")
     return config
-
-
-def context_length(spec: str) -> int | None:
-    """The most positions the model of ``spec`` takes, read from its config.json where it is on this machine
-    (None where it is not, e.g. a hub model not yet downloaded)."""
-    if spec == TINY_SPEC:
-        return _TINY_POSITIONS
-    if spec == SMOLLM2_SPEC:
-        return _SMOLLM2_POSITIONS
-    if is_random_spec(spec):
-        shape = RANDOM_SHAPES[spec[len(RANDOM_PREFIX):]][1]
-        return shape.get("n_positions") or shape.get("max_position_embeddings")
-    if Path(spec).expanduser().is_dir():
-        folder = Path(spec).expanduser()
-    else:
-        try:
-            folder = local_snapshot(spec)
-        except Exception:
-            folder = None
-    try:
-        config = json.loads((folder / "config.json").read_text()) if folder is not None else {}
-    except (OSError, ValueError):
-        return None
-    for key in ("max_position_embeddings", "n_positions", "n_ctx"):
-        if isinstance(config.get(key), int) and config[key] > 0:
-            return config[key]
-    return None
 
 
 # --------------------------------------------------------------------------- cached builds

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from cory import preflight
 from cory.config import (INVOCATION_FIELDS, REQUIRED, ConfigError, _allowed, _field_types,
                          build, field_help, load_yaml, metadata, to_dict, validate)
 
@@ -68,11 +69,10 @@ def split_flags(cls, argv: list[str]) -> tuple[str | None, dict[str, str]]:
     return config, flags
 
 
-def parse(cls, argv: list[str] | None = None, prog: str | None = None):
-    """The resolved config, checked as far as it can be without loading a model. ``--resume DIR`` starts from
+def parse(cls, argv: list[str] | None = None, prog: str | None = None, *, check: bool = True):
+    """The resolved config, checked as far as it can be without loading a model (``check``; a training run
+    leaves the check to ``cory.train``, which makes it once for the whole run). ``--resume DIR`` starts from
     the config saved in DIR, and only fields that do not change what the run learns may differ from it."""
-    from cory import preflight
-
     argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != PRINT_CONFIG]
     if any(a in ("-h", "--help") for a in argv):
         print(_help(cls, prog or Path(sys.argv[0]).name))
@@ -82,17 +82,14 @@ def parse(cls, argv: list[str] | None = None, prog: str | None = None):
     for key in INVOCATION_FIELDS:
         if key in base:
             raise ConfigError(f"{key}: a command-line flag (--{key}), not a config-file field ({config})")
-    if flags.get("resume"):
-        return _resumed(cls, flags, base, config)
-    cfg = build(cls, base, flags)
-    preflight.check_config(cfg)
+    cfg = _resumed(cls, flags, base, config) if flags.get("resume") else build(cls, base, flags)
+    if check:
+        preflight.check_config(cfg)
     return cfg
 
 
 def _resumed(cls, flags: dict, base: dict, config: str | None):
     """The saved run's config with the changes a resume allows; any other change is refused by name."""
-    from cory import preflight
-
     run_dir = Path(flags["resume"])
     saved_path = run_dir / "config.yaml"
     if not saved_path.is_file():
@@ -115,7 +112,6 @@ def _resumed(cls, flags: dict, base: dict, config: str | None):
         raise ConfigError(f"output_dir: a resumed run stays in its folder ({run_dir}); drop --output_dir")
     cfg = dataclasses.replace(saved, **changed, output_dir=str(run_dir), resume=str(run_dir), overwrite=False)
     validate(cfg)
-    preflight.check_config(cfg)
     return cfg
 
 
@@ -140,8 +136,9 @@ def main(cls, method: str, argv: list[str] | None = None) -> None:
     from cory.assets import AssetError
 
     argv = sys.argv[1:] if argv is None else argv
+    print_config = PRINT_CONFIG in argv
     try:
-        cfg = parse(cls, argv)
+        cfg = parse(cls, argv, check=print_config)  # a run is checked by train(), before any model loads
         script_task = cls.__dataclass_fields__["task"].default
         if script_task is not REQUIRED and cfg.task != script_task:
             raise ConfigError(f"task: this script trains {script_task}, the config asks for {cfg.task}; use "
@@ -149,7 +146,7 @@ def main(cls, method: str, argv: list[str] | None = None) -> None:
     except (ConfigError, AssetError) as e:
         print(f"error: {one_line(str(e))}", file=sys.stderr)
         raise SystemExit(2)
-    if PRINT_CONFIG in argv:
+    if print_config:
         print(yaml.safe_dump({"method": method, "config": to_dict(cfg)}, sort_keys=False), end="")
         return
     # the training stack (torch, trl) loads only now, so that --help and --print_config answer at once

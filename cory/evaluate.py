@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from cory.assets import MODEL_SPECS_HELP, SMOLLM2_SPEC, TINY_SPEC, AssetError, check_hub_asset, is_valid_model_spec
+from cory.assets import (MODEL_SPECS_HELP, SMOLLM2_SPEC, TINY_SPEC, AssetError, check_hub_asset, is_valid_model_spec,
+                         locate)
 from cory.config import ConfigError, load_yaml
 from cory.models import load_causal_lm, load_tokenizer
 from cory.outputs import check_writable
@@ -206,7 +207,7 @@ def _run_config(run: Path) -> dict:
 
 def load_model(spec: str, dtype: str = "float32"):
     """A plain causal LM (no value head) for any model spec, on the GPU when there is one."""
-    model = load_causal_lm(spec, dtype=getattr(torch, dtype))
+    model = load_causal_lm(locate(spec), dtype=getattr(torch, dtype))
     return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
 
 
@@ -393,7 +394,10 @@ def plan(argv: Sequence[str] | None) -> Plan:
     dataset = dataset or ("local" if dataset_path else "auto")
     if dataset not in spec.datasets:
         raise EvalError(f"--dataset {dataset!r} is not one of {', '.join(spec.datasets)} for {args.task}")
-    reward = (args.reward or inherited.get("reward_model") or evaluation.reward
+    run_reward = inherited.get("reward_model")
+    if spec.rewards and run_reward not in spec.rewards:
+        run_reward = None  # a config without a task field, of another task's run
+    reward = (args.reward or run_reward or evaluation.reward
               or (spec.rewards[0] if len(spec.rewards) == 1 else None))
     if reward is None:
         raise EvalError(f"--reward: needed ({args.task} takes any reward and no run's config.yaml names one)")
@@ -543,7 +547,7 @@ def run(p: Plan) -> dict:
     if reward_metrics and p.dataset_path is None:
         settings.pop("dataset_path")
     results = []
-    tokenizer = load_tokenizer(p.reference if p.reference is not None else p.rows[0].spec)
+    tokenizer = load_tokenizer(locate(p.reference if p.reference is not None else p.rows[0].spec))
     # the reward and the prompts first: a missing reward model fails before any LM is loaded
     task = _task(lambda: make_eval_task(p.task_config(), tokenizer))
     examples = task.eval_examples(p.limit)
@@ -551,7 +555,7 @@ def run(p: Plan) -> dict:
                     **({"n_prompts": len(examples)} if reward_metrics else {"n_questions": len(examples)}))
     if reward_metrics:
         for entry in p.rows:
-            if entry.spec != p.reference and not _same_vocabulary(load_tokenizer(entry.spec), tokenizer):
+            if entry.spec != p.reference and not _same_vocabulary(load_tokenizer(locate(entry.spec)), tokenizer):
                 raise EvalError(f"--model {entry.spec}: its tokenizer differs from the reference "
                                 f"{p.reference}'s, so KL cannot be computed token by token")
         reference = load_model(p.reference, p.dtype)
@@ -566,7 +570,7 @@ def run(p: Plan) -> dict:
                    ("distinct-2", "distinct_2", ".3f"), ("length", "response_length", ".2f")]
     else:
         for entry in p.rows:
-            tokenizer = load_tokenizer(entry.spec)
+            tokenizer = load_tokenizer(locate(entry.spec))
             model = load_model(entry.spec, p.dtype)
             res = evaluate_pass_at_k(model, tokenizer, task, examples, n=p.n, ks=p.ks,
                                      max_new_tokens=p.max_new_tokens, batch_size=p.batch_size, seed=p.seed,

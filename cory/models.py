@@ -1,8 +1,9 @@
 """Loading what a run trains: the tokenizer, the policies (each with trl's value head, LoRA optional) and
 the one frozen reference model pi0 that every agent's KL penalty is measured against.
 
-Specs (``tiny``, ``embedded:smollm2-135m``, a folder, a hub id) are resolved by ``cory.assets``, which also
-builds the offline models; hub ids are checked there first, so a missing model fails in seconds.
+Each loader takes a located ``cory.assets.ModelSpec``: the model name resolved once, when the run is prepared
+(``cory.assets.locate``, which also builds the offline models and checks a hub id first, so a missing model
+fails in seconds), instead of a name each loader would resolve again.
 """
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import contextlib
 import importlib.util
 from pathlib import Path
 
-from cory.assets import AssetError, gpt2_tokenizer, is_random_spec, quiet, random_config, resolve_model_path
+from cory.assets import (GPT2_VOCAB, RANDOM, RANDOM_PREFIX, RANDOM_SHAPES, AssetError, ModelSpec, gpt2_tokenizer,
+                         quiet)
 
 
-def load_tokenizer(spec: str):
+def load_tokenizer(spec: ModelSpec):
     """The tokenizer of ``spec`` with a pad token, padding on the right.
 
     trl's PPO forward passes pad with the tokenizer's side and pass no position ids, so a
@@ -22,12 +24,11 @@ def load_tokenizer(spec: str):
     """
     from transformers import AutoTokenizer
 
-    if is_random_spec(spec):
+    if spec.kind == RANDOM:
         tokenizer = gpt2_tokenizer()
     else:
-        path = resolve_model_path(spec)
         with quiet(), unloadable(spec, "tokenizer"):
-            tokenizer = AutoTokenizer.from_pretrained(path)
+            tokenizer = AutoTokenizer.from_pretrained(spec.path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"
@@ -80,11 +81,11 @@ def _dtype(torch_dtype):
     return torch_dtype
 
 
-def _load_causal_lm(path: str, *, dtype, load_in_4bit: bool = False):
+def _load_causal_lm(spec: ModelSpec, *, dtype, load_in_4bit: bool = False):
     from transformers import AutoModelForCausalLM
 
-    if is_random_spec(path):
-        return _random_causal_lm(path, dtype)
+    if spec.kind == RANDOM:
+        return _random_causal_lm(spec, dtype)
 
     kwargs = {"dtype": dtype}
     if load_in_4bit:
@@ -99,18 +100,29 @@ def _load_causal_lm(path: str, *, dtype, load_in_4bit: bool = False):
             ),
             device_map={"": torch.cuda.current_device()},
         )
-    with unloadable(path, "model"):
-        return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    with unloadable(spec, "model"):
+        return AutoModelForCausalLM.from_pretrained(spec.path, **kwargs)
 
 
-def load_causal_lm(spec: str, dtype=None):
+def load_causal_lm(spec: ModelSpec, dtype=None):
     """A plain causal LM (no value head, nothing trainable marked) of any model spec, e.g. to evaluate it."""
-    path = resolve_model_path(spec)
     with quiet():
-        return _load_causal_lm(path, dtype=_dtype(dtype))
+        return _load_causal_lm(spec, dtype=_dtype(dtype))
 
 
-def _random_causal_lm(spec: str, dtype):
+def random_config(spec: ModelSpec):
+    """The transformers config of a ``random:NAME`` stand-in (GPT-2 tokenizer's vocabulary and special ids)."""
+    from transformers import GPT2Config, LlamaConfig
+
+    kind, shape = RANDOM_SHAPES[spec.name[len(RANDOM_PREFIX):]]
+    eos = GPT2_VOCAB - 1
+    ids = dict(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
+    if kind == "gpt2":
+        return GPT2Config(vocab_size=GPT2_VOCAB, **shape, **ids)
+    return LlamaConfig(vocab_size=GPT2_VOCAB, **shape, **ids)
+
+
+def _random_causal_lm(spec: ModelSpec, dtype):
     """A ``random:NAME`` stand-in, built where it will run (the GPU when there is one) from a fixed seed, so
     the reference and every agent start from the same weights, as copies of one checkpoint would."""
     import torch
@@ -125,7 +137,7 @@ def _random_causal_lm(spec: str, dtype):
 
 
 @contextlib.contextmanager
-def unloadable(spec: str, what: str):
+def unloadable(spec: ModelSpec, what: str):
     """A model folder that cannot be loaded (damaged weights, a config transformers cannot read) is the user's
     file, not our bug: say which, in one line."""
     try:
@@ -156,7 +168,7 @@ def _restore_value_head(model, path: str) -> None:
 
 
 def load_policy(
-    spec: str,
+    spec: ModelSpec,
     *,
     use_peft: bool = False,
     lora_r: int = 16,
@@ -176,14 +188,13 @@ def load_policy(
         _check_4bit()
         if not use_peft:
             raise AssetError("load_in_4bit needs use_peft: true (4-bit weights cannot be trained directly)")
-    path = resolve_model_path(spec)
     from trl import AutoModelForCausalLMWithValueHead
 
     with quiet():
         # Load the base model ourselves and hand trl the object: given a string, trl 0.11.4
         # first asks the hub for an adapter_config.json, which we avoid offline, and we need
         # the model's architecture to pick the LoRA targets anyway.
-        base = _load_causal_lm(path, dtype=_dtype(torch_dtype), load_in_4bit=load_in_4bit)
+        base = _load_causal_lm(spec, dtype=_dtype(torch_dtype), load_in_4bit=load_in_4bit)
         peft_config = None
         if use_peft:
             from peft import LoraConfig
@@ -201,11 +212,11 @@ def load_policy(
         # trl applies get_peft_model (and prepare_model_for_kbit_training when the model
         # reports is_loaded_in_4bit) and marks the wrapper is_peft_model.
         model = AutoModelForCausalLMWithValueHead.from_pretrained(base, peft_config=peft_config)
-    _restore_value_head(model, path)
+    _restore_value_head(model, spec.path)
     return model
 
 
-def load_policies(spec: str, names: list[str], *, use_peft: bool = False, shared_base: bool = True, **kwargs):
+def load_policies(spec: ModelSpec, names: list[str], *, use_peft: bool = False, shared_base: bool = True, **kwargs):
     """One policy per agent name. With LoRA (and ``shared_base``) the agents share ONE frozen base
     model, each with its own adapter (named after the agent) and its own value head, instead of one
     base copy each: call ``activate_adapter(policy)`` before using a policy.
@@ -236,7 +247,7 @@ def activate_adapter(policy) -> None:
         policy.pretrained_model.set_adapter(name)
 
 
-def load_reference(spec: str, policy=None, *, use_peft: bool = False):
+def load_reference(spec: ModelSpec, policy=None, *, use_peft: bool = False):
     """The frozen KL reference pi0, or None when the policy uses LoRA adapters.
 
     With adapters, trl 0.11.4's PPOTrainer (given ref_model=None and a peft policy) computes
@@ -258,9 +269,8 @@ def load_reference(spec: str, policy=None, *, use_peft: bool = False):
     if policy is not None:
         first = next(policy.pretrained_model.parameters())
         dtype, device = first.dtype, first.device
-    path = resolve_model_path(spec)
     with quiet():
-        base = _load_causal_lm(path, dtype=dtype)
+        base = _load_causal_lm(spec, dtype=dtype)
         reference = AutoModelForCausalLMWithValueHead.from_pretrained(base)
     if device is not None:
         reference.to(device)

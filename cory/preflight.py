@@ -6,27 +6,29 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from cory.assets import AssetError, ModelSpec, model_spec
 from cory.config import ConfigError, PPOArgs
+from cory.tasks import check_config as check_task
+from cory.tasks import task_spec
 
-def check_config(cfg: PPOArgs) -> None:
-    """Checks of a resolved config that read files but write nothing (run by the CLI and the runner)."""
-    from cory.assets import AssetError, check_model_spec
-    from cory.tasks import check_config as check_task
-
+def check_config(cfg: PPOArgs) -> ModelSpec:
+    """Checks of a resolved config that read files but write nothing (run by the CLI and the runner); the
+    model name resolved (from the disk alone) into the spec the loaders take."""
     try:
-        check_model_spec("model_name", cfg.model_name)
+        spec = model_spec(cfg.model_name)
     except AssetError as e:
         raise ConfigError(str(e)) from None
     check_task(cfg)
-    check_context(cfg)
+    check_context(cfg, spec)
+    return spec
 
 
-def check_run(cfg: PPOArgs, method: str) -> None:
+def check_run(cfg: PPOArgs, method: str) -> ModelSpec:
     """All of the above, then what the run will write: its folder, what it may replace or continue, and the
-    loggers it reports to (before the folder is created)."""
+    loggers it reports to (before the folder is created). Returns the model's spec."""
     from cory.outputs import check_output_dir
 
-    check_config(cfg)
+    spec = check_config(cfg)
     if cfg.load_in_4bit:
         import importlib.util
 
@@ -40,15 +42,13 @@ def check_run(cfg: PPOArgs, method: str) -> None:
         check_resumable(Path(cfg.output_dir), cfg, method)
     if cfg.report_to == "wandb":
         check_wandb()
+    return spec
 
 
-def check_context(cfg: PPOArgs) -> None:
+def check_context(cfg: PPOArgs, spec: ModelSpec) -> None:
     """The longest answer, with its prompt, must fit the model's context (where the model's config.json is
     on this machine); CORY's observer reads the pioneer's answer too."""
-    from cory.assets import context_length
-    from cory.tasks import task_spec
-
-    context = context_length(cfg.model_name)
+    context = spec.context
     if context is None:
         return
     cory = hasattr(cfg, "swap_period") and getattr(cfg, "knowledge_transfer", False)

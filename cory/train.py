@@ -195,22 +195,24 @@ def prepare_run(cfg: PPOArgs, method: str) -> Run:
     """Everything a run needs, loaded and (with ``resume``) restored; nothing is written yet."""
     from cory import models, preflight
     from cory.agent import make_agents, set_precision
+    from cory.assets import locate
     from cory.speedups.patches import cuda_allocator_segments, return_freed_memory
     from cory.tasks import make_task
 
-    preflight.check_run(cfg, method)
+    spec = preflight.check_run(cfg, method)  # the model name, resolved once for every loader below
     cuda_allocator_segments()
     rank, world = parallel.setup()
     return_freed_memory()
     set_precision(cfg.precision)
 
     torch.manual_seed(cfg.seed)
-    tokenizer = models.load_tokenizer(cfg.model_name)
+    spec = locate(spec)
+    tokenizer = models.load_tokenizer(spec)
     task = make_task(cfg, tokenizer, rank=rank)
     names = ["policy"] if method == "ppo" else list(game.AGENTS)
     # with LoRA both agents' adapters sit on one shared frozen base (single process only: DDP wants one
     # wrapper per set of weights)
-    agents, reference = make_agents(cfg, names, tokenizer, shared_base=world == 1)
+    agents, reference = make_agents(cfg, spec, names, tokenizer, shared_base=world == 1)
 
     run = Run(cfg=cfg, method=method, agents=agents, reference=reference,
               rollout=Rollout(cfg, task, tokenizer, np.random.default_rng(cfg.seed)),

@@ -83,10 +83,12 @@ def ppo_batch():
 
     from cory import models
 
+    from cory.assets import locate
+
     torch.manual_seed(0)
-    tok = models.load_tokenizer("tiny")
-    reference = models.load_reference("tiny")
-    policy = models.load_policy("tiny")
+    tok = models.load_tokenizer(locate("tiny"))
+    reference = models.load_reference(locate("tiny"))
+    policy = models.load_policy(locate("tiny"))
     with torch.no_grad():
         for p in policy.pretrained_model.parameters():
             p.add_(0.05 * torch.randn_like(p))

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from cory import assets, models
-from cory.assets import AssetError
+from cory.assets import AssetError, locate
 
 
 @pytest.fixture(autouse=True)
@@ -69,7 +69,7 @@ def test_tiny_model_builds_once_and_is_deterministic(tmp_cache, tmp_path, monkey
 
 
 def test_tiny_tokenizer_is_real_gpt2(tmp_cache):
-    tok = models.load_tokenizer("tiny")
+    tok = models.load_tokenizer(locate("tiny"))
     assert tok("Hello world")["input_ids"] == [15496, 995]  # GPT-2's own ids
     assert tok.decode(tok("Hello world")["input_ids"]) == "Hello world"
     assert len(tok) == 50257
@@ -79,8 +79,8 @@ def test_tiny_tokenizer_is_real_gpt2(tmp_cache):
 
 
 def test_tiny_policy_generates(tmp_cache):
-    tok = models.load_tokenizer("tiny")
-    model = models.load_policy("tiny")
+    tok = models.load_tokenizer(locate("tiny"))
+    model = models.load_policy(locate("tiny"))
     assert 2_000_000 < n_params(model.pretrained_model) < 10_000_000
     assert model.config.eos_token_id == model.config.pad_token_id == 50256
     batch = tok(["Hello world", "Hi"], return_tensors="pt", padding=True)
@@ -89,13 +89,13 @@ def test_tiny_policy_generates(tmp_cache):
 
 
 def test_lora_policy_trains_only_adapters_and_value_head(tmp_cache):
-    model = models.load_policy("tiny", use_peft=True, lora_r=4)
+    model = models.load_policy(locate("tiny"), use_peft=True, lora_r=4)
     names = trainable(model)
     assert model.is_peft_model
     assert names and all("lora_" in n or n.startswith("v_head.") for n in names)
     assert any("c_attn.lora_A" in n for n in names) and "v_head.summary.weight" in names
-    assert models.load_reference("tiny", model, use_peft=True) is None
-    assert models.load_reference("tiny", model) is None  # a peft policy never needs a copy
+    assert models.load_reference(locate("tiny"), model, use_peft=True) is None
+    assert models.load_reference(locate("tiny"), model) is None  # a peft policy never needs a copy
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning", "ignore:No dataset is provided")
@@ -103,8 +103,8 @@ def test_peft_policy_works_with_trl_ppo_trainer(tmp_cache):
     # trl 0.11.4 uses the policy with adapters disabled as the reference when ref_model=None.
     from trl import PPOConfig, PPOTrainer
 
-    tok = models.load_tokenizer("tiny")
-    model = models.load_policy("tiny", use_peft=True)
+    tok = models.load_tokenizer(locate("tiny"))
+    model = models.load_policy(locate("tiny"), use_peft=True)
     trainer = PPOTrainer(PPOConfig(batch_size=2, mini_batch_size=2, seed=0), model, None, tok)
     assert trainer.ref_model is None and trainer.is_peft_model
     with trainer.optional_peft_ctx():  # disable_adapter() of the wrapped peft model
@@ -112,10 +112,10 @@ def test_peft_policy_works_with_trl_ppo_trainer(tmp_cache):
 
 
 def test_reference_is_frozen_fresh_copy(tmp_cache):
-    policy = models.load_policy("tiny")
+    policy = models.load_policy(locate("tiny"))
     with torch.no_grad():  # pretend the policy was already trained
         next(policy.pretrained_model.parameters()).add_(1.0)
-    ref = models.load_reference("tiny", policy)
+    ref = models.load_reference(locate("tiny"), policy)
     assert ref is not None and not ref.training
     assert trainable(ref) == []
     p_first = next(policy.pretrained_model.parameters())
@@ -127,7 +127,7 @@ def test_load_in_4bit_on_cpu_fails_before_loading(tmp_cache):
     if torch.cuda.is_available():
         pytest.skip("has CUDA")
     with pytest.raises(AssetError, match="load_in_4bit needs a CUDA GPU"):
-        models.load_policy("tiny", use_peft=True, load_in_4bit=True)
+        models.load_policy(locate("tiny"), use_peft=True, load_in_4bit=True)
     assert not tmp_cache.exists()  # nothing was built or loaded
 
 
@@ -166,7 +166,7 @@ def smollm2_dir():
 def test_embedded_smollm2(smollm2_dir):
     start = time.perf_counter()
     assert assets.embedded_smollm2_dir() == smollm2_dir
-    assert assets.resolve_model_path("embedded:smollm2-135m") == str(smollm2_dir)
+    assert assets.locate("embedded:smollm2-135m").path == str(smollm2_dir)
     assert time.perf_counter() - start < 0.5
 
     config = json.loads((smollm2_dir / "config.json").read_text())
@@ -175,11 +175,11 @@ def test_embedded_smollm2(smollm2_dir):
     generation = json.loads((smollm2_dir / "generation_config.json").read_text())
     assert generation["eos_token_id"] == generation["pad_token_id"] == 2
 
-    tok = models.load_tokenizer("embedded:smollm2-135m")
+    tok = models.load_tokenizer(locate("embedded:smollm2-135m"))
     assert tok.eos_token == "<|im_end|>" and tok.eos_token_id == 2
     assert tok.pad_token_id is not None and tok.padding_side == "right"
 
-    model = models.load_policy("embedded:smollm2-135m")
+    model = models.load_policy(locate("embedded:smollm2-135m"))
     assert round(n_params(model.pretrained_model) / 1e6, 1) == 134.5
     assert not getattr(model.pretrained_model, "is_quantized", False)
     batch = tok(["The movie was"], return_tensors="pt")
@@ -189,7 +189,7 @@ def test_embedded_smollm2(smollm2_dir):
 
 
 def test_embedded_smollm2_lora_targets(smollm2_dir):
-    model = models.load_policy("embedded:smollm2-135m", use_peft=True)
+    model = models.load_policy(locate("embedded:smollm2-135m"), use_peft=True)
     assert models.lora_target_modules(model) == ["q_proj", "k_proj", "v_proj", "o_proj"]
     names = trainable(model)
     assert any("q_proj.lora_A" in n for n in names) and any("o_proj.lora_B" in n for n in names)
@@ -214,7 +214,7 @@ def test_uncached_hub_model_fails_fast_offline(tmp_cache):
     assert "'gpt2-large'" in message and "embedded:smollm2-135m" in message
 
     with pytest.raises(AssetError, match="gpt2-large"):
-        models.load_policy("gpt2-large")
+        models.load_policy(locate("gpt2-large"))
     with pytest.raises(AssetError, match="dataset 'stanfordnlp/imdb'"):
         assets.check_hub_asset("stanfordnlp/imdb", "dataset")
 
@@ -231,7 +231,7 @@ def test_cached_hub_asset_passes_offline(tmp_path, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
 
     assets.check_hub_asset("someorg/cached-model")
-    assert assets.resolve_model_path("someorg/cached-model") == "someorg/cached-model"
+    assert assets.locate("someorg/cached-model").path == "someorg/cached-model"
     assert assets.local_snapshot("someorg/cached-model") == repo / "snapshots" / commit
 
 
@@ -290,9 +290,9 @@ def test_is_valid_model_spec(spec, ok):
 
 def test_local_dir_specs(tmp_path):
     assert assets.is_valid_model_spec(str(tmp_path))
-    assert assets.resolve_model_path(str(tmp_path)) == str(tmp_path)
+    assert assets.locate(str(tmp_path)).path == str(tmp_path)
     with pytest.raises(AssetError, match="unknown model 'embedded:foo'"):
-        assets.resolve_model_path("embedded:foo")
+        assets.locate("embedded:foo")
     assert "embedded:smollm2-135m" in assets.MODEL_SPECS_HELP and "tiny" in assets.MODEL_SPECS_HELP
 
 

@@ -6,6 +6,7 @@ import torch
 
 from conftest import IMDB_PPO
 from cory import models
+from cory.assets import locate
 from cory.agent import Agent
 from cory.config import build
 from cory.speedups import budget
@@ -23,10 +24,10 @@ def test_budget_arithmetic():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU behaviour: on CUDA auto measures a budget (test_gpu.py)")
 def test_auto_means_no_limit_on_a_cpu(tmp_path):
-    tok = models.load_tokenizer("tiny")
+    tok = models.load_tokenizer(locate("tiny"))
     cfg = build(IMDB_PPO, {"model_name": "tiny", "reward_model": "vader", "batch_size": 2, "mini_batch_size": 2,
                           "output_dir": str(tmp_path)})
-    agent = Agent("policy", cfg, models.load_policy("tiny"), models.load_reference("tiny"), tok)
+    agent = Agent("policy", cfg, models.load_policy(locate("tiny")), models.load_reference(locate("tiny")), tok)
     q = [torch.tensor(tok("The film")["input_ids"])] * 2
     r = [torch.tensor(tok(" was good")["input_ids"])] * 2
     agent.step(q, r, [1.0, 0.0])
@@ -39,8 +40,8 @@ def test_a_stubbed_small_card_takes_more_passes_and_the_same_step(tmp_path, monk
     import copy
 
     torch.manual_seed(0)
-    tok = models.load_tokenizer("tiny")
-    reference, policy = models.load_reference("tiny"), models.load_policy("tiny")
+    tok = models.load_tokenizer(locate("tiny"))
+    reference, policy = models.load_reference(locate("tiny")), models.load_policy(locate("tiny"))
     texts = [("The film was", " very good indeed and I"), ("I did not", " like it"),
              ("A long and winding opening that goes on", " and on"), ("Bad", " acting, worse plot, but fine")]
     q = [torch.tensor(tok(a)["input_ids"]) for a, _ in texts]

@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from conftest import REPO
 from cory import assets, models
+from cory.assets import locate
 from cory.evaluate import distinct_n, main, sequence_kl
 
 
@@ -31,7 +32,7 @@ def tiny_run(tmp_path_factory):
         for p in model.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=gen))
     model.save_pretrained(run / "final" / "llm2")
-    models.load_tokenizer("tiny").save_pretrained(run / "final" / "llm2")
+    models.load_tokenizer(locate("tiny")).save_pretrained(run / "final" / "llm2")
     return run
 
 
@@ -61,7 +62,7 @@ def _hand_kl(model, reference, prompt, response):
 def test_sequence_kl_matches_hand_computation(tiny_run):
     base = AutoModelForCausalLM.from_pretrained(tiny_run / "final" / "llm1").eval()
     other = AutoModelForCausalLM.from_pretrained(tiny_run / "final" / "llm2").eval()
-    tok = models.load_tokenizer("tiny")
+    tok = models.load_tokenizer(locate("tiny"))
     # different prompt and response lengths, so the batch has left padding to mask
     prompts = [tok("This movie", add_special_tokens=False).input_ids,
                tok("I watched it twice and", add_special_tokens=False).input_ids]
@@ -166,7 +167,7 @@ def test_shared_prompt_cache_gives_the_same_answers(spec):
     from cory import models
     from cory.evaluate import load_model, sample
 
-    tok = models.load_tokenizer(spec)
+    tok = models.load_tokenizer(locate(spec))
     model = load_model(spec)
     prompts = [tok("Question: 2 + 3?\nAnswer:")["input_ids"], tok("The film")["input_ids"],
                tok("A rather longer question about apples and oranges?\nAnswer:")["input_ids"]]

@@ -8,6 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from conftest import GSM8K_DIR, run_script
 from cory import models
+from cory.assets import locate
 from cory.outputs import read_jsonl
 from cory.tasks.base import Example
 from cory.tasks.gsm8k import Gsm8kTask
@@ -66,7 +67,7 @@ def test_cory_on_real_gsm8k(tmp_path):
 
 
 def test_trainer_trims_a_model_started_question():
-    tok = models.load_tokenizer("tiny")
+    tok = models.load_tokenizer(locate("tiny"))
     task = Gsm8kTask(source="generated", generated_size=8)
     answer = " He has 5 + 4 = 9 toys. #### 9"
     ids = tok(answer + "\n\nQuestion: How many cars", add_special_tokens=False).input_ids

@@ -4,6 +4,7 @@ import torch
 
 from conftest import IMDB_PPO
 from cory import models
+from cory.assets import locate
 from cory.config import build
 from cory.agent import Agent
 from cory.game import agent_metrics
@@ -24,9 +25,9 @@ def test_reported_kl_is_full_vocabulary_kl(tmp_path):
     torch.manual_seed(0)
     cfg = build(IMDB_PPO, {"model_name": "tiny", "reward_model": "vader", "batch_size": 2, "mini_batch_size": 2,
                           "ppo_epochs": 1, "init_kl_coef": 0.2, "output_dir": str(tmp_path)})
-    tok = models.load_tokenizer("tiny")
-    reference = models.load_reference("tiny")
-    policy = models.load_policy("tiny")
+    tok = models.load_tokenizer(locate("tiny"))
+    reference = models.load_reference(locate("tiny"))
+    policy = models.load_policy(locate("tiny"))
     with torch.no_grad():  # move the policy away from the reference so the KL is not zero
         for p in policy.pretrained_model.parameters():
             p.add_(0.05 * torch.randn_like(p))

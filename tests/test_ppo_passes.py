@@ -6,6 +6,7 @@ import torch
 
 from conftest import IMDB_PPO
 from cory import models
+from cory.assets import locate
 from cory.config import build
 from cory.agent import Agent
 from cory.speedups.passes import pass_plan
@@ -94,8 +95,8 @@ def test_our_step_matches_trl(setup, tmp_path, cls, over):
 def test_packed_attention_is_plain_sdpa_outside_a_packed_pass():
     from cory.speedups import packing
 
-    tok = models.load_tokenizer("tiny")
-    model = models.load_policy("tiny").pretrained_model.eval()
+    tok = models.load_tokenizer(locate("tiny"))
+    model = models.load_policy(locate("tiny")).pretrained_model.eval()
     ids = torch.tensor([tok("The film was very good")["input_ids"], tok("I did not like it")["input_ids"]])
     with torch.no_grad():
         plain = model(input_ids=ids).logits
