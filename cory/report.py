@@ -203,60 +203,93 @@ EVAL_KEYS = ("pass@1", "pass@4", "pass@16", "accuracy", "hit_limit", "task_rewar
              "response_length")
 
 
+def _protocol(doc: dict) -> str:
+    # evaluations written before the protocol was recorded sampled and read answers as training does
+    return str((doc.get("settings") or {}).get("protocol", "training"))
+
+
 def evaluation_section(exp: Experiment) -> str | None:
     """Held-out evaluations (``python -m cory.evaluate``) found beside the runs: ``runs/<label>/seed_<s>/eval_*.json``
-    per trained model, ``eval_*.json`` in the experiment folder for the base model; mean ± std over seeds."""
+    per trained model, ``eval_*.json`` in the experiment folder for the base model; mean ± std over seeds. GSM8K
+    evaluations made under different protocols (how answers are sampled and read) get one table each, named."""
     import json
 
     def load(path):
         try:
-            return json.loads(path.read_text())
+            doc = json.loads(path.read_text())
         except (OSError, ValueError):
             return None
+        return doc if isinstance(doc, dict) else None
 
-    rows, settings, commands = [], None, []
+    gsm = exp.runs_json.get("task", exp.any_config("task")) == "gsm8k"
+    tables: dict[str, dict] = {}  # protocol -> {"rows", "settings", "commands"}
+
+    def slot(doc):
+        t = tables.setdefault(_protocol(doc) if gsm else "", {"rows": [], "settings": None, "commands": []})
+        t["settings"] = t["settings"] or doc.get("settings")
+        t["commands"].append(doc.get("command"))
+        return t
+
     for doc in [load(p) for p in sorted(exp.path.glob("eval_*.json"))]:
-        for r in (doc or {}).get("results", []):
-            rows.append(("base model", {0: r}))
         if doc:
-            settings = settings or doc.get("settings")
-            commands.append(doc.get("command"))
+            t = slot(doc)
+            for r in doc.get("results", []):
+                t["rows"].append(("base model", {0: r}))
     for g in _ordered_groups(exp):
-        per_model: dict[str, dict[int, dict]] = {}
+        per_model: dict[tuple[str, str], dict[int, dict]] = {}
         for seed, run in sorted(g.runs.items()):
             for path in sorted(run.path.glob("eval_*.json")):
                 doc = load(path)
                 if not doc:
                     continue
-                settings = settings or doc.get("settings")
-                commands.append(doc.get("command"))
+                slot(doc)
                 for r in doc.get("results", []):
                     if r.get("name") == "base":
                         continue
-                    per_model.setdefault(str(r.get("name", "?")).split("/")[-1], {})[seed] = r
-        for agent, by_seed in per_model.items():
-            rows.append((g.name(agent), by_seed))
-    if not rows:
+                    key = (_protocol(doc) if gsm else "", str(r.get("name", "?")).split("/")[-1])
+                    per_model.setdefault(key, {})[seed] = r
+        for (protocol, agent), by_seed in per_model.items():
+            tables[protocol]["rows"].append((g.name(agent), by_seed))
+    tables = {k: t for k, t in tables.items() if t["rows"]}
+    if not tables:
         return None
-    keys = [k for k in EVAL_KEYS if any(k in r for _, by_seed in rows for r in by_seed.values())]
-    table = []
-    for name, by_seed in rows:
-        cells = []
-        for k in keys:
-            values = np.array([float(r[k]) for r in by_seed.values() if isinstance(r.get(k), (int, float))])
-            cells.append("–" if not len(values) else fmt(values.mean()) if len(values) < 2
-                         else f"{fmt(values.mean())} ± {fmt(values.std(ddof=1))}")
-        table.append([name, len(by_seed)] + cells)
-    shown = {k: v for k, v in (settings or {}).items() if k in ("dataset", "limit", "n", "ks", "max_new_tokens", "seed",
-                                                                 "n_questions", "n_prompts", "allow_early_eos")}
     lines = ["Each trained model answers held-out prompts from the query alone; mean ± sample std over seeds "
-             f"(one evaluation per seed). Settings: {', '.join(f'{k} {v}' for k, v in shown.items())}.", "",
-             _table(["model", "seeds", *keys], table)]
+             "(one evaluation per seed)."]
+    commands = []
+    for protocol, t in sorted(tables.items(), key=lambda kv: (kv[0] != "training", kv[0])):
+        rows = t["rows"]
+        keys = [k for k in EVAL_KEYS if any(k in r for _, by_seed in rows for r in by_seed.values())]
+        table = []
+        for name, by_seed in rows:
+            cells = []
+            for k in keys:
+                values = np.array([float(r[k]) for r in by_seed.values() if isinstance(r.get(k), (int, float))])
+                cells.append("–" if not len(values) else fmt(values.mean()) if len(values) < 2
+                             else f"{fmt(values.mean())} ± {fmt(values.std(ddof=1))}")
+            table.append([name, len(by_seed)] + cells)
+        shown = {k: v for k, v in (t["settings"] or {}).items()
+                 if k in ("dataset", "limit", "n", "ks", "max_new_tokens", "seed", "n_questions", "n_prompts",
+                          "allow_early_eos")}
+        if gsm:
+            shown = {"protocol": protocol, **shown}
+        lines += ["", f"Settings: {', '.join(f'{k} {v}' for k, v in shown.items())}." + (
+                      f" {EVAL_PROTOCOLS.get(protocol, '')}" if gsm else ""), "",
+                  _table(["model", "seeds", *keys], table)]
+        commands += t["commands"]
     commands = [c for c in dict.fromkeys(commands) if c]
     if commands:
         lines += ["", "<details><summary>Evaluation commands</summary>\n\n```text\n" + "\n".join(commands)
                   + "\n```\n</details>"]
     return "\n".join(lines)
+
+
+EVAL_PROTOCOLS = {
+    "training": "Protocol _training_: answers sampled as in training (top_k 0, top_p 1, no repetition penalty), ended "
+                "at EOS or a new \"Question:\", read by the training reward's extraction.",
+    "authors": "Protocol _authors_: the authors' GSM8K evaluation (top_k 10, top_p 0.7, repetition penalty 1.1, no "
+               "early stop, their prompt, \"the answer is\" else the last number, compared as strings), the one "
+               "behind the paper's pass@1 of 18%.",
+}
 
 
 def build_report(path: str | Path) -> Path:
