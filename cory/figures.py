@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cory.results import AGENT_NAMES, METHOD_NAMES, Experiment, Group, curve, setting_name
+from cory.results import AGENT_NAMES, METHOD_NAMES, REWARD_RANGES, Experiment, Group, curve, setting_name
 
 # key in metrics.jsonl after "<agent>/" -> (title, y-axis label; {reward} is the reward's unit)
 METRICS = {
@@ -27,8 +27,6 @@ REWARD_UNITS = {
     "distilbert-imdb": "distilbert-imdb positive logit",
     "correctness": "fraction of correct answers",
 }
-# the range a per-answer task reward cannot leave (a band of mean ± std must not cross it); None: unbounded
-REWARD_RANGES = {"vader": (-1.0, 1.0), "correctness": (0.0, 1.0)}
 # one colour per method in every figure; an agent is told apart by the line style (LLM2 dashed)
 PALETTE = {
     "ppo": "#d62728",

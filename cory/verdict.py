@@ -22,12 +22,16 @@ from functools import cached_property
 
 import numpy as np
 
-from cory.results import LAST_N, METHOD_NAMES, Experiment, Final, Group, curve, final_value, fmt, fmt_final
+from cory.results import (LAST_N, METHOD_NAMES, REWARD_RANGES, Experiment, Final, Group, curve, final_value, fmt,
+                          fmt_final)
 
 ALPHA = 0.05         # family-wise level of each verdict
 MIN_SEEDS = 3        # fewer seeds per method: the numbers are shown, no verdict
 POWER_TARGET = 0.8   # a negative result with less power than this reads "could not tell"
 MARGIN_SHARE = 0.2   # "similar reward": CORY's reward is at most this share of PPO's reward gain below PPO's
+# ... or this share of the reward's range, whichever is larger: where PPO barely gains (batch-8 CPU runs), a margin
+# of a share of nothing would demand "not lower at all", which no number of seeds can show for equal rewards
+MARGIN_RANGE_SHARE = 0.025  # VADER's [-1, 1]: 0.05; 0/1 correctness: 0.025
 PAPER_KL_RATIO = 2.0  # the paper's effect: PPO's final KL twice CORY's, at similar reward
 COMPARED = ("task_reward", "kl", "combined_reward")
 SAME = 1e-9          # iteration-0 values this close (relative) count as the same draw
@@ -228,26 +232,42 @@ def _seeds(g: Group) -> str:
 
 @dataclass
 class Margin:
-    """The non-inferiority margin of "similar reward": ``MARGIN_SHARE`` of the baseline's reward gain."""
+    """The non-inferiority margin of "similar reward": ``MARGIN_SHARE`` of the baseline's reward gain, at least
+    ``MARGIN_RANGE_SHARE`` of the reward's range where the range is known."""
 
     start: float  # the baseline's seed-mean task reward at its first iteration
     final: float  # its seed-mean final task reward
     step: int     # that first iteration
+    reward_range: tuple[float, float] | None = None
 
     @property
     def gain(self) -> float:
         return self.final - self.start
 
     @property
+    def floor(self) -> float:
+        if self.reward_range is None:
+            return 0.0
+        lo, hi = self.reward_range
+        return MARGIN_RANGE_SHARE * (hi - lo)
+
+    @property
     def value(self) -> float:
-        return MARGIN_SHARE * max(self.gain, 0.0)
+        return max(MARGIN_SHARE * max(self.gain, 0.0), self.floor)
 
     def text(self, base_name: str) -> str:
+        share = MARGIN_SHARE * max(self.gain, 0.0)
         head = (f"margin = {MARGIN_SHARE:g} × {base_name}'s reward gain ({fmt(self.start)} at iteration {self.step} → "
-                f"{fmt(self.final)} final) = {fmt(self.value)}")
-        if self.gain <= 0:
+                f"{fmt(self.final)} final)")
+        if self.reward_range is not None:
+            lo, hi = self.reward_range
+            head += f", at least {MARGIN_RANGE_SHARE:g} × the reward's range [{lo:g}, {hi:g}]"
+        head += f" = {fmt(self.value)}"
+        if self.value == 0:
             head += (f" ({base_name}'s reward did not rise, so no drop is allowed: \"similar\" needs the reward shown "
                      f"not lower at all)")
+        elif self.floor > share:
+            head += f" (the floor: {base_name}'s gain is small)"
         return head
 
 
@@ -255,7 +275,8 @@ def margin_of(base: Group, agent: str, final: Final) -> Margin | None:
     c = curve(base, agent, "task_reward")
     if c is None or not len(c.steps):
         return None
-    return Margin(float(c.values[:, 0].mean()), final.mean, int(c.steps[0]))
+    reward_range = REWARD_RANGES.get(base.config_value("reward_model"))
+    return Margin(float(c.values[:, 0].mean()), final.mean, int(c.steps[0]), reward_range)
 
 
 @dataclass
@@ -443,7 +464,9 @@ VERDICT_RULE = (
     "and the report says why. The claim for one agent is _similar task reward at lower KL_: "
     f"_lower KL_ is a one-sided test of CORY's KL < PPO's; _similar task reward_ is a non-inferiority test: CORY's "
     f"reward is shown to be above PPO's minus a margin of {MARGIN_SHARE:g} × PPO's reward gain (PPO's seed-mean final "
-    "reward minus its seed-mean reward at the first iteration; no drop is allowed when PPO gained nothing), so more "
+    "reward minus its seed-mean reward at the first iteration), and at least "
+    f"{MARGIN_RANGE_SHARE:g} × the width of the reward's range where it is known (VADER [-1, 1]: "
+    f"{MARGIN_RANGE_SHARE * 2:g}; 0/1 correctness: {MARGIN_RANGE_SHARE:g}), so more "
     "seeds make this test sharper, not stricter. The claim holds when both tests do (an intersection–union test: its "
     "p is the larger of the two). The agents' claims form one family, corrected by Holm's method at "
     f"α = {ALPHA:g}: _yes_: the claim holds for every agent; _partly_: for some agent (with no true effect, "

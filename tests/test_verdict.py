@@ -226,3 +226,12 @@ def test_no_frontier_with_one_shared_eta(tmp_path):
     experiment(tmp_path, range(3), (1.0, 10.0), (1.0, 5.0), (1.0, 5.0))
     assert frontier(load_experiment(tmp_path)) is None
     assert "## The η frontier" not in build_report(tmp_path).read_text()
+
+
+def test_the_margin_has_a_floor_of_a_share_of_the_rewards_range():
+    # PPO gained nothing: without a known range no drop is allowed; with VADER's [-1, 1] the floor applies
+    assert Margin(0.5, 0.45, 0).value == 0.0
+    assert Margin(0.5, 0.45, 0, (-1.0, 1.0)).value == pytest.approx(0.05)
+    # a large gain: the share of the gain, not the floor
+    assert Margin(0.0, 1.0, 0, (-1.0, 1.0)).value == pytest.approx(0.2)
+    assert "at least 0.025" in Margin(0.5, 0.45, 0, (-1.0, 1.0)).text("PPO")
