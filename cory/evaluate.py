@@ -38,8 +38,9 @@ from cory.models import load_causal_lm, load_tokenizer
 from cory.outputs import check_writable
 from cory.passk import mean_pass_at_k
 from cory.rollout import decode_and_clean, tokenize_prompts
-from cory.tasks import (PASS_AT_K, REWARD_METRICS, check_eval_config, load_task_file, make_eval_task, registered,
-                        task_spec)
+from cory.tasks import (PASS_AT_K, REWARD_METRICS, TRAINING_PROTOCOL, SamplingProtocol, check_eval_config,
+                        load_task_file, make_eval_task, registered, task_spec)
+from cory.tasks.base import TRAINING_SAMPLING
 
 DEFAULT_KS = (1, 4, 16)
 DTYPES = ("float32", "bfloat16", "float16")
@@ -124,18 +125,22 @@ def _response_ids(row: list[int], eos_id: int | None, pad_id: int | None) -> lis
 
 
 def sample(model, tokenizer, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-           extra: dict | None = None, repeats: int = 1, greedy: bool = False) -> list[list[int]]:
-    """One generate() call for the whole batch (left padding), sampling like training: top_k 0, top_p 1,
-    temperature 1, no repetition penalty, so the answers are draws from the policy itself. ``repeats``: that
-    many answers per prompt (a prompt's answers next to each other); the prompt is read once and its keys and
-    values shared by its answers, since reading the prompt is most of the work when answers are short."""
+           extra: dict | None = None, repeats: int = 1, greedy: bool = False,
+           sampling: dict | None = None) -> list[list[int]]:
+    """One generate() call for the whole batch (left padding), by default sampling like training: top_k 0, top_p 1,
+    temperature 1, no repetition penalty, so the answers are draws from the policy itself (``sampling`` replaces
+    those four settings). ``repeats``: that many answers per prompt (a prompt's answers next to each other); the
+    prompt is read once and its keys and values shared by its answers, since reading the prompt is most of the
+    work when answers are short."""
     ids, mask = _left_pad(prompts, tokenizer.pad_token_id)
     device = next(model.parameters()).device
     ids, mask = ids.to(device), mask.to(device)
-    kwargs = dict(do_sample=not greedy, repetition_penalty=1.0, max_new_tokens=max_new_tokens,
-                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **(extra or {}))
+    sampling = dict(sampling or TRAINING_SAMPLING)
+    kwargs = dict(do_sample=not greedy, repetition_penalty=sampling.pop("repetition_penalty", 1.0),
+                  max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                  eos_token_id=tokenizer.eos_token_id, **(extra or {}))
     if not greedy:
-        kwargs.update(top_k=0, top_p=1.0, temperature=1.0)
+        kwargs.update(sampling)
     with torch.inference_mode():
         if repeats > 1 and ids.shape[1] > 1:
             # all but the last prompt token once per prompt; generate() reads the last one and goes on
@@ -289,6 +294,11 @@ def build_parser() -> argparse.ArgumentParser:
     passk = p.add_argument_group(f"{PASS_AT_K} tasks (e.g. gsm8k)")
     passk.add_argument("--k", type=_ks, help="comma-separated k of pass@k (default: those of 1,4,16 that are <= n)")
     passk.add_argument("--n", type=_positive_int("n"), help="samples per question (default 16)")
+    passk.add_argument("--protocol", help="how answers are sampled and read: training (default), as training does; "
+                                          "or one the task declares, e.g. gsm8k's authors (the authors' GSM8K "
+                                          "evaluation: top_k 10, top_p 0.7, repetition penalty 1.1, 256 tokens, no "
+                                          "early stop, 'the answer is' else the last number), for pass@k comparable "
+                                          "with the paper's")
     return p
 
 
@@ -310,6 +320,7 @@ class Plan:
     n: int | None = None
     ks: list[int] | None = None
     allow_early_eos: bool = True
+    protocol: str = "training"  # a name in the task's Evaluation.protocols
     command: str | None = None  # as typed, recorded in the JSON
 
     def task_config(self) -> SimpleNamespace:
@@ -415,7 +426,13 @@ def plan(argv: Sequence[str] | None) -> Plan:
         if too_big:
             raise EvalError(f"--k {too_big[0]} is larger than --n {n}: pass@k needs at least k samples per question")
 
-    json_path = Path(args.json) if args.json else (runs[0] / f"eval_{args.task}.json" if len(runs) == 1 and
+    protocol = args.protocol or "training"
+    if protocol not in evaluation.protocols:
+        raise EvalError(f"--protocol: {protocol!r} is not one of {', '.join(evaluation.protocols)} for --task "
+                        f"{args.task}")
+    # an evaluation under another protocol must not overwrite the training-protocol one beside it
+    suffix = "" if protocol == "training" else f"_{protocol}"
+    json_path = Path(args.json) if args.json else (runs[0] / f"eval_{args.task}{suffix}.json" if len(runs) == 1 and
                                                    all(e.run_dir is not None for e in entries) else None)
     if json_path is not None and json_path.is_dir():
         raise EvalError(f"--json {json_path}: is a folder, expected a file name")
@@ -425,7 +442,8 @@ def plan(argv: Sequence[str] | None) -> Plan:
              dataset_path=dataset_path, reward=reward,
              limit=args.limit if args.limit is not None else evaluation.limit,
              max_new_tokens=args.max_new_tokens or evaluation.answer_tokens, batch_size=args.batch_size,
-             seed=args.seed, dtype=args.dtype, json_path=json_path, n=n, ks=ks, allow_early_eos=allow_early_eos)
+             seed=args.seed, dtype=args.dtype, json_path=json_path, n=n, ks=ks, allow_early_eos=allow_early_eos,
+             protocol=protocol)
     try:  # the reward and the data, before any model loads (and prints its load report)
         check_eval_config(p.task_config())
     except ConfigError as e:
@@ -476,27 +494,39 @@ def evaluate_reward(model, reference, tokenizer, task, examples, *, max_new_toke
 
 
 def evaluate_pass_at_k(model, tokenizer, task, examples, *, n: int, ks: Sequence[int], max_new_tokens: int,
-                       batch_size: int, seed: int, label: str = "") -> dict:
+                       batch_size: int, seed: int, label: str = "",
+                       protocol: SamplingProtocol = TRAINING_PROTOCOL) -> dict:
     """pass@k (unbiased, from ``n`` samples per question, of a 0/1 reward), accuracy, and the share of answers
-    cut by the token limit, for ``model`` answering ``examples`` from the pioneer's prompt alone."""
+    cut by the token limit, for ``model`` answering ``examples`` from the pioneer's prompt alone, sampled and read
+    by ``protocol``."""
     torch.manual_seed(seed)
-    stop = dict(stop_strings=[task.stop], tokenizer=tokenizer) if task.stop else {}
+    if protocol.stop_early:
+        stop = dict(stop_strings=[task.stop], tokenizer=tokenizer) if task.stop else {}
+    else:
+        stop = {"min_new_tokens": max_new_tokens}  # every answer runs to the limit
     per_call = max(1, batch_size // n)  # whole questions per step; a question's n samples stay together
     correct, lengths, at_limit, samples = [], [], 0, []
     bar = _progress(len(examples), label)
     for start in range(0, len(examples), per_call):
         chunk = examples[start:start + per_call]
-        prompts = [ids.tolist() for ids in tokenize_prompts(tokenizer, chunk)]
+        texts = None if protocol.prompt is None else [protocol.prompt(ex) for ex in chunk]
+        prompts = [ids.tolist() for ids in tokenize_prompts(tokenizer, chunk, texts)]
         if n <= batch_size:  # each prompt read once, its n answers sampled from the shared prompt cache
-            raw = sample(model, tokenizer, prompts, max_new_tokens, stop, repeats=n)
+            raw = sample(model, tokenizer, prompts, max_new_tokens, stop, repeats=n, sampling=protocol.sampling)
         else:
             flat = [p for p in prompts for _ in range(n)]
             raw = []
             for i in range(0, len(flat), batch_size):
-                raw += sample(model, tokenizer, flat[i:i + batch_size], max_new_tokens, stop)
-        # the trainer's own cleaning: cut at a model-started "Question:", keep the matching tokens
-        answers, kept = decode_and_clean(task, tokenizer, [torch.tensor(r, dtype=torch.long) for r in raw])
-        scores = task.score([ex for ex in chunk for _ in range(n)], answers)
+                raw += sample(model, tokenizer, flat[i:i + batch_size], max_new_tokens, stop,
+                              sampling=protocol.sampling)
+        repeated = [ex for ex in chunk for _ in range(n)]
+        if protocol.score is not None:  # the protocol reads the whole answer, uncut
+            answers, kept = [tokenizer.decode(r, skip_special_tokens=True) for r in raw], raw
+            scores = protocol.score(repeated, answers)
+        else:
+            # the trainer's own cleaning (GSM8K: cut at a model-started "Question:"), keeping the matching tokens
+            answers, kept = decode_and_clean(task, tokenizer, [torch.tensor(r, dtype=torch.long) for r in raw])
+            scores = task.score(repeated, answers)
         for j, ex in enumerate(chunk):
             correct.append(int(sum(scores[j * n:(j + 1) * n])))
             if len(samples) < 3:
@@ -530,6 +560,13 @@ def _table(columns: list[tuple[str, str, str]], rows: list[tuple[str, dict]]) ->
     return "\n".join(lines)
 
 
+def protocol_line(name: str, protocol: SamplingProtocol, max_new_tokens: int) -> str:
+    """The sampling and reading of an evaluation, in words, for the printed table."""
+    s = protocol.sampling
+    return (f"{name} (top_k {s['top_k']}, top_p {s['top_p']}, temperature {s['temperature']}, repetition penalty "
+            f"{s['repetition_penalty']}, {max_new_tokens} new tokens, {protocol.reading})")
+
+
 def _task(make):
     try:
         return make()
@@ -541,7 +578,7 @@ def _task(make):
 def run(p: Plan) -> dict:
     """Evaluate every row of the plan; returns the JSON document (also written to ``p.json_path``)."""
     reward_metrics = p.metrics == REWARD_METRICS
-    other_kind = ("n", "ks") if reward_metrics else ("allow_early_eos",)
+    other_kind = ("n", "ks", "protocol") if reward_metrics else ("allow_early_eos",)
     settings = {k: v for k, v in vars(p).items()
                 if k not in ("rows", "json_path", "command", "metrics", *other_kind)}
     if reward_metrics and p.dataset_path is None:
@@ -569,18 +606,22 @@ def run(p: Plan) -> dict:
         columns = [("reward", "task_reward", ".4f"), ("KL", "kl", ".4f"), ("distinct-1", "distinct_1", ".3f"),
                    ("distinct-2", "distinct_2", ".3f"), ("length", "response_length", ".2f")]
     else:
+        protocol = task_spec(p.task).evaluation.protocols[p.protocol]
+        settings["sampling"] = dict(protocol.sampling, stop_early=protocol.stop_early)
         for entry in p.rows:
             tokenizer = load_tokenizer(locate(entry.spec))
             model = load_model(entry.spec, p.dtype)
             res = evaluate_pass_at_k(model, tokenizer, task, examples, n=p.n, ks=p.ks,
                                      max_new_tokens=p.max_new_tokens, batch_size=p.batch_size, seed=p.seed,
-                                     label=entry.label)
+                                     label=entry.label, protocol=protocol)
             results.append({"name": entry.label, "model": entry.spec, **res})
             del model
         columns = [(f"pass@{k}", f"pass@{k}", ".4f") for k in p.ks]
         columns += [("accuracy", "accuracy", ".4f"), ("hit limit", "hit_limit", ".3f"),
                     ("length", "response_length", ".1f")]
     doc = {"task": p.task, "command": p.command, "settings": settings, "results": results}
+    if not reward_metrics:
+        print(f"protocol: {protocol_line(p.protocol, protocol, p.max_new_tokens)}")
     print(_table(columns, [(r["name"], r) for r in results]))
     note = task_spec(p.task).evaluation.note
     if note is not None and note(task):

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Callable
 
 from cory.config import ConfigError
-from cory.tasks.base import PASS_AT_K, REWARD_METRICS, Evaluation, Example, Task, TaskBase
+from cory.tasks.base import (PASS_AT_K, REWARD_METRICS, TRAINING_PROTOCOL, Evaluation, Example, SamplingProtocol, Task,
+                             TaskBase)
 
-__all__ = ["Evaluation", "Example", "PASS_AT_K", "REWARD_METRICS", "Task", "TaskBase", "TaskSpec", "check_config",
-           "check_eval_config", "load_task_file", "make_eval_task", "make_task", "register_task", "registered",
-           "task_spec"]
+__all__ = ["Evaluation", "Example", "PASS_AT_K", "REWARD_METRICS", "SamplingProtocol", "TRAINING_PROTOCOL", "Task",
+           "TaskBase", "TaskSpec", "check_config", "check_eval_config", "load_task_file", "make_eval_task", "make_task",
+           "register_task", "registered", "task_spec"]
 
 
 @dataclass
@@ -153,6 +154,39 @@ def _gsm8k_note(task) -> str | None:
     return None
 
 
+def _authors_prompt(example) -> str:
+    from cory.tasks.gsm8k import build_authors_prompt
+
+    return build_authors_prompt(example.query)
+
+
+def _authors_score(examples, answers) -> list[float]:
+    from cory.tasks.gsm8k import authors_correct
+
+    return [authors_correct(a, ex.meta["solution"]) for a, ex in zip(answers, examples)]
+
+
+# GSM8K's two ways to evaluate: as training samples and reads answers, or as the authors' GSM8K evaluation behind
+# the paper's pass@1 of 18% (arXiv 2410.06101; their team's gsm8k_utils/gsm8k_eval.py): top_k 10, top_p 0.7,
+# temperature 1, repetition penalty 1.1, never stopping early (they pass eos_token_id=-1; masking EOS until the
+# limit is the nearest transformers setting), their prompt variant and their answer extraction
+GSM8K_PROTOCOLS = {
+    "training": SamplingProtocol(TRAINING_PROTOCOL.sampling, reading="ending at EOS or a new 'Question:'; '####', "
+                                 "else 'answer is', else the last number",
+                                 description="Protocol _training_: answers sampled as in training (top_k 0, top_p 1, "
+                                             "no repetition penalty), ended at EOS or a new \"Question:\", read by "
+                                             "the training reward's extraction."),
+    "authors": SamplingProtocol({"top_k": 10, "top_p": 0.7, "temperature": 1.0, "repetition_penalty": 1.1},
+                                stop_early=False, prompt=_authors_prompt, score=_authors_score,
+                                reading="never stopping early; the authors' prompt; 'the answer is' else the last "
+                                        "number, as strings",
+                                description="Protocol _authors_: the authors' GSM8K evaluation (top_k 10, top_p 0.7, "
+                                            "repetition penalty 1.1, no early stop, their prompt, \"the answer is\" "
+                                            "else the last number, compared as strings), the one behind the paper's "
+                                            "pass@1 of 18%."),
+}
+
+
 # IMDB: reward, KL and diversity of 15-token answers to the paper's batch of 256 held-out openings (the built-in
 # eval openings are fewer, 110); GSM8K: pass@k of 256-token answers to all 1,319 test questions, whose
 # one-shot prompt needs the longer budget
@@ -161,4 +195,5 @@ register_task("imdb", _make_imdb, datasets=("auto", "hub", "builtin"), check=_ch
 register_task("gsm8k", _make_gsm8k, datasets=("auto", "hub", "local", "generated"), rewards=("correctness",),
               check=_check_gsm8k, prompt_tokens=384,
               evaluation=Evaluation(PASS_AT_K, answer_tokens=256, make=_make_gsm8k_eval,
-                                    check=lambda cfg: _check_gsm8k(cfg, ("test",)), note=_gsm8k_note))
+                                    check=lambda cfg: _check_gsm8k(cfg, ("test",)), note=_gsm8k_note,
+                                    protocols=GSM8K_PROTOCOLS))

@@ -61,6 +61,30 @@ class TaskBase:
         return text
 
 
+@dataclass(frozen=True)
+class SamplingProtocol:
+    """How an evaluation samples and reads answers (``cory.evaluate --protocol NAME``).
+
+    ``sampling``: top_k, top_p, temperature and repetition_penalty; ``stop_early``: an answer may end at EOS or
+    the task's stop string (False: every answer runs to the token limit); ``prompt``: ``(example) -> str``, the
+    prompt to answer (None: ``example.prompt``); ``score``: ``(examples, answers) -> list[float]`` on the whole
+    decoded answers (None: the task's own ``clean_response`` and ``score``, as training); ``reading``: how the
+    answers are read, in words, for the printed table; ``description``: a sentence for the report's evaluation
+    table."""
+
+    sampling: dict
+    stop_early: bool = True
+    prompt: Callable | None = None
+    score: Callable | None = None
+    reading: str = "ending at EOS or the task's stop string; scored by the task's reward, as in training"
+    description: str = ""
+
+
+# sampling as in training (top_k 0, top_p 1, no repetition penalty): the answers are draws from the policy itself
+TRAINING_SAMPLING = {"top_k": 0, "top_p": 1.0, "temperature": 1.0, "repetition_penalty": 1.0}
+TRAINING_PROTOCOL = SamplingProtocol(TRAINING_SAMPLING)
+
+
 REWARD_METRICS = "reward"  # subjective tasks: mean reward, KL to the base model, distinct-1/2, length
 PASS_AT_K = "pass@k"       # objective tasks (a 0/1 reward): pass@k from n samples per question, accuracy
 
@@ -74,7 +98,8 @@ class Evaluation:
     neither ``--reward`` nor the run's config names one (default: the task's only allowed reward); ``make``: ``(cfg, tokenizer) -> Task`` for
     the held-out examples (default: the training ``make`` with seed 0); ``check``: ``(cfg) -> None``, what
     evaluation needs that can be checked before a model loads (default: the training ``check``); ``note``:
-    ``(task) -> str | None``, a line printed under the results (e.g. that the data are a stand-in)."""
+    ``(task) -> str | None``, a line printed under the results (e.g. that the data are a stand-in);
+    ``protocols``: the ways ``--protocol`` may sample and read answers, "training" (the default) first."""
 
     metrics: str = REWARD_METRICS
     answer_tokens: int = 15
@@ -83,6 +108,7 @@ class Evaluation:
     make: Callable | None = None
     check: Callable | None = None
     note: Callable | None = None
+    protocols: dict = field(default_factory=lambda: {"training": TRAINING_PROTOCOL})
 
     def __post_init__(self):
         if self.metrics not in (REWARD_METRICS, PASS_AT_K):
