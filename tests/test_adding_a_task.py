@@ -45,8 +45,8 @@ def test_the_guide_stays_short():
 def test_the_guide_shows_training_evaluation_and_the_runner():
     commands = guide_commands()
     assert "python kind_words.py cory" in commands and "python kind_words.py ppo" in commands
-    assert "python -m cory.evaluate --task_file kind_words.py --task kind_words" in commands
-    assert "python -m cory.experiments --task_file kind_words.py" in commands
+    assert "python -m cory.lab.evaluate --task_file kind_words.py --task kind_words" in commands
+    assert "python -m cory.lab.experiments --task_file kind_words.py" in commands
 
 
 @pytest.mark.parametrize("method", ["cory", "ppo"])
@@ -65,7 +65,7 @@ def test_the_guides_task_trains_and_evaluates(task_file, method):
     assert "--task" in help_text and "kind_words" in help_text
 
     # the guide's evaluation command: every final model of the run next to the base, on the held-out subjects
-    p = run("-m", "cory.evaluate", "--task_file", task_file.name, "--task", "kind_words", "--model", out,
+    p = run("-m", "cory.lab.evaluate", "--task_file", task_file.name, "--task", "kind_words", "--model", out,
             "--max_new_tokens", "4", cwd=task_file.parent)
     assert p.returncode == 0, p.stderr[-2000:]
     doc = json.loads((out / "eval_kind_words.json").read_text())
@@ -79,7 +79,7 @@ def test_the_guides_task_trains_and_evaluates(task_file, method):
 def test_the_guides_task_runs_in_the_experiment_runner(task_file, tmp_path):
     out = tmp_path / "exp"
     sets = [f for k, v in zip(TINY[::2], TINY[1::2]) for f in ("--set", f"{k[2:]}={v}")]
-    p = run("-m", "cory.experiments", "--task_file", task_file, "--methods", "ppo,cory", "--seeds", "0",
+    p = run("-m", "cory.lab.experiments", "--task_file", task_file, "--methods", "ppo,cory", "--seeds", "0",
             "--steps", "2", "--out", out, *sets, cwd=task_file.parent)
     assert p.returncode == 0, p.stderr[-3000:]
     record = json.loads((out / "runs.json").read_text())

@@ -1,4 +1,4 @@
-"""cory.evaluate: IMDB reward/KL/diversity and GSM8K pass@k on tiny real models, and its input checks."""
+"""cory.lab.evaluate: IMDB reward/KL/diversity and GSM8K pass@k on tiny real models, and its input checks."""
 import json
 import math
 import shutil
@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 from conftest import REPO
 from cory import assets, models
 from cory.assets import locate
-from cory.evaluate import distinct_n, main, sequence_kl
+from cory.lab.evaluate import distinct_n, main, sequence_kl
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +135,7 @@ def test_gsm8k_authors_protocol_is_named_and_runs_to_the_limit(tiny_run, tmp_pat
     (r,) = saved["results"]
     assert r["hit_limit"] == 1.0 and r["response_length"] == 6  # no early stop: every answer runs to the limit
     # the default protocol is named too, and an authors' evaluation gets its own default file beside a run
-    from cory.evaluate import plan
+    from cory.lab.evaluate import plan
     assert plan(["--task", "gsm8k", "--model", str(tiny_run), "--dataset", "generated"]).protocol == "training"
     p = plan(["--task", "gsm8k", "--model", str(tiny_run), "--dataset", "generated", "--protocol", "authors"])
     assert p.json_path.name == "eval_gsm8k_authors.json"
@@ -176,7 +176,7 @@ def test_bad_input_is_one_line_and_exit_2(args, expected, tmp_path, capsys):
 
 
 def test_cli_error_in_a_fresh_process():
-    p = subprocess.run([sys.executable, "-m", "cory.evaluate", "--task", "gsm8k", "--model", "tiny",
+    p = subprocess.run([sys.executable, "-m", "cory.lab.evaluate", "--task", "gsm8k", "--model", "tiny",
                         "--n", "2", "--k", "4"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == ["error: --k 4 is larger than --n 2: pass@k needs at least k samples "
@@ -188,7 +188,7 @@ def test_shared_prompt_cache_gives_the_same_answers(spec):
     """Reading each prompt once and sharing its keys and values among its answers changes nothing: greedy
     answers with repeats equal those of the prompts repeated by hand (GPT-2 and Llama, left padding)."""
     from cory import models
-    from cory.evaluate import load_model, sample
+    from cory.lab.evaluate import load_model, sample
 
     tok = models.load_tokenizer(locate(spec))
     model = load_model(spec)

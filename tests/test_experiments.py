@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from conftest import REPO
-from cory import experiments
-from cory.experiments import _parser, command, pair_state, plan
+from cory.lab import experiments
+from cory.lab.experiments import _parser, command, pair_state, plan
 from cory.outputs import read_jsonl
 
 
@@ -132,7 +132,7 @@ def test_ppo_2x_without_a_larger_model_offline(tmp_path, capsys):
 
 
 def runner(*argv, timeout=600):
-    return subprocess.run([sys.executable, "-m", "cory.experiments", *map(str, argv)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "cory.lab.experiments", *map(str, argv)], capture_output=True,
                           text=True, cwd=REPO, timeout=timeout)
 
 

@@ -6,10 +6,10 @@ import math
 import numpy as np
 import pytest
 
-from cory import results
-from cory.report import build_report
-from cory.results import load_experiment
-from cory.verdict import (ALPHA, Comparison, Margin, Pairing, decide, difference, frontier, holm, min_detectable,
+from cory.lab import results
+from cory.lab.report import build_report
+from cory.lab.results import load_experiment
+from cory.lab.verdict import (ALPHA, Comparison, Margin, Pairing, decide, difference, frontier, holm, min_detectable,
                           p_value, power, verdict)
 from test_report import cory_rows, ppo_rows, write_run
 
@@ -141,7 +141,7 @@ def test_power_and_minimum_detectable_difference():
 
 
 def results_diff(se, df):
-    from cory.verdict import Diff
+    from cory.lab.verdict import Diff
     return Diff(True, 0.0, se, float(df), int(df) + 1)
 
 

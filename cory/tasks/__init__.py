@@ -3,7 +3,7 @@ scored, behind one protocol (``cory.tasks.base.Task``) and one registry.
 
 Built in: IMDB (subjective sentiment reward) and GSM8K (objective 0/1 correctness). A new task is one class
 and one ``register_task`` call (docs/adding_a_task.md); nothing outside this folder needs to know it by name:
-training, the checks before a run, ``cory.evaluate`` and the experiment runner ask the registry.
+training, the checks before a run, ``cory.lab.evaluate`` and the experiment runner ask the registry.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def register_task(name: str, make: Callable, *, datasets=("auto",), rewards=(), 
                   evaluation: Evaluation | None = None) -> None:
     """Make ``task: name`` mean ``make(cfg, tokenizer, seed)``, a ``Task``; ``datasets`` and ``rewards`` are the
     values the config's ``dataset`` and ``reward_model`` may take (no ``rewards``: any); ``prompt_tokens``: the
-    room its prompts need beside an answer; ``evaluation``: how ``cory.evaluate`` scores it (default: mean
+    room its prompts need beside an answer; ``evaluation``: how ``cory.lab.evaluate`` scores it (default: mean
     reward, KL and distinct-n of 15-token answers)."""
     _REGISTRY[name] = TaskSpec(make, tuple(datasets), tuple(rewards), check, prompt_tokens,
                                evaluation or Evaluation())

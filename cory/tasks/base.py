@@ -63,7 +63,7 @@ class TaskBase:
 
 @dataclass(frozen=True)
 class SamplingProtocol:
-    """How an evaluation samples and reads answers (``cory.evaluate --protocol NAME``).
+    """How an evaluation samples and reads answers (``cory.lab.evaluate --protocol NAME``).
 
     ``sampling``: top_k, top_p, temperature and repetition_penalty; ``stop_early``: an answer may end at EOS or
     the task's stop string (False: every answer runs to the token limit); ``prompt``: ``(example) -> str``, the
@@ -91,7 +91,7 @@ PASS_AT_K = "pass@k"       # objective tasks (a 0/1 reward): pass@k from n sampl
 
 @dataclass(frozen=True)
 class Evaluation:
-    """How ``python -m cory.evaluate`` scores a task's held-out examples, declared where the task is registered.
+    """How ``python -m cory.lab.evaluate`` scores a task's held-out examples, declared where the task is registered.
 
     ``metrics``: ``REWARD_METRICS`` or ``PASS_AT_K``; ``answer_tokens``: the default ``--max_new_tokens``;
     ``limit``: the default number of held-out examples (None: all); ``reward``: the reward to score with when

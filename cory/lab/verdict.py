@@ -11,7 +11,7 @@ states its power to detect the paper's own effect (PPO's final KL twice CORY's a
 80% power reads "could not tell (power N%)", never a plain "no".
 
 A module of its own because the tests and their wording are the report's one judgement, easier to review apart
-from the loading (``cory.results``) and the markdown (``cory.report``).
+from the loading (``cory.lab.results``) and the markdown (``cory.lab.report``).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from functools import cached_property
 
 import numpy as np
 
-from cory.results import (LAST_N, METHOD_NAMES, REWARD_RANGES, Experiment, Final, Group, curve, final_value, fmt,
+from cory.lab.results import (LAST_N, METHOD_NAMES, REWARD_RANGES, Experiment, Final, Group, curve, final_value, fmt,
                           fmt_final)
 
 ALPHA = 0.05         # family-wise level of each verdict

@@ -1,10 +1,10 @@
 """Score trained models on held-out prompts, from the query alone (how either CORY model is used
 after training), next to the base model they started from.
 
-    python -m cory.evaluate --task imdb  --model runs/imdb_cory_cpu            # every model in final/
-    python -m cory.evaluate --task imdb  --model runs/a/final/llm1 --model runs/b/final/policy
-    python -m cory.evaluate --task gsm8k --model runs/gsm8k_cory_cpu --dataset_path ../gsm8k --k 1,4 --n 4
-    python -m cory.evaluate --task_file kind_words.py --task kind_words --model runs/kind_cory
+    python -m cory.lab.evaluate --task imdb  --model runs/imdb_cory_cpu            # every model in final/
+    python -m cory.lab.evaluate --task imdb  --model runs/a/final/llm1 --model runs/b/final/policy
+    python -m cory.lab.evaluate --task gsm8k --model runs/gsm8k_cory_cpu --dataset_path ../gsm8k --k 1,4 --n 4
+    python -m cory.lab.evaluate --task_file kind_words.py --task kind_words --model runs/kind_cory
 
 What a row holds is the task's choice (``cory.tasks.Evaluation``, given to ``register_task``):
 reward tasks (IMDB): mean task reward, KL(pi || pi0) to the reference (full vocabulary, summed over the
@@ -36,7 +36,7 @@ from cory.assets import (MODEL_SPECS_HELP, SMOLLM2_SPEC, TINY_SPEC, AssetError, 
 from cory.config import ConfigError, load_yaml
 from cory.models import load_causal_lm, load_tokenizer
 from cory.outputs import check_writable
-from cory.passk import mean_pass_at_k
+from cory.lab.passk import mean_pass_at_k
 from cory.rollout import decode_and_clean, tokenize_prompts
 from cory.tasks import (PASS_AT_K, REWARD_METRICS, TRAINING_PROTOCOL, SamplingProtocol, check_eval_config,
                         load_task_file, make_eval_task, registered, task_spec)
@@ -258,7 +258,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m cory.evaluate", description=__doc__.split("\n\n")[0],
+    p = _Parser(prog="python -m cory.lab.evaluate", description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", required=True, help=f"a registered task ({', '.join(registered())}, or one that "
                                                  "--task_file registers)")
@@ -639,7 +639,7 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         p = plan(args)
-        p.command = shlex.join(["python", "-m", "cory.evaluate", *args])
+        p.command = shlex.join(["python", "-m", "cory.lab.evaluate", *args])
         return run(p)
     except (EvalError, ConfigError, AssetError) as e:
         print(f"error: {e}", file=sys.stderr)

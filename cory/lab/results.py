@@ -1,11 +1,11 @@
 """Loading an experiment folder and the statistics the report is built on.
 
-An experiment folder, as ``python -m cory.experiments`` writes it, holds
+An experiment folder, as ``python -m cory.lab.experiments`` writes it, holds
 ``runs/<method>[_kl<eta>]/seed_<s>/{metrics.jsonl,samples.jsonl,config.yaml}`` and maybe ``runs.json``.
 ``load_experiment`` reads it into an ``Experiment`` of ``Group``s (one per folder under runs/) of ``SeedRun``s;
 ``curve`` aligns one metric of one agent over the seeds of a group, ``final_value`` takes each seed's mean over the
 last ``LAST_N`` aligned iterations. The method names and the number formats that the report, the verdict and the
-figures share live here too: cory.report, cory.verdict and cory.figures import this module, and it imports none of
+figures share live here too: cory.lab.report, cory.lab.verdict and cory.lab.figures import this module, and it imports none of
 them.
 
 Conventions:
@@ -38,7 +38,7 @@ METHOD_NAMES = {
     "cory_authors": "CORY with the authors' resets",
 }
 MAIN_METHODS = ("ppo", "cory")
-# the two differences between the authors' runs and a like-for-like comparison (see cory.experiments)
+# the two differences between the authors' runs and a like-for-like comparison (see cory.lab.experiments)
 CONFOUND_METHODS = ("ppo_norm", "cory_authors")
 ABLATION_METHODS = ("cory_no_kt", "cory_no_swap", "ppo_2x")
 _LABEL = re.compile(r"^(?P<method>.+?)(?:_kl(?P<kl>[0-9.eE+-]+))?$")
@@ -214,7 +214,7 @@ def load_experiment(path: str | Path) -> Experiment:
         raise ReportError(f"{path}: folder not found")
     runs_root = root / "runs"
     if not runs_root.is_dir():
-        raise ReportError(f"{path}: no runs/ folder; is it an experiment folder written by cory.experiments?")
+        raise ReportError(f"{path}: no runs/ folder; is it an experiment folder written by cory.lab.experiments?")
     runs_json = {}
     notes = []
     if (root / "runs.json").is_file():

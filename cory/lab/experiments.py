@@ -1,6 +1,6 @@
 """Run the paper's comparisons: every (method, seed[, KL coefficient]) as a training run, then the report.
 
-    python -m cory.experiments --task imdb --preset cpu --methods ppo,cory,cory_no_kt,cory_no_swap \\
+    python -m cory.lab.experiments --task imdb --preset cpu --methods ppo,cory,cory_no_kt,cory_no_swap \\
         --seeds 0,1,2 --steps 60 --out results/imdb_cpu [--kl_coefs 0.01,0.1,0.3] [--set field=value ...]
 
 Methods: ``ppo`` and ``cory`` (the comparison); the paper's ablations ``cory_no_kt`` (no knowledge transfer),
@@ -22,7 +22,7 @@ file, ``--task_file FILE``: ``FILE ppo|cory`` as docs/adding_a_task.md writes it
 (``--print_config``: resolved and checked exactly as the run will be), before anything is written. Running
 the same command again skips finished runs and resumes cut-off ones, so a long experiment can be stopped
 (Ctrl-C lets the current run save a checkpoint) and continued. Each run's command, wall time and exit
-status go to ``OUT/runs.json``, its output to ``OUT/logs/``; at the end ``cory.report`` writes the figures
+status go to ``OUT/runs.json``, its output to ``OUT/logs/``; at the end ``cory.lab.report`` writes the figures
 and ``OUT/REPORT.md``.
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ import yaml
 from cory.config import ConfigError, CoryArgs, PPOArgs, load_yaml, on_resume_fields
 from cory.outputs import latest_checkpoint
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 # method -> (script, flags that make the method); ppo_2x gets its --model_name at plan time
 METHODS: dict[str, tuple[str, list[str]]] = {
@@ -106,7 +106,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m cory.experiments",
+    p = _Parser(prog="python -m cory.lab.experiments",
                 description="Run every (method, seed[, KL coefficient]) training run, skip finished ones, "
                             "resume cut-off ones, then write the report.")
     task = p.add_mutually_exclusive_group(required=True)
@@ -510,7 +510,7 @@ def run(argv: list[str] | None = None) -> int:
     record = Record(out, spec)
 
     commit, dirty = _git()
-    invocation = {"command": shlex.join(["python", "-m", "cory.experiments",
+    invocation = {"command": shlex.join(["python", "-m", "cory.lab.experiments",
                                           *(sys.argv[1:] if argv is None else argv)]),
                   "started": _now(), "git_commit": commit, "git_dirty": dirty, "python": sys.version.split()[0],
                   "ran": 0, "skipped": 0, "failed": 0}
@@ -572,7 +572,7 @@ def run(argv: list[str] | None = None) -> int:
         print(f"interrupted: rerun the same command to continue (records in {_rel(record.path)})", file=sys.stderr)
         return 130
     if not args.no_report:
-        from cory.report import ReportError, build_report
+        from cory.lab.report import ReportError, build_report
 
         try:
             print(f"report: {_rel(build_report(out))}")
