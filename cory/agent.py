@@ -13,8 +13,11 @@ import warnings
 import numpy as np
 import torch
 
-from cory import parallel
+from cory import models, parallel
 from cory.config import PPOArgs, trl_fields
+from cory.speedups.budget import trainable_state_bytes
+from cory.speedups.patches import frozen_models_not_wrapped
+from cory.speedups.windowed import WindowedPPOTrainer
 
 
 class ScoreNormalizer:
@@ -61,8 +64,6 @@ class Agent:
     """One trainable LLM: its policy, optimizer, KL controller and score normaliser in one trl PPOTrainer."""
 
     def __init__(self, name: str, cfg: PPOArgs, policy, ref_model, tokenizer):
-        from cory.speedups.patches import frozen_models_not_wrapped
-
         self.name = name
         self.cfg = cfg
         self.tokenizer = tokenizer
@@ -80,7 +81,6 @@ class Agent:
         if not self.cfg.fast_ppo:
             from trl import PPOTrainer
             return PPOTrainer, {}
-        from cory.speedups.windowed import WindowedPPOTrainer
         return WindowedPPOTrainer, {"max_pass_tokens": self.cfg.max_pass_tokens}
 
     def reserve_for_training(self, reserve_bytes: float) -> None:
@@ -104,9 +104,7 @@ class Agent:
     def use_own_adapter(self) -> None:
         """On a LoRA base shared by both agents, make this agent's adapter the active (and only trainable) one;
         an agent with a model of its own has nothing to switch."""
-        from cory.models import activate_adapter
-
-        activate_adapter(self._policy)
+        models.activate_adapter(self._policy)
 
     @property
     def kl_coef(self) -> float:
@@ -194,8 +192,6 @@ def make_agents(cfg: PPOArgs, spec, names: list[str], tokenizer, *, shared_base:
     """({name: Agent}, the frozen reference) of the model ``spec`` (a located ``cory.assets.ModelSpec``): the
     reference is loaded once and shared by every agent; with LoRA (and ``shared_base``) the agents' adapters
     sit on one frozen base, which is then the reference."""
-    from cory import models
-
     reference = models.load_reference(spec, use_peft=cfg.use_peft)
     # with LoRA the base is frozen (never updated), so under bf16 compute it is stored in bf16: half the memory;
     # the adapters and value heads, which train, stay float32
@@ -205,7 +201,6 @@ def make_agents(cfg: PPOArgs, spec, names: list[str], tokenizer, *, shared_base:
                                     load_in_4bit=cfg.load_in_4bit,
                                     torch_dtype=torch.bfloat16 if frozen_bf16 else None)
     agents = {name: Agent(name, cfg, policies[name], reference, tokenizer) for name in names}
-    from cory.speedups.budget import trainable_state_bytes
     reserve = sum(trainable_state_bytes(agent.policy) for agent in agents.values())
     for agent in agents.values():
         agent.reserve_for_training(reserve)

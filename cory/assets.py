@@ -37,6 +37,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+from cory.errors import AssetError
+
 TINY_SPEC = "tiny"
 SMOLLM2_SPEC = "embedded:smollm2-135m"
 
@@ -84,10 +86,6 @@ _TRUE = {"1", "ON", "YES", "TRUE"}
 
 # Same shape the hub accepts: "name" or "org/name", no "--" or ".." (huggingface_hub rules).
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]{0,95}(/[A-Za-z0-9][\w.\-]{0,95})?$")
-
-
-class AssetError(Exception):
-    """A model, dataset or package is missing or unusable; the message is one line for users."""
 
 
 def cache_dir() -> Path:

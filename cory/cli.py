@@ -1,6 +1,7 @@
 """The command line shared by the training scripts: ``--config FILE.yaml`` then ``--field value``."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import sys
@@ -11,6 +12,7 @@ import yaml
 from cory import preflight
 from cory.config import (INVOCATION_FIELDS, REQUIRED, ConfigError, _allowed, _field_types,
                          build, field_help, load_yaml, metadata, to_dict, validate)
+from cory.errors import AssetError, RunError
 
 USAGE = ("usage: {prog} [--config FILE.yaml] [--field value ...] [--resume RUN_DIR [--steps N]] [--overwrite] "
          "[--print_config]")
@@ -39,6 +41,18 @@ def _help(cls, prog: str) -> str:
         if meta["help"]:
             lines.append(f"      {meta['help']}")
     return "\n".join(lines)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse for the lab's commands (``cory.lab.evaluate``, ``cory.lab.experiments``): a mistake raises the
+    command's own one-line ``error`` with argparse's message, instead of printing argparse's usage block."""
+
+    def __init__(self, error: type[Exception], **kwargs):
+        super().__init__(**kwargs)
+        self._error = error
+
+    def error(self, message: str):
+        raise self._error(message)
 
 
 def split_flags(cls, argv: list[str]) -> tuple[str | None, dict[str, str]]:
@@ -133,8 +147,6 @@ def main(cls, method: str, argv: list[str] | None = None) -> None:
 
     ``--print_config``: the resolved config, checked as far as a run checks it before loading a model, printed
     as YAML (``method`` and ``config``); this is how the experiment runner reads a script's values."""
-    from cory.assets import AssetError
-
     argv = sys.argv[1:] if argv is None else argv
     print_config = PRINT_CONFIG in argv
     try:
@@ -150,7 +162,7 @@ def main(cls, method: str, argv: list[str] | None = None) -> None:
         print(yaml.safe_dump({"method": method, "config": to_dict(cfg)}, sort_keys=False), end="")
         return
     # the training stack (torch, trl) loads only now, so that --help and --print_config answer at once
-    from cory.train import RunError, train
+    from cory.train import train
 
     try:
         out = train(cfg, method)

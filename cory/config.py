@@ -5,7 +5,7 @@ gives none), then a YAML preset (``--config``), then ``--field value`` flags. Ev
 field, wrong type, out-of-range value, unreadable file) raises ``ConfigError`` with one line naming the field,
 before any model is loaded.
 
-This module is the bottom of the package: it imports nothing of ``cory``. Checks that need to know the
+This module is the bottom of the package: it imports nothing of ``cory`` but its errors. Checks that need to know the
 models, rewards or data live with them (``cory.preflight`` gathers them, still before any model loads).
 """
 from __future__ import annotations
@@ -21,10 +21,7 @@ from pathlib import Path
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A user mistake in a config file or a flag; the message is one line."""
-
+from cory.errors import ConfigError
 
 REQUIRED = dataclasses.MISSING  # a field without a default: the training script states its value
 

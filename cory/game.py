@@ -21,6 +21,7 @@ import warnings
 import numpy as np
 
 from cory import parallel
+from cory.errors import NonFinite
 
 AGENTS = ("llm1", "llm2")
 
@@ -53,14 +54,6 @@ def combined_reward(task_reward: float, kl: float, kl_coef: float) -> float:
 
 
 # ----------------------------------------------------------------------------- bookkeeping
-
-class NonFinite(Exception):
-    """A reward or a PPO loss that is not a finite number; the run decides what to save and says so."""
-
-    def __init__(self, step: int, agent: str, what: str, where: str = ""):
-        super().__init__(f"step {step}: non-finite {what} for {agent}{f' ({where})' if where else ''}")
-        self.what = what
-
 
 def rewards_are_finite(step: int, agent: str, rewards: list[float], on_nonfinite: str) -> bool:
     """True to go on, False to skip the batch (``on_nonfinite: skip``); raises NonFinite (``stop``). Every

@@ -183,7 +183,30 @@ def _truncate_jsonl(path: Path, first_dropped_step: int) -> None:
     _atomic_write(path, "".join(line + "\n" for line in kept))
 
 
+def read_jsonl_rows(path: str | os.PathLike) -> tuple[list[dict], int]:
+    """The rows of a JSON-lines file that parse (a kill can cut the last line), and how many lines did not; a
+    missing file has none. What the experiment runner and the reports read a run's metrics with."""
+    path = Path(path)
+    rows, bad = [], 0
+    if not path.is_file():
+        return rows, bad
+    for line in path.read_text(errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            bad += 1
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            bad += 1
+    return rows, bad
+
+
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """Every row of a JSON-lines file this project wrote whole (a line that does not parse is an error)."""
     rows = []
     for line in Path(path).read_text().splitlines():
         if line.strip():

@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cory.assets import AssetError, ModelSpec, model_spec
-from cory.config import ConfigError, PPOArgs
+from cory.assets import ModelSpec, model_spec
+from cory.config import PPOArgs
+from cory.errors import AssetError, ConfigError
+from cory.outputs import check_output_dir, latest_checkpoint, read_manifest
 from cory.tasks import check_config as check_task
 from cory.tasks import task_spec
 
@@ -26,8 +28,6 @@ def check_config(cfg: PPOArgs) -> ModelSpec:
 def check_run(cfg: PPOArgs, method: str) -> ModelSpec:
     """All of the above, then what the run will write: its folder, what it may replace or continue, and the
     loggers it reports to (before the folder is created). Returns the model's spec."""
-    from cory.outputs import check_output_dir
-
     spec = check_config(cfg)
     if cfg.load_in_4bit:
         import importlib.util
@@ -65,8 +65,6 @@ def check_resumable(run_dir: Path, cfg: PPOArgs, method: str) -> None:
     """The run in ``run_dir`` is one this script continues (same method and task), and its newest
     checkpoint's state can be read."""
     import torch
-
-    from cory.outputs import latest_checkpoint, read_manifest
 
     manifest = read_manifest(run_dir) or {}
     # runs from before the manifest: a CORY run's config has swap_period

@@ -8,10 +8,7 @@ import numpy as np
 import torch
 
 from cory.config import PPOArgs
-
-
-class RunError(RuntimeError):
-    """A training run cannot go on (non-finite reward or loss, a reward that raised); the message is one line."""
+from cory.errors import RunError
 
 
 @dataclass

@@ -20,10 +20,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cory import game, memory, parallel
+from cory import game, memory, models, parallel, preflight
+from cory.agent import make_agents, set_precision
+from cory.assets import locate
 from cory.config import ConfigError, PPOArgs, to_dict
+from cory.errors import RunError
 from cory.outputs import RunDir, latest_checkpoint
-from cory.rollout import Rollout, RunError
+from cory.rollout import Rollout
+from cory.speedups.patches import cuda_allocator_segments, return_freed_memory
+from cory.tasks import make_task
 
 __all__ = ["Run", "RunError", "prepare_run", "train"]
 
@@ -193,12 +198,6 @@ class Run:
 
 def prepare_run(cfg: PPOArgs, method: str) -> Run:
     """Everything a run needs, loaded and (with ``resume``) restored; nothing is written yet."""
-    from cory import models, preflight
-    from cory.agent import make_agents, set_precision
-    from cory.assets import locate
-    from cory.speedups.patches import cuda_allocator_segments, return_freed_memory
-    from cory.tasks import make_task
-
     spec = preflight.check_run(cfg, method)  # the model name, resolved once for every loader below
     cuda_allocator_segments()
     rank, world = parallel.setup()

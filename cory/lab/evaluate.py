@@ -31,9 +31,10 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from cory.assets import (MODEL_SPECS_HELP, SMOLLM2_SPEC, TINY_SPEC, AssetError, check_hub_asset, is_valid_model_spec,
-                         locate)
-from cory.config import ConfigError, load_yaml
+from cory.assets import MODEL_SPECS_HELP, SMOLLM2_SPEC, TINY_SPEC, check_hub_asset, is_valid_model_spec, locate
+from cory.cli import OneLineParser
+from cory.config import load_yaml
+from cory.errors import AssetError, ConfigError, EvalError
 from cory.models import load_causal_lm, load_tokenizer
 from cory.outputs import check_writable
 from cory.lab.passk import mean_pass_at_k
@@ -44,10 +45,6 @@ from cory.tasks.base import TRAINING_SAMPLING
 
 DEFAULT_KS = (1, 4, 16)
 DTYPES = ("float32", "bfloat16", "float16")
-
-
-class EvalError(ValueError):
-    """A user mistake on the command line; the message is one line."""
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -252,13 +249,8 @@ def _ks(text: str) -> list[int]:
     return sorted(set(ks))
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, not argparse's usage block
-        raise EvalError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m cory.lab.evaluate", description=__doc__.split("\n\n")[0],
+    p = OneLineParser(EvalError, prog="python -m cory.lab.evaluate", description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", required=True, help=f"a registered task ({', '.join(registered())}, or one that "
                                                  "--task_file registers)")

@@ -43,8 +43,12 @@ from pathlib import Path
 
 import yaml
 
-from cory.config import ConfigError, CoryArgs, PPOArgs, load_yaml, on_resume_fields
-from cory.outputs import latest_checkpoint
+from cory.assets import check_hub_asset
+from cory.cli import OneLineParser
+from cory.config import CoryArgs, PPOArgs, load_yaml, on_resume_fields
+from cory.errors import AssetError, ConfigError, ExperimentError, ReportError
+from cory.lab.report import build_report
+from cory.outputs import latest_checkpoint, read_jsonl_rows
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -72,10 +76,6 @@ RUNNER_FIELDS = ("task", "seed", "steps", "output_dir", "resume", "overwrite")
 BOOKKEEPING_FIELDS = on_resume_fields(PPOArgs)
 
 
-class ExperimentError(Exception):
-    """A user mistake in the runner's arguments; the message is one line."""
-
-
 @dataclass
 class Pair:
     method: str
@@ -100,13 +100,8 @@ class Pair:
 
 # ----------------------------------------------------------------------------- arguments
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, not argparse's usage block
-        raise ExperimentError(message)
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m cory.lab.experiments",
+    p = OneLineParser(ExperimentError, prog="python -m cory.lab.experiments",
                 description="Run every (method, seed[, KL coefficient]) training run, skip finished ones, "
                             "resume cut-off ones, then write the report.")
     task = p.add_mutually_exclusive_group(required=True)
@@ -295,8 +290,6 @@ def _larger_model(args, model: str) -> str:
     if bigger is None:
         raise ExperimentError(f"--methods ppo_2x: no model twice the size of {model!r} is known; "
                               "pass --model_2x MODEL or drop ppo_2x")
-    from cory.assets import AssetError, check_hub_asset
-
     try:
         check_hub_asset(bigger, "model", timeout=5.0)
     except AssetError:
@@ -309,17 +302,8 @@ def _larger_model(args, model: str) -> str:
 # ----------------------------------------------------------------------------- what is already there
 
 def _logged_steps(run_dir: Path) -> set[int]:
-    path = run_dir / "metrics.jsonl"
-    steps = set()
-    if path.is_file():
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                step = json.loads(line).get("step")
-            except (json.JSONDecodeError, AttributeError):
-                continue  # a line cut by a kill
-            if isinstance(step, int):
-                steps.add(step)
-    return steps
+    rows, _ = read_jsonl_rows(run_dir / "metrics.jsonl")  # a line cut by a kill is skipped
+    return {row["step"] for row in rows if isinstance(row.get("step"), int)}
 
 
 def _saved_config(run_dir: Path) -> dict | None:
@@ -572,8 +556,6 @@ def run(argv: list[str] | None = None) -> int:
         print(f"interrupted: rerun the same command to continue (records in {_rel(record.path)})", file=sys.stderr)
         return 130
     if not args.no_report:
-        from cory.lab.report import ReportError, build_report
-
         try:
             print(f"report: {_rel(build_report(out))}")
         except ReportError as e:

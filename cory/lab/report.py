@@ -31,10 +31,11 @@ import numpy as np
 
 from cory.lab.figures import MAIN_FIGURE_METRICS, METRICS, plot_metric, plot_sweep
 from cory.lab.results import (ABLATION_METHODS, CONFOUND_METHODS, LAST_N, MAIN_METHODS, METHOD_NAMES, Experiment, Group,
-                          ReportError, final_value, finite, fmt, fmt_final, load_experiment, read_jsonl, setting_name,
+                          ReportError, final_value, finite, fmt, fmt_final, load_experiment, setting_name,
                           sweep_points)
-from cory.tasks import registered
 from cory.lab.verdict import FRONTIER_RULE, VERDICT_RULE, ablation_lines, frontier, verdict
+from cory.outputs import read_jsonl_rows
+from cory.tasks import registered
 
 
 # ----------------------------------------------------------------------------- markdown
@@ -94,7 +95,7 @@ def samples_section(exp: Experiment, per_step: int = 3, per_other_seed: int = 2)
             continue  # the sweep would multiply the samples; its numbers are in the table
         blocks, lowest = [], min(g.runs)
         for seed in sorted(g.runs):
-            rows, _ = read_jsonl(g.runs[seed].path / "samples.jsonl")
+            rows, _ = read_jsonl_rows(g.runs[seed].path / "samples.jsonl")
             rows = [r for r in rows if isinstance(r.get("step"), int)]
             if not rows:
                 blocks.append(f"seed {seed}: no samples.jsonl")

@@ -26,6 +26,9 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from cory.errors import ReportError
+from cory.outputs import read_jsonl_rows
+
 LAST_N = 10
 AGENT_NAMES = {"policy": "", "llm1": "-LLM1", "llm2": "-LLM2"}
 METHOD_NAMES = {
@@ -44,10 +47,6 @@ ABLATION_METHODS = ("cory_no_kt", "cory_no_swap", "ppo_2x")
 _LABEL = re.compile(r"^(?P<method>.+?)(?:_kl(?P<kl>[0-9.eE+-]+))?$")
 
 
-class ReportError(Exception):
-    """The folder is not an experiment folder; the message is one line."""
-
-
 def parse_label(label: str) -> tuple[str, float | None]:
     """``cory_kl0.01`` -> ("cory", 0.01); ``ppo`` -> ("ppo", None)."""
     m = _LABEL.match(label)
@@ -64,26 +63,6 @@ def finite(value) -> float | None:
         return None
     value = float(value)
     return value if math.isfinite(value) else None
-
-
-def read_jsonl(path: Path) -> tuple[list[dict], int]:
-    """Rows that parse (a kill can cut the last line), and how many lines did not."""
-    rows, bad = [], 0
-    if not path.is_file():
-        return rows, bad
-    for line in path.read_text(errors="replace").splitlines():
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            bad += 1
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-        else:
-            bad += 1
-    return rows, bad
 
 
 # ----------------------------------------------------------------------------- loading
@@ -231,7 +210,7 @@ def load_experiment(path: str | Path) -> Experiment:
             if not m:
                 notes.append(f"`{label_dir.name}/{seed_dir.name}` ignored: not a seed_<n> folder.")
                 continue
-            rows, bad = read_jsonl(seed_dir / "metrics.jsonl")
+            rows, bad = read_jsonl_rows(seed_dir / "metrics.jsonl")
             if bad:
                 notes.append(f"`{label_dir.name}/{seed_dir.name}`: {bad} unreadable line(s) in metrics.jsonl skipped.")
             if not rows:

@@ -41,7 +41,7 @@ import torch
 from trl import PPOTrainer
 from trl.core import logprobs_from_logits, masked_mean
 
-from cory.speedups import packing
+from cory.speedups import budget, packing
 from cory.speedups.passes import pass_plan
 
 
@@ -100,7 +100,6 @@ class WindowedPPOTrainer(PPOTrainer):
 
     def step(self, queries, responses, scores, response_masks=None):
         if self.max_pass_tokens == "auto":
-            from cory.speedups import budget
             self.max_pass_tokens = budget.resolve(self, queries, responses, self.reserve_bytes)
         usable = (response_masks is None and not self.is_encoder_decoder
                   and _accepts_logits_to_keep(self.model)

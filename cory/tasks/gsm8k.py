@@ -27,6 +27,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
+from cory.assets import check_hub_asset
+from cory.errors import ConfigError
 from cory.tasks.base import Example, TaskBase
 
 logger = logging.getLogger(__name__)
@@ -248,8 +250,6 @@ _RECORD = "one JSON object per line with a 'question' string and an 'answer' str
 def _load_local(split: str, dataset_path: str | Path) -> list[dict]:
     """The records of ``<dataset_path>/<split>.jsonl``, each checked: a bad one is a ConfigError naming the file,
     the line and what was expected."""
-    from cory.config import ConfigError
-
     path = Path(dataset_path) / f"{split}.jsonl"
     if not path.is_file():
         raise ConfigError(f"dataset_path: {path} not found (expected the original release's {split}.jsonl, "
@@ -271,8 +271,6 @@ def _load_local(split: str, dataset_path: str | Path) -> list[dict]:
 
 
 def _record(line: str, where: str) -> dict:
-    from cory.config import ConfigError
-
     try:
         obj = json.loads(line)
     except (json.JSONDecodeError, RecursionError):
@@ -294,8 +292,6 @@ def _record(line: str, where: str) -> dict:
 
 def check_local_files(dataset_path: str | Path, splits=SPLITS) -> None:
     """Read and check every record of the local files now, before any model loads."""
-    from cory.config import ConfigError
-
     if not Path(dataset_path).is_dir():
         raise ConfigError(f"dataset_path: folder not found: {dataset_path}")
     for split in splits:
@@ -303,8 +299,6 @@ def check_local_files(dataset_path: str | Path, splits=SPLITS) -> None:
 
 
 def _load_hub(split: str) -> list[dict]:
-    from cory.assets import check_hub_asset
-
     check_hub_asset(HUB_REPO_ID, repo_type="dataset")
     import datasets
 
@@ -405,8 +399,6 @@ def resolve_source(source: str = "auto", dataset_path: str | Path | None = None)
         logger.info("GSM8K data: local files in %s", dataset_path)
         return "local"
     try:
-        from cory.assets import check_hub_asset
-
         check_hub_asset(HUB_REPO_ID, repo_type="dataset")
     except Exception as exc:  # AssetError, or anything else that makes the hub unusable
         _warn_generated(f"{HUB_REPO_ID} unavailable", exc)

@@ -29,6 +29,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from cory.assets import check_hub_asset, model_config
+from cory.errors import AssetError, ConfigError
 from cory.tasks.base import Example, TaskBase
 
 logger = logging.getLogger(__name__)
@@ -116,8 +118,6 @@ class DistilbertImdbReward:
     ) -> None:
         model = os.fspath(model)
         if not os.path.isdir(model):
-            from cory.assets import check_hub_asset
-
             check_hub_asset(
                 model,
                 repo_type="model",
@@ -161,9 +161,6 @@ class DistilbertImdbReward:
 def check_reward_model(name: str, flag: str = "reward_model") -> None:
     """``name`` is a known reward or a local classifier folder with a POSITIVE label (config.json only: no
     model is loaded); else a ConfigError naming ``flag``."""
-    from cory.assets import AssetError, model_config
-    from cory.config import ConfigError
-
     if name in REWARD_NAMES:
         return
     if not Path(name).is_dir():
@@ -259,8 +256,6 @@ class ImdbTask(TaskBase):
         if source == "builtin":
             return "builtin", read_openings(BUILTIN_TRAIN_FILE)
         if source == "hub":
-            from cory.assets import check_hub_asset
-
             check_hub_asset(
                 self.dataset,
                 repo_type="dataset",
@@ -268,8 +263,6 @@ class ImdbTask(TaskBase):
             )
             return "hub", self._load_hub_split("train")
         # auto
-        from cory.assets import AssetError, check_hub_asset
-
         try:
             check_hub_asset(self.dataset, repo_type="dataset")
         except AssetError as exc:
