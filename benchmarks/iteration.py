@@ -167,9 +167,13 @@ def window_peak_mb() -> float:
 # ----------------------------------------------------------------------------- the worker
 
 def build_cfg(args, variant: str, out_dir: str):
-    import importlib
-
     from cory.config import build, load_yaml
+    from gsm8k_train import cory as gsm8k_cory, ppo as gsm8k_ppo
+    from imdb_train import cory as imdb_cory, ppo as imdb_ppo
+
+    # each script's class holds its task's paper values; the presets list only what they change
+    scripts = {("imdb", "ppo"): imdb_ppo, ("imdb", "cory"): imdb_cory, ("gsm8k", "ppo"): gsm8k_ppo,
+               ("gsm8k", "cory"): gsm8k_cory}
 
     method = "ppo" if variant.startswith("ppo") else "cory"
     base = load_yaml(REPO / "configs" / args.task / f"{method}_{args.preset}.yaml")
@@ -179,12 +183,13 @@ def build_cfg(args, variant: str, out_dir: str):
                 seed=args.seed, use_peft=variant.endswith("_peft") or base.get("use_peft", False))
     if method == "cory":
         base.update(swap_period=args.swap_period)
+    if base["use_peft"]:  # the IMDB scripts set no LoRA rank: the benchmark's adapters are GSM8K's (r 16, alpha 16)
+        base.setdefault("lora_r", 16)
+        base.setdefault("lora_alpha", 16)
     for field in OVERRIDES:
         if getattr(args, field) is not None:
             base[field] = getattr(args, field)
-    # the script's class holds the task's paper values; the preset lists only what it changes
-    script = importlib.import_module(f"{args.task}_train.{method}")
-    return method, build(script.Hyperparameters, base)
+    return method, build(scripts[args.task, method].Hyperparameters, base)
 
 
 def authors_agent_class():

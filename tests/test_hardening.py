@@ -1,5 +1,5 @@
 """Mistakes a new user makes, each ending with one line and exit status 2 (or, for SIGTERM, a saved checkpoint
-and a clean resume), and nothing outside a run folder ever deleted. Issue 14's list, case by case."""
+and a clean resume), and nothing outside a run folder ever deleted. The list of such mistakes, case by case."""
 import contextlib
 import io
 import json

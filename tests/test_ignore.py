@@ -1,4 +1,4 @@
-""".gitignore: committed experiment folders keep their metrics, lose their weights (issue 12).
+""".gitignore: committed experiment folders keep their metrics, lose their weights.
 
 ``git check-ignore --no-index`` judges a path by the ignore rules alone, so the paths need not exist.
 """

@@ -273,7 +273,7 @@ def test_verdict_compares_methods_over_the_iterations_all_reached(tmp_path):
     assert "| PPO | 0.2 | 3 | 10–19 |" in table and "| CORY-LLM1 | 0.2 | 3 | 2–11 |" in table
 
 
-# ----------------------------------------------------------------------------- the verdict's test (issue 12)
+# ----------------------------------------------------------------------------- the verdict's test
 
 def two_methods(root, seeds, ppo, llm1, llm2, steps=12, seed=0):
     """PPO and CORY with each seed's values drawn around the given (reward, KL) means, noise 0.05; every reward

@@ -40,6 +40,9 @@ class Layout:
 
 
 def attention(module, query, key, value, attention_mask, **kwargs):
+    """SDPA attention per sequence of a packed row: ``query``, ``key``, ``value`` [1, heads, N, dim] are re-padded
+    to [B, heads, longest, dim], attended causally, and scattered back to [1, N, heads, dim]; any other call is
+    transformers' own SDPA."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     layout = _layout.get()

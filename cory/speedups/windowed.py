@@ -60,7 +60,8 @@ def _hf_config(model):
 
 def _token_kl(logits, ref_logits, rows: int = 4) -> torch.Tensor:
     """sum_v p(v) (log p(v) - log q(v)) per position, in float32, a few rows at a time (trl's "full" penalty:
-    ``F.kl_div(log q, log p, log_target=True).sum(-1)``), so only a few rows' log-softmaxes are ever alive."""
+    ``F.kl_div(log q, log p, log_target=True).sum(-1)``), so only a few rows' log-softmaxes are ever alive.
+    ``logits``, ``ref_logits``: [B, W, V] -> [B, W]."""
     out = []
     with torch.no_grad():
         for i in range(0, logits.shape[0], rows):
@@ -189,7 +190,9 @@ class WindowedPPOTrainer(PPOTrainer):
         """Log-probs, logits (or None), values and masks on the response window, in the order given, computed
         pass by pass as ``max_pass_tokens`` allows, each pass packed when the model allows it, else
         right-padded. With grad on, every pass's graph stays alive. ``with_reference``: also the reference's
-        log-probs and the per-token full-vocabulary KL(policy || reference), pass by pass (no grad)."""
+        log-probs and the per-token full-vocabulary KL(policy || reference), pass by pass (no grad).
+        ``queries``, ``responses``: B 1-D token tensors; log-probs, values, masks and KL: [B, W]; logits:
+        [B, W, V]."""
         device = self.current_device
         k = torch.arange(self._window, device=device)
         pieces, order = [], []
@@ -220,7 +223,8 @@ class WindowedPPOTrainer(PPOTrainer):
         return tuple(joined(j) for j in range(len(pieces[0])))
 
     def _forward(self, model, qs, rs):
-        """One pass of ``model`` over the sequences query + response: (logits, values, labels) on the window."""
+        """One pass of ``model`` over the sequences query + response: (logits, values, labels) on the window,
+        [B, W, V], [B, W] and [B, W] for the B sequences of the pass."""
         device = self.current_device
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         config, pack = _hf_config(model), self._packs(model)
