@@ -154,7 +154,7 @@ def main(cls, method: str, argv: list[str] | None = None) -> None:
         script_task = cls.__dataclass_fields__["task"].default
         if script_task is not REQUIRED and cfg.task != script_task:
             raise ConfigError(f"task: this script trains {script_task}, the config asks for {cfg.task}; use "
-                              f"that task's own script")
+                              f"{cfg.task}_train/{method}.py")
     except (ConfigError, AssetError) as e:
         print(f"error: {one_line(str(e))}", file=sys.stderr)
         raise SystemExit(2)
