@@ -13,6 +13,7 @@ from cory import preflight
 from cory.config import (INVOCATION_FIELDS, REQUIRED, ConfigError, _allowed, _field_types,
                          build, field_help, load_yaml, metadata, to_dict, validate)
 from cory.errors import AssetError, RunError
+from cory.tasks import registered
 
 USAGE = ("usage: {prog} [--config FILE.yaml] [--field value ...] [--resume RUN_DIR [--steps N]] [--overwrite] "
          "[--print_config]")
@@ -29,10 +30,14 @@ def _help(cls, prog: str) -> str:
         "  --overwrite          replace the run already in output_dir (only ever a folder this project wrote)",
         "  --print_config       check the resolved config as a run would, print it as YAML and exit (trains nothing)",
         "", "fields (--name value; a true/false field may stand alone to mean true):"]
+    # the values a field may take for this script's task, as the task registered them
+    task = registered().get(cls.__dataclass_fields__["task"].default)
+    by_task = {"dataset": task.datasets, "reward_model": task.rewards} if task is not None else {}
     for name, tp, default, meta in field_help(cls):
         if name in INVOCATION_FIELDS:
             continue
-        allowed = " | ".join(map(str, meta["choices"])) if meta["choices"] else ("true | false" if tp == "bool" else tp)
+        choices = meta["choices"] or by_task.get(name)
+        allowed = " | ".join(map(str, choices)) if choices else ("true | false" if tp == "bool" else tp)
         if meta.get("auto"):
             allowed = f"auto | {allowed}"
         flags = " [resume]" if meta["on_resume"] else ""
