@@ -127,7 +127,7 @@ def test_load_in_4bit_on_cpu_fails_before_loading(tmp_cache):
     if torch.cuda.is_available():
         pytest.skip("has CUDA")
     with pytest.raises(AssetError, match="load_in_4bit needs a CUDA GPU"):
-        models.load_policy(locate("tiny"), use_peft=True, load_in_4bit=True)
+        models.load_policy(assets.model_spec("tiny"), use_peft=True, load_in_4bit=True)  # resolved, not built
     assert not tmp_cache.exists()  # nothing was built or loaded
 
 
@@ -290,7 +290,12 @@ def test_is_valid_model_spec(spec, ok):
 
 def test_local_dir_specs(tmp_path):
     assert assets.is_valid_model_spec(str(tmp_path))
-    assert assets.locate(str(tmp_path)).path == str(tmp_path)
+    # a folder is read once, when the name is resolved: one without a config.json is no model
+    with pytest.raises(AssetError, match="is not a model folder"):
+        assets.locate(str(tmp_path))
+    (tmp_path / "config.json").write_text('{"n_positions": 64}')
+    spec = assets.locate(str(tmp_path))
+    assert spec.path == str(tmp_path) and spec.kind == assets.FOLDER and spec.context == 64
     with pytest.raises(AssetError, match="unknown model 'embedded:foo'"):
         assets.locate("embedded:foo")
     assert "embedded:smollm2-135m" in assets.MODEL_SPECS_HELP and "tiny" in assets.MODEL_SPECS_HELP
