@@ -424,7 +424,7 @@ def _fake_reviews(split: str, n: int) -> list[str]:
 def test_hub_source_filters_and_splits(tok, monkeypatch, caplog):
     import datasets
 
-    import cory.assets
+    import cory.tasks.imdb
 
     calls = []
 
@@ -432,7 +432,7 @@ def test_hub_source_filters_and_splits(tok, monkeypatch, caplog):
         calls.append((name, split))
         return {"text": _fake_reviews(split, 40 if split == "train" else 30)}
 
-    monkeypatch.setattr(cory.assets, "check_hub_asset", lambda *a, **k: None)
+    monkeypatch.setattr(cory.tasks.imdb, "check_hub_asset", lambda *a, **k: None)  # the task's own import
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     caplog.set_level(logging.INFO, logger="cory.tasks.imdb")
 
