@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from cory import preflight
-from cory.config import (INVOCATION_FIELDS, REQUIRED, ConfigError, _allowed, _field_types,
+from cory.config import (INVOCATION_FIELDS, REQUIRED, ConfigError, CoryArgs, _allowed, _field_types,
                          build, field_help, load_yaml, metadata, to_dict, validate)
 from cory.errors import AssetError, RunError
 from cory.tasks import registered
@@ -101,10 +101,23 @@ def parse(cls, argv: list[str] | None = None, prog: str | None = None, *, check:
     for key in INVOCATION_FIELDS:
         if key in base:
             raise ConfigError(f"{key}: a command-line flag (--{key}), not a config-file field ({config})")
-    cfg = _resumed(cls, flags, base, config) if flags.get("resume") else build(cls, base, flags)
+    if flags.get("resume"):
+        cfg = _resumed(cls, flags, base, config)
+    else:
+        # another task's preset changes another task's values: refuse it by its task before reading its values
+        _check_task(cls, flags.get("task", base.get("task")), "cory" if issubclass(cls, CoryArgs) else "ppo")
+        cfg = build(cls, base, flags)
     if check:
         preflight.check_config(cfg)
     return cfg
+
+
+def _check_task(cls, task: str | None, method: str) -> None:
+    """A script trains its own task: a config of another one names the script that trains it."""
+    script_task = cls.__dataclass_fields__["task"].default
+    if script_task is not REQUIRED and task is not None and task != script_task:
+        raise ConfigError(f"task: this script trains {script_task}, the config asks for {task}; use "
+                          f"{task}_train/{method}.py")
 
 
 def _resumed(cls, flags: dict, base: dict, config: str | None):
@@ -113,6 +126,10 @@ def _resumed(cls, flags: dict, base: dict, config: str | None):
     saved_path = run_dir / "config.yaml"
     if not saved_path.is_file():
         raise ConfigError(f"resume: {saved_path} not found; is {run_dir} a run folder?")
+    was, task = preflight.run_identity(run_dir)
+    _check_task(cls, task, was)
+    if was == "ppo" and issubclass(cls, CoryArgs):  # a CORY script would find none of CORY's fields in it
+        raise ConfigError(f"resume: {run_dir} is a ppo run on {task}; continue it with {task}_train/ppo.py")
     saved = build_saved(cls, load_yaml(saved_path), saved_path)
     asked = build(cls, {**dataclasses.asdict(saved), **base, "resume": None},
                   {k: v for k, v in flags.items() if k not in ("resume", "output_dir")})
@@ -156,10 +173,6 @@ def main(cls, method: str, argv: list[str] | None = None) -> None:
     print_config = PRINT_CONFIG in argv
     try:
         cfg = parse(cls, argv, check=print_config)  # a run is checked by train(), before any model loads
-        script_task = cls.__dataclass_fields__["task"].default
-        if script_task is not REQUIRED and cfg.task != script_task:
-            raise ConfigError(f"task: this script trains {script_task}, the config asks for {cfg.task}; use "
-                              f"{cfg.task}_train/{method}.py")
     except (ConfigError, AssetError) as e:
         print(f"error: {one_line(str(e))}", file=sys.stderr)
         raise SystemExit(2)

@@ -61,20 +61,27 @@ def check_context(cfg: PPOArgs, spec: ModelSpec) -> None:
                           f"context of {context} tokens ({room} kept for the prompt{why}); at most {longest}")
 
 
+def run_identity(run_dir: Path) -> tuple[str, str | None]:
+    """(method, task) of the run in ``run_dir``, from its manifest; runs from before the manifest: a CORY run's
+    config has swap_period."""
+    import yaml
+
+    manifest = read_manifest(run_dir) or {}
+    try:
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        saved = {}
+    saved = saved if isinstance(saved, dict) else {}
+    return (manifest.get("method") or ("cory" if "swap_period" in saved else "ppo"),
+            manifest.get("task") or saved.get("task"))
+
+
 def check_resumable(run_dir: Path, cfg: PPOArgs, method: str) -> None:
     """The run in ``run_dir`` is one this script continues (same method and task), and its newest
     checkpoint's state can be read."""
     import torch
 
-    manifest = read_manifest(run_dir) or {}
-    # runs from before the manifest: a CORY run's config has swap_period
-    import yaml
-    try:
-        saved = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        saved = {}
-    was = manifest.get("method") or ("cory" if "swap_period" in saved else "ppo")
-    task = manifest.get("task") or saved.get("task")
+    was, task = run_identity(run_dir)
     if was != method or (task and task != cfg.task):
         raise ConfigError(f"resume: {run_dir} is a {was} run on {task}; continue it with {task}_train/{was}.py")
     checkpoint = latest_checkpoint(run_dir)

@@ -138,12 +138,15 @@ def test_bad_yaml(tmp_path, text, needle):
 
 
 def test_gsm8k_rules(tmp_path):
+    gsm8k = script_hyperparameters("gsm8k", "ppo")
     base = ["--task", "gsm8k", "--reward_model", "correctness"]
-    assert parse(IMDB_PPO, base).task == "gsm8k"
-    assert "reward_model" in errors(["--task", "gsm8k"])  # distilbert is an IMDB reward
-    assert "dataset_path" in errors(base + ["--dataset", "local"])
-    assert "dataset_path" in errors(base + ["--dataset_path", str(tmp_path)])  # no train/test.jsonl
-    assert "dataset" in errors(base + ["--dataset", "builtin"])
+    assert parse(gsm8k, base).task == "gsm8k"
+    assert "reward_model" in errors(["--reward_model", "distilbert-imdb"], gsm8k)  # an IMDB reward
+    assert "dataset_path" in errors(base + ["--dataset", "local"], gsm8k)
+    assert "dataset_path" in errors(base + ["--dataset_path", str(tmp_path)], gsm8k)  # no train/test.jsonl
+    assert "dataset" in errors(base + ["--dataset", "builtin"], gsm8k)
+    # the IMDB script refuses a GSM8K config by its task, naming the script that trains it
+    assert "gsm8k_train/ppo.py" in errors(base)
 
 
 def test_max_pass_tokens_is_auto_a_budget_or_zero(tmp_path):

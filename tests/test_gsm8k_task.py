@@ -339,7 +339,8 @@ def test_auto_uses_hub_when_reachable(monkeypatch):
     fake_assets.check_hub_asset = lambda repo_id, repo_type="model", timeout=5.0: calls.append(
         (repo_id, repo_type)
     )
-    monkeypatch.setitem(sys.modules, "cory.assets", fake_assets)
+    # the task module imports the hub check at its top: route its calls to whatever the fake holds now
+    monkeypatch.setattr("cory.tasks.gsm8k.check_hub_asset", lambda *a, **k: fake_assets.check_hub_asset(*a, **k))
     fake_datasets = types.ModuleType("datasets")
 
     def load_dataset(name, config, split):
