@@ -1,0 +1,63 @@
+"""A run folder is the run's alone: --overwrite deletes only what a run wrote (down to each file), only the
+project's own checkpoint names are checkpoints, a checkpoint never runs code when loaded, and one run writes a
+folder at a time. Real entry points on the tiny presets throughout."""
+import shutil
+
+import pytest
+import yaml
+
+from conftest import TINY, rejected, run_script
+from cory.outputs import latest_checkpoint, read_jsonl
+
+
+def copy_run(finished, tmp_path, method="ppo"):
+    run = tmp_path / method
+    shutil.copytree(finished / method, run)
+    return run
+
+
+# ----------------------------------------------------------------------------- --overwrite
+
+# a user's file, and what the refusal names (a folder no run writes is named whole)
+USER_FILES = [("final/NOTES.md", "final/NOTES.md"), ("final/my_best_model/model.safetensors", "final/my_best_model"),
+              ("final/policy/README.md", "final/policy/README.md"), ("checkpoints/keep_me.txt", "checkpoints/keep_me.txt"),
+              ("checkpoints/step_000002/notes.txt", "checkpoints/step_000002/notes.txt"),
+              ("checkpoints/step_best/state.pt", "checkpoints/step_best"), ("eval_my_notes.json", "eval_my_notes.json"),
+              ("metrics.jsonl.bak", "metrics.jsonl.bak")]
+
+
+@pytest.mark.parametrize("user_file,named", USER_FILES)
+def test_overwrite_refuses_a_user_file_anywhere_in_the_run(finished, tmp_path, user_file, named):
+    run = copy_run(finished, tmp_path)
+    (run / user_file).parent.mkdir(parents=True, exist_ok=True)
+    (run / user_file).write_text("mine")
+    line = rejected("imdb", "ppo", TINY + ["--output_dir", run, "--overwrite"])
+    assert f"({named})" in line and "--overwrite would delete" in line
+    assert (run / user_file).read_text() == "mine" and latest_checkpoint(run) is not None
+
+
+def test_overwrite_deletes_what_runs_wrote_and_nothing_else(finished, tmp_path):
+    run = copy_run(finished, tmp_path)
+    (run / "eval_imdb.json").write_text("{}")  # cory.evaluate's results for this run: a run's file too
+    old = read_jsonl(run / "metrics.jsonl")
+    p = run_script("imdb_train/ppo.py", *TINY, "--steps", "1", "--output_dir", run, "--overwrite")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert not (run / "eval_imdb.json").exists()
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [0] and read_jsonl(run / "metrics.jsonl") != old
+    assert [c.name for c in (run / "checkpoints").iterdir()] == ["step_000001"]
+
+
+# ----------------------------------------------------------------------------- checkpoint names
+
+def test_a_user_named_checkpoint_is_neither_resumed_nor_pruned(finished, tmp_path):
+    run = copy_run(finished, tmp_path)
+    best = run / "checkpoints" / "step_best"
+    shutil.copytree(latest_checkpoint(run), best)  # sorts after step_000002
+    (best / "state.pt").write_bytes(b"not a state")  # resuming from it would fail loudly
+    p = run_script("imdb_train/ppo.py", "--resume", run, "--steps", "3")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2]
+    # keep_checkpoints 1: pruning removed step_000002, not the user's folder
+    assert sorted(c.name for c in (run / "checkpoints").iterdir()) == ["step_000003", "step_best"]
+    assert (best / "state.pt").read_bytes() == b"not a state" and (best / "policy.pt").is_file()
+    assert yaml.safe_load((run / "config.yaml").read_text())["steps"] == 3
