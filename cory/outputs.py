@@ -155,6 +155,48 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
     return done[-1][1] if done else None
 
 
+def _numpy_globals() -> list:
+    """What numpy arrays and scalars unpickle with (the random generators' states, some optimizer scalars)."""
+    import numpy as np
+    from numpy._core.multiarray import _reconstruct, scalar
+
+    return [np.ndarray, np.dtype, _reconstruct, scalar, *{type(np.dtype(c)) for c in "?bBhHiIlLqQefd"}]
+
+
+def check_checkpoint_file(path: Path) -> None:
+    """``path`` holds data only (tensors, plain values, numpy arrays): reads its pickle, not its tensors, and
+    runs nothing. A file that would build any other object when loaded, e.g. call a function, is refused."""
+    import torch
+
+    if path.stat().st_size == 0:
+        raise ConfigError(f"resume: {path} is empty (0 bytes; a save cut short or a disk that filled up); move "
+                          f"{path.parent} aside to resume from an older checkpoint, or start again with --overwrite")
+    try:
+        found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception as e:  # not a torch zip file: cut or damaged on disk
+        raise ConfigError(f"resume: {path} cannot be read ({type(e).__name__}: not a complete checkpoint); move "
+                          f"{path.parent} aside to resume from an older one, or start again with --overwrite") \
+            from None
+    allowed = {f"{g.__module__}.{g.__name__}" for g in _numpy_globals()}
+    code = sorted(set(found) - allowed)
+    if code:
+        raise ConfigError(f"resume: {path} was not written by this project: loading it would call {code[0]}, "
+                          "which could run any code, so it is not loaded; resume only runs you trust")
+
+
+def load_checkpoint_file(path: Path):
+    """A checkpoint file's contents, loaded as data only (``torch.load(weights_only=True)``)."""
+    import torch
+
+    check_checkpoint_file(path)
+    try:
+        with torch.serialization.safe_globals(_numpy_globals()):
+            return torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as e:
+        raise ConfigError(f"resume: {path} cannot be read ({type(e).__name__}); move {path.parent} aside to resume "
+                          "from an older checkpoint, or start again with --overwrite") from None
+
+
 def _clean(value):
     """JSON-safe scalars: numpy/torch numbers to float, non-finite to None (JSON has no NaN)."""
     if isinstance(value, dict):

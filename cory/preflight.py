@@ -67,9 +67,7 @@ def check_context(cfg: PPOArgs) -> None:
 def check_resumable(run_dir: Path, cfg: PPOArgs, method: str) -> None:
     """The run in ``run_dir`` is one this script continues (same method and task), and its newest
     checkpoint's state can be read."""
-    import torch
-
-    from cory.outputs import latest_checkpoint, read_manifest
+    from cory.outputs import check_checkpoint_file, latest_checkpoint, load_checkpoint_file, read_manifest
 
     manifest = read_manifest(run_dir) or {}
     # runs from before the manifest: a CORY run's config has swap_period
@@ -85,16 +83,14 @@ def check_resumable(run_dir: Path, cfg: PPOArgs, method: str) -> None:
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None:
         return
-    try:
-        state = torch.load(checkpoint / "state.pt", weights_only=False)
-        assert isinstance(state, dict) and isinstance(state.get("step"), int)
-    except Exception as e:  # a file cut or damaged on disk
-        raise ConfigError(f"resume: {checkpoint / 'state.pt'} cannot be read ({type(e).__name__}); move that "
-                          "checkpoint folder aside to resume from an older one, or start again with --overwrite") \
-            from None
+    state = load_checkpoint_file(checkpoint / "state.pt")
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise ConfigError(f"resume: {checkpoint / 'state.pt'} holds no iteration count; move that checkpoint "
+                          "folder aside to resume from an older one, or start again with --overwrite")
     for name in ("policy",) if method == "ppo" else ("llm1", "llm2"):
         if not (checkpoint / f"{name}.pt").is_file():
             raise ConfigError(f"resume: {checkpoint} has no {name}.pt; is it a {method} run?")
+        check_checkpoint_file(checkpoint / f"{name}.pt")
 
 
 def check_wandb() -> None:

@@ -22,7 +22,7 @@ import torch
 
 from cory import game, memory, parallel
 from cory.config import ConfigError, PPOArgs, to_dict
-from cory.outputs import RunDir, latest_checkpoint
+from cory.outputs import RunDir, latest_checkpoint, load_checkpoint_file
 from cory.rollout import Rollout, RunError
 
 __all__ = ["Run", "RunError", "prepare_run", "train"]
@@ -145,12 +145,13 @@ class Run:
         import warnings
 
         for name, agent in self.agents.items():
+            state = load_checkpoint_file(folder / f"{name}.pt")
             try:
-                agent.load_state_dict(_load_checkpoint_file(folder / f"{name}.pt"))
+                agent.load_state_dict(state)
             except (KeyError, RuntimeError, ValueError, TypeError) as e:
                 raise ConfigError(f"resume: {folder / (name + '.pt')} does not fit this run's model "
                                   f"({type(e).__name__}); was it written by another model or method?") from None
-        state = _load_checkpoint_file(folder / "state.pt")
+        state = load_checkpoint_file(folder / "state.pt")
         others = state.get("other_ranks", [])
         rank = parallel.rank()
         if 1 + len(others) != self.world_size:
@@ -232,14 +233,6 @@ def train(cfg: PPOArgs, method: str) -> Path:
 
 
 # ----------------------------------------------------------------------------- helpers
-
-def _load_checkpoint_file(path: Path):
-    try:
-        return torch.load(path, weights_only=False)
-    except Exception as e:  # a file cut or damaged on disk is the user's to move aside, not our bug
-        raise ConfigError(f"resume: {path} cannot be read ({type(e).__name__}); move {path.parent} aside to resume "
-                          "from an older checkpoint, or start again with --overwrite") from None
-
 
 def rng_state(length_rng: np.random.Generator) -> dict:
     return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),

@@ -61,3 +61,39 @@ def test_a_user_named_checkpoint_is_neither_resumed_nor_pruned(finished, tmp_pat
     assert sorted(c.name for c in (run / "checkpoints").iterdir()) == ["step_000003", "step_best"]
     assert (best / "state.pt").read_bytes() == b"not a state" and (best / "policy.pt").is_file()
     assert yaml.safe_load((run / "config.yaml").read_text())["steps"] == 3
+
+
+# ----------------------------------------------------------------------------- no code from a checkpoint
+
+class Planted:
+    """What a crafted checkpoint holds: an object whose unpickling runs a shell command."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.parametrize("method,name", [("ppo", "state.pt"), ("cory", "llm2.pt")])
+def test_resume_never_runs_code_from_a_checkpoint(finished, tmp_path, method, name):
+    import torch
+
+    run = copy_run(finished, tmp_path, method)
+    marker = tmp_path / "pwned"
+    target = latest_checkpoint(run) / name
+    torch.save({"step": 2, "params": {}, "payload": Planted(marker)}, target)
+    line = rejected("imdb", method, ["--resume", run, "--steps", "3"])
+    assert name in line and "system" in line and "not loaded" in line
+    assert not marker.exists()
+    with pytest.raises(Exception):  # the same file is refused by a weights-only load itself
+        torch.load(target, weights_only=True)
+    assert not marker.exists()
+
+
+def test_an_empty_weights_file_is_called_empty(finished, tmp_path):
+    run = copy_run(finished, tmp_path)
+    (latest_checkpoint(run) / "policy.pt").write_bytes(b"")
+    line = rejected("imdb", "ppo", ["--resume", run, "--steps", "3"])
+    assert "policy.pt is empty (0 bytes" in line and "another model" not in line
