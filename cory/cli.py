@@ -88,7 +88,12 @@ def _resumed(cls, flags: dict, base: dict, config: str | None):
     """The saved run's config with the changes a resume allows; any other change is refused by name."""
     from cory import preflight
 
+    from cory.outputs import in_use
+
     run_dir = Path(flags["resume"])
+    busy = in_use(run_dir)  # its config.yaml may not be written yet, or be about to change
+    if busy:
+        raise ConfigError(busy)
     saved_path = run_dir / "config.yaml"
     if not saved_path.is_file():
         raise ConfigError(f"resume: {saved_path} not found; is {run_dir} a run folder?")

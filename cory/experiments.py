@@ -41,7 +41,7 @@ from pathlib import Path
 from cory import preflight
 from cory.assets import AssetError
 from cory.config import ConfigError, CoryArgs, PPOArgs, build, load_yaml
-from cory.outputs import latest_checkpoint
+from cory.outputs import LOCK, latest_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -303,7 +303,7 @@ def _saved_config(run_dir: Path) -> dict | None:
 def pair_state(pair: Pair) -> tuple[str, str]:
     """("new" | "finished" | "resume" | "overwrite", why) for a run folder, from what it holds."""
     d = pair.run_dir
-    if not d.is_dir() or not any(d.iterdir()):
+    if not d.is_dir() or all(p.name == LOCK for p in d.iterdir()):
         return "new", "not started"
     saved = _saved_config(d)
     logged = _logged_steps(d)

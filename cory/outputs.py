@@ -131,9 +131,12 @@ def check_output_dir(output_dir: str, *, resume: bool, overwrite: bool) -> None:
     if path.exists() and not path.is_dir():
         raise ConfigError(f"output_dir: {output_dir} exists and is not a folder")
     check_writable(path)
+    busy = in_use(path) if path.is_dir() else None
+    if busy:
+        raise ConfigError(busy)
     if resume:  # without a complete checkpoint the run starts again from iteration 0, in the same folder
         return
-    if not path.is_dir() or not any(path.iterdir()):
+    if not path.is_dir() or all(p.name == LOCK for p in path.iterdir()):  # a lock alone: a run that never began
         return
     if not overwrite:
         raise ConfigError(f"output_dir: {output_dir} already holds files; pass --resume {output_dir} to continue "
@@ -147,6 +150,81 @@ def check_output_dir(output_dir: str, *, resume: bool, overwrite: bool) -> None:
         raise ConfigError(f"output_dir: {output_dir} also holds files no run writes ({', '.join(foreign[:3])}"
                           f"{', ...' if len(foreign) > 3 else ''}); --overwrite would delete them, so it refuses: "
                           "move them or choose another output_dir")
+
+
+class RunLock:
+    """One writer per run folder: an exclusive ``flock`` on ``.cory.lock`` in it, which the system drops when the
+    holder ends, killed or not, so no lock outlives its run. The file names the holder for the refusal."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK
+        self._fd = None
+        self._created = False
+
+    def acquire(self) -> "RunLock":
+        import datetime
+        import fcntl
+        import shlex
+        import socket
+        import sys
+        import warnings
+
+        self._created = not self.run_dir.exists()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConfigError(in_use(self.run_dir)) from None
+        except OSError as e:  # a file system without locks: say so, and go on as before locks existed
+            warnings.warn(f"output_dir: cannot lock {self.path} ({e.strerror}); make sure no other run writes "
+                          f"{self.run_dir}")
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "command": shlex.join(sys.argv),
+                  "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+        os.ftruncate(fd, 0)
+        os.write(fd, (json.dumps(holder) + "\n").encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Unlock; a folder this run created and left holding nothing but the lock goes too."""
+        if self._fd is None:
+            return
+        if all(p.name == LOCK for p in self.run_dir.iterdir()):
+            self.path.unlink(missing_ok=True)
+            if self._created:
+                with contextlib.suppress(OSError):
+                    self.run_dir.rmdir()
+        os.close(self._fd)
+        self._fd = None
+
+
+def in_use(run_dir: Path) -> str | None:
+    """The refusal when another process holds ``run_dir``'s lock, else None; takes nothing."""
+    import fcntl
+
+    try:
+        fd = os.open(run_dir / LOCK, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    except BlockingIOError:
+        try:
+            h = json.loads(os.read(fd, 65536))
+            who = f"pid {h['pid']} on {h['host']}, started {h['started']}: {h['command'][:160]}"
+        except (ValueError, KeyError, TypeError):
+            who = "starting"
+        return (f"output_dir: {run_dir} is being written by another run ({who}); wait for it to end or stop it, "
+                "or choose another output_dir")
+    except OSError:  # no locks on this file system: nothing to learn
+        return None
+    finally:
+        os.close(fd)
 
 
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:

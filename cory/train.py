@@ -22,7 +22,7 @@ import torch
 
 from cory import game, memory, parallel
 from cory.config import ConfigError, PPOArgs, to_dict
-from cory.outputs import RunDir, latest_checkpoint, load_checkpoint_file
+from cory.outputs import RunDir, RunLock, latest_checkpoint, load_checkpoint_file
 from cory.rollout import Rollout, RunError
 
 __all__ = ["Run", "RunError", "prepare_run", "train"]
@@ -39,6 +39,7 @@ class Run:
     start_step: int = 0
     world_size: int = 1
     iteration_start: dict | None = None  # sampler_state() before the current iteration drew its batch
+    lock: RunLock | None = None  # held by the main process from before the models load to the end of fit()
 
     @property
     def task(self):
@@ -50,6 +51,13 @@ class Run:
 
     # -- the loop --------------------------------------------------------------------------------
     def fit(self) -> Path:
+        try:
+            return self._fit()
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+
+    def _fit(self) -> Path:
         from tqdm.auto import tqdm
 
         cfg, run_dir = self.cfg, self.run_dir
@@ -194,14 +202,29 @@ class Run:
 
 def prepare_run(cfg: PPOArgs, method: str) -> Run:
     """Everything a run needs, loaded and (with ``resume``) restored; nothing is written yet."""
-    from cory import models, preflight
-    from cory.agent import make_agents, set_precision
-    from cory.speedups.patches import cuda_allocator_segments, return_freed_memory
-    from cory.tasks import make_task
+    from cory import preflight
+    from cory.speedups.patches import cuda_allocator_segments
 
     preflight.check_run(cfg, method)
     cuda_allocator_segments()
     rank, world = parallel.setup()
+    lock = RunLock(cfg.output_dir).acquire() if rank == 0 else None
+    try:
+        run = _load_run(cfg, method, rank, world)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    run.lock = lock
+    return run
+
+
+def _load_run(cfg: PPOArgs, method: str, rank: int, world: int) -> Run:
+    from cory import models
+    from cory.agent import make_agents, set_precision
+    from cory.speedups.patches import return_freed_memory
+    from cory.tasks import make_task
+
     return_freed_memory()
     set_precision(cfg.precision)
 

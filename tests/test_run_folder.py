@@ -97,3 +97,39 @@ def test_an_empty_weights_file_is_called_empty(finished, tmp_path):
     (latest_checkpoint(run) / "policy.pt").write_bytes(b"")
     line = rejected("imdb", "ppo", ["--resume", run, "--steps", "3"])
     assert "policy.pt is empty (0 bytes" in line and "another model" not in line
+
+
+# ----------------------------------------------------------------------------- one writer
+
+def test_one_writer_per_run_folder_and_a_killed_run_leaves_no_lock(tmp_path):
+    import json
+
+    from conftest import start_script, wait_for_rows
+
+    out = tmp_path / "run"
+    proc = start_script("imdb_train/ppo.py", *TINY, "--steps", "500", "--save_every", "1000", "--output_dir", out)
+    try:
+        wait_for_rows(proc, out / "metrics.jsonl", 1)
+        assert json.loads((out / ".cory.lock").read_text())["pid"] == proc.pid
+        for argv in ([], ["--overwrite"], ["--resume", out]):  # a second run of any kind, into the same folder
+            line = rejected("imdb", "ppo", (TINY if argv[:1] != ["--resume"] else []) + ["--output_dir", out, *argv])
+            assert f"being written by another run (pid {proc.pid} on " in line and "imdb_train/ppo.py" in line
+    finally:
+        proc.kill()  # SIGKILL: nothing of the run's own runs, the system drops its lock
+        proc.communicate()
+    line = rejected("imdb", "ppo", TINY + ["--output_dir", out])
+    assert "another run" not in line
+
+
+
+def test_two_runs_started_into_one_folder_at_once(tmp_path):
+    from conftest import start_script
+
+    out = tmp_path / "run"
+    procs = [start_script("imdb_train/ppo.py", *TINY, "--steps", "2", "--output_dir", out) for _ in range(2)]
+    results = [(p.communicate(timeout=600)[1], p)[::-1] for p in procs]
+    results = [(p.returncode, err) for p, err in results]
+    assert sorted(code for code, _ in results) == [0, 2], [err[-1000:] for _, err in results]
+    refusal = next(err for code, err in results if code == 2).strip().splitlines()
+    assert len(refusal) == 1 and refusal[0].startswith("error: output_dir:"), refusal
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [0, 1]
