@@ -87,6 +87,9 @@ def check_resumable(run_dir: Path, cfg: PPOArgs, method: str) -> None:
     if not isinstance(state, dict) or not isinstance(state.get("step"), int):
         raise ConfigError(f"resume: {checkpoint / 'state.pt'} holds no iteration count; move that checkpoint "
                           "folder aside to resume from an older one, or start again with --overwrite")
+    if state["step"] > cfg.steps:  # its weights have seen more iterations than the run would then say
+        raise ConfigError(f"steps: {run_dir} has done {state['step']} iterations, more than --steps {cfg.steps}; a "
+                          f"resumed run can only be extended (--steps {state['step']} or more)")
     for name in ("policy",) if method == "ppo" else ("llm1", "llm2"):
         if not (checkpoint / f"{name}.pt").is_file():
             raise ConfigError(f"resume: {checkpoint} has no {name}.pt; is it a {method} run?")

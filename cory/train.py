@@ -72,8 +72,9 @@ class Run:
         iteration = game.cory_iteration if self.method == "cory" else game.ppo_iteration
         bar = tqdm(range(self.start_step, cfg.steps), initial=self.start_step, total=cfg.steps,
                    desc=f"{self.method} {cfg.task}", disable=not run_dir.enabled, dynamic_ncols=True)
+        stop = _StopSignals(verbose=run_dir.enabled)
         try:
-            with _StopSignals(verbose=run_dir.enabled) as stop:
+            with stop:
                 for step in bar:
                     t0 = time.perf_counter()
                     memory.reset_peak()
@@ -114,7 +115,7 @@ class Run:
                           f"no checkpoint yet; start again with --resume {cfg.output_dir} (it restarts from "
                           "iteration 0) or --overwrite")
                 print(f"interrupted: nothing saved; {advice}", file=sys.stderr)
-            raise SystemExit(130)
+            raise SystemExit(128 + (stop.again or signal.SIGINT))
         if wandb_run is not None:
             wandb_run.finish()
         return Path(cfg.output_dir)
@@ -290,6 +291,7 @@ class _StopSignals:
     def __init__(self, verbose: bool):
         self.verbose = verbose
         self.signum = None
+        self.again = None  # the second signal, which stops at once
         self._previous = {}
 
     @property
@@ -302,6 +304,7 @@ class _StopSignals:
 
     def _handle(self, signum, frame):
         if self.requested:
+            self.again = signum
             raise KeyboardInterrupt
         self.signum = signum
         if self.verbose:

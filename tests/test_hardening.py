@@ -283,3 +283,25 @@ def test_help_explains_every_field():
     assert "--kl_penalty" in text and "full | kl | abs | mse" in text
     assert "[resume]" in next(ln for ln in text.splitlines() if ln.strip().startswith("--steps "))
     assert "the paper's T_REx" in text
+
+
+# ----------------------------------------------------------------------------- round two: silently wrong or unclear
+
+def test_a_finished_run_cannot_be_shortened(finished):
+    before = (finished / "ppo" / "config.yaml").read_text()
+    line = rejected("imdb", "ppo", ["--resume", finished / "ppo", "--steps", "1"])
+    assert "has done 2 iterations, more than --steps 1" in line and "--steps 2 or more" in line
+    assert (finished / "ppo" / "config.yaml").read_text() == before
+    assert latest_checkpoint(finished / "ppo").name == "step_000002"
+
+
+def test_two_sigterms_exit_143(tmp_path):
+    out = tmp_path / "run"
+    proc = start(out, "--steps", "3", "--save_every", "100")
+    wait_for_rows(proc, out / "metrics.jsonl", 1)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]
+    assert "Traceback" not in stderr
