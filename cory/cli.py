@@ -90,7 +90,7 @@ def _resumed(cls, flags: dict, base: dict, config: str | None):
 
     from cory.outputs import in_use
 
-    run_dir = Path(flags["resume"])
+    run_dir = Path(flags["resume"]).expanduser()
     busy = in_use(run_dir)  # its config.yaml may not be written yet, or be about to change
     if busy:
         raise ConfigError(busy)
@@ -111,7 +111,7 @@ def _resumed(cls, flags: dict, base: dict, config: str | None):
                 raise ConfigError(f"resume: {name} is {old!r} in {saved_path}, this command asks for {new!r}; a "
                                   f"resumed run keeps its training settings (may change: {may})")
             changed[name] = new
-    if "output_dir" in flags and Path(flags["output_dir"]).resolve() != run_dir.resolve():
+    if "output_dir" in flags and Path(flags["output_dir"]).expanduser().resolve() != run_dir.resolve():
         raise ConfigError(f"output_dir: a resumed run stays in its folder ({run_dir}); drop --output_dir")
     cfg = dataclasses.replace(saved, **changed, output_dir=str(run_dir), resume=str(run_dir), overwrite=False)
     validate(cfg)

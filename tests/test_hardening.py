@@ -305,3 +305,48 @@ def test_two_sigterms_exit_143(tmp_path):
     _, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]
     assert "Traceback" not in stderr
+
+
+def test_a_yaml_alias_bomb_is_refused_quickly(tmp_path):
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\nlearning_rate: *a9\n")
+    t0 = time.perf_counter()
+    line = rejected("imdb", "ppo", ["--config", bomb, "--output_dir", tmp_path / "r"])
+    assert time.perf_counter() - t0 < 5
+    assert "more than 100,000 values" in line and len(line) < 300
+
+
+def test_an_oversized_config_or_value_gives_a_short_error(tmp_path):
+    big = tmp_path / "big.yaml"
+    big.write_text("learning_rate: 1.0e-4\n" + "# padding\n" * 200_000)
+    line = rejected("imdb", "ppo", ["--config", big, "--output_dir", tmp_path / "r"])
+    assert "MiB" in line and len(line) < 300
+    long = tmp_path / "long.yaml"
+    long.write_text(yaml.safe_dump({"learning_rate": list(range(5000))}))
+    line = rejected("imdb", "ppo", ["--config", long, "--output_dir", tmp_path / "r"])
+    assert line.startswith("error: learning_rate: expected a float, got [0, 1, 2") and len(line) < 200
+
+
+def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path):
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("task: imdb\nlearning_rate: 1.0e-4\nsteps: 3\nlearning_rate: 1.0e-2\n")
+    line = rejected("imdb", "ppo", ["--config", twice, "--output_dir", tmp_path / "r"])
+    assert "'learning_rate' is given twice (lines 2 and 4)" in line
+
+
+def test_a_tilde_in_a_yaml_output_dir_is_the_home_folder(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "tilde.yaml"
+    preset = (REPO / "configs/imdb/ppo_tiny.yaml").read_text().splitlines()
+    cfg.write_text("".join(ln + "\n" for ln in preset if not ln.startswith("output_dir:")) + "output_dir: ~/runs/x\n")
+    (home / "runs" / "x").mkdir(parents=True)
+    (home / "runs" / "x" / "mine.txt").write_text("mine")  # a folder that is not a run: refused, so nothing loads
+    line = rejected("imdb", "ppo", ["--config", cfg])
+    assert f"{home}/runs/x already holds files" in line
+    assert not (tmp_path / "~").exists()
+    assert "a leading ~ is your home folder" in run_script("imdb_train/ppo.py", "--help", timeout=120).stdout
