@@ -555,6 +555,7 @@ def run(p: Plan) -> dict:
         columns = [("reward", "task_reward", ".4f"), ("KL", "kl", ".4f"), ("distinct-1", "distinct_1", ".3f"),
                    ("distinct-2", "distinct_2", ".3f"), ("length", "response_length", ".2f")]
     else:
+        from cory.assets import context_length
         from cory.tasks.gsm8k import Gsm8kTask
 
         task = _task(lambda: Gsm8kTask(source=p.dataset, dataset_path=p.dataset_path, with_train=False))
@@ -562,6 +563,10 @@ def run(p: Plan) -> dict:
         settings.update(dataset=task.source, n_questions=len(examples))
         for entry in p.rows:
             tokenizer = load_tokenizer(entry.spec)
+            context = context_length(entry.spec)
+            if context is not None:
+                task.check_fits(tokenizer, context, p.max_new_tokens, examples=examples, model=entry.spec,
+                                limit="--max_new_tokens")
             model = load_model(entry.spec, p.dtype)
             res = evaluate_gsm8k_model(model, tokenizer, task, examples, n=p.n, ks=p.ks,
                                        max_new_tokens=p.max_new_tokens, batch_size=p.batch_size, seed=p.seed,

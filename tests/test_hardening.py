@@ -350,3 +350,31 @@ def test_a_tilde_in_a_yaml_output_dir_is_the_home_folder(tmp_path, monkeypatch):
     assert f"{home}/runs/x already holds files" in line
     assert not (tmp_path / "~").exists()
     assert "a leading ~ is your home folder" in run_script("imdb_train/ppo.py", "--help", timeout=120).stdout
+
+
+def long_question_data(tmp_path):
+    data = tmp_path / "gsm8k"
+    data.mkdir()
+    good = json.dumps({"question": "1+1?", "answer": "1+1=2 #### 2"}) + "\n"
+    long = json.dumps({"question": "How many apples? " * 300, "answer": "#### 3"}) + "\n"
+    (data / "train.jsonl").write_text(good + "\n" + long)  # the long one on line 3, after a blank line
+    (data / "test.jsonl").write_text(good + long)
+    return data
+
+
+def test_a_gsm8k_question_longer_than_the_context_is_named_before_the_model_loads(tmp_path, monkeypatch):
+    from cory import agent
+
+    data = long_question_data(tmp_path)
+    monkeypatch.setattr(agent, "make_agents", _no_model)
+    line = rejected("gsm8k", "cory", ["--config", "configs/gsm8k/cory_tiny.yaml", "--dataset", "local",
+                                      "--dataset_path", data, "--output_dir", tmp_path / "r"], tripwire=False)
+    assert f"{data / 'train.jsonl'} line 3: its prompt is" in line and "context of 512 tokens" in line
+    assert not (tmp_path / "r").exists()
+    line = evaluate_rejects(["--task", "gsm8k", "--model", "tiny", "--dataset_path", data, "--n", "1", "--k", "1",
+                             "--no_base"])
+    assert f"{data / 'test.jsonl'} line 2: its prompt is" in line and "--max_new_tokens" in line
+
+
+def _no_model(*args, **kwargs):
+    raise AssertionError("a model was loaded")

@@ -77,9 +77,16 @@ def _check_imdb(cfg) -> None:
 
 
 def _make_gsm8k(cfg, tokenizer, seed):
+    from cory.assets import context_length
     from cory.tasks.gsm8k import Gsm8kTask
 
-    return Gsm8kTask(source=cfg.dataset, dataset_path=cfg.dataset_path, seed=seed)
+    task = Gsm8kTask(source=cfg.dataset, dataset_path=cfg.dataset_path, seed=seed)
+    context = context_length(cfg.model_name)
+    if context is not None:  # before the models load: a question too long for them fails only when drawn
+        observer = hasattr(cfg, "swap_period") and cfg.knowledge_transfer  # it reads the pioneer's answer too
+        task.check_fits(tokenizer, context, cfg.response_length_max * (2 if observer else 1), observer=observer,
+                        model=cfg.model_name)
+    return task
 
 
 def _check_gsm8k(cfg) -> None:

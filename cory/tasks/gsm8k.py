@@ -426,6 +426,7 @@ class Gsm8kTask:
         self.seed = int(seed)
         self.stop = stop
         self.source = resolve_source(source, dataset_path)
+        self._dataset_path = dataset_path
         kw = dict(dataset_path=dataset_path, seed=data_seed, generated_size=generated_size)
         train = test = None
         if self.source == "hub":
@@ -485,6 +486,38 @@ class Gsm8kTask:
 
     def observer_prompt(self, example: Example, pioneer_response: str) -> str:
         return build_observer_prompt(example.query, pioneer_response)
+
+    def check_fits(self, tokenizer, context: int, answer_tokens: int, *, examples: list[Example] | None = None,
+                   observer: bool = False, model: str = "the model", limit: str = "response_length_max") -> None:
+        """Every prompt of ``examples`` (default: the training questions) and ``answer_tokens`` more fit ``context``
+        positions (else generation fails mid-run, past the model's positions): a ConfigError naming the longest
+        question that does not."""
+        from cory.assets import quiet
+        from cory.config import ConfigError
+
+        examples = self._train if examples is None else examples
+        prompts = [self.observer_prompt(ex, "") if observer else ex.prompt for ex in examples]
+        with quiet():  # transformers' own notice of a prompt over the model's length: said better below
+            lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+        over = [i for i, n in enumerate(lengths) if n + answer_tokens > context]
+        if not over:
+            return
+        worst = max(over, key=lengths.__getitem__)
+        more = f" (and {len(over) - 1} more)" if len(over) > 1 else ""
+        raise ConfigError(f"{self._where(examples[worst])}: its prompt is {lengths[worst]} tokens; with answers of up "
+                          f"to {answer_tokens} tokens it does not fit {model}'s context of {context} tokens{more}; "
+                          f"drop or shorten such questions, or lower {limit}")
+
+    def _where(self, example: Example) -> str:
+        split, index = example.meta["split"], example.meta["index"]
+        if self.source == "local":
+            path = Path(self._dataset_path) / f"{split}.jsonl"
+            with path.open(encoding="utf-8") as fh:
+                records = (n for n, line in enumerate(fh, 1) if line.strip())
+                for _ in range(index + 1):
+                    line = next(records)
+            return f"dataset_path: {path} line {line}"
+        return f"dataset: {self.source} {split} question {index + 1}"
 
     def clean_response(self, text: str) -> str:
         return trim_at_stop(text, self.stop)
