@@ -378,3 +378,26 @@ def test_a_gsm8k_question_longer_than_the_context_is_named_before_the_model_load
 
 def _no_model(*args, **kwargs):
     raise AssertionError("a model was loaded")
+
+
+@pytest.mark.parametrize("answer", ["3/4", "2 1/2", "1e3", "1 000"])
+def test_a_gsm8k_reference_that_is_not_one_number_is_refused(tmp_path, answer):
+    data = tmp_path / "gsm8k"
+    data.mkdir()
+    good = json.dumps({"question": "1+1?", "answer": "1+1=2 #### 2"}) + "\n"
+    (data / "train.jsonl").write_text(good + json.dumps({"question": "How much?", "answer": f"so #### {answer}"}))
+    (data / "test.jsonl").write_text(good)
+    line = rejected("gsm8k", "ppo", ["--config", "configs/gsm8k/ppo_tiny.yaml", "--dataset", "local",
+                                     "--dataset_path", data, "--output_dir", tmp_path / "r"])
+    assert f"train.jsonl line 2: 'answer' ends in '#### {answer}', not one number" in line
+
+
+def test_non_utf8_data_names_the_line(tmp_path):
+    data = tmp_path / "gsm8k"
+    data.mkdir()
+    good = (json.dumps({"question": "1+1?", "answer": "1+1=2 #### 2"}) + "\n").encode()
+    (data / "train.jsonl").write_bytes(good * 2 + '{"question": "caf\u00e9?", "answer": "#### 1"}\n'.encode("latin-1"))
+    (data / "test.jsonl").write_bytes(good)
+    line = rejected("gsm8k", "ppo", ["--config", "configs/gsm8k/ppo_tiny.yaml", "--dataset", "local",
+                                     "--dataset_path", data, "--output_dir", tmp_path / "r"])
+    assert "train.jsonl line 3 is not UTF-8 text" in line

@@ -126,13 +126,23 @@ def _leading_number(text: str) -> str | None:
     return _canonical(m.group("sign"), m.group("num")) if m else None
 
 
+# a reference answer is one number and nothing else: read "3/4", "2 1/2", "1e3" or "1 000" by their first
+# digits and every model answer would be scored against the wrong number
+_REFERENCE_RE = re.compile(r"\s*(?P<sign>[-\u2212])?\s*[$\u20ac\u00a3]?\s*"
+                           r"(?P<num>\d+(?:,\d{3})*(?:\.\d+)?|\.\d+)\s*\.?\s*")
+
+
 def reference_answer(solution: str) -> str:
-    """The normalised number after the last ``####`` of a GSM8K solution."""
+    """The normalised number after the last ``####`` of a GSM8K solution: one integer or decimal (``18``,
+    ``-3``, ``1,080``, ``0.5``); anything else there is a ValueError."""
     _, sep, tail = solution.rpartition("####")
-    value = normalize_number(tail) if sep else None
-    if value is None:
+    if not sep:
         raise ValueError(f"GSM8K solution has no '#### <number>' ending: {solution[-80:]!r}")
-    return value
+    m = _REFERENCE_RE.fullmatch(tail)
+    if m is None:
+        raise ValueError(f"GSM8K solution ends in '#### {tail.strip()[:40]}', not one number (an integer or decimal "
+                         "such as 18, -3, 1,080 or 0.5; fractions, exponents and spaced digits are not read)")
+    return _canonical(m.group("sign"), m.group("num"))
 
 
 def extract_answer(text: str) -> str | None:
@@ -206,17 +216,19 @@ def _load_local(split: str, dataset_path: str | Path) -> list[dict]:
     if not path.is_file():
         raise ConfigError(f"dataset_path: {path} not found (expected the original release's {split}.jsonl, "
                           f"{_RECORD})")
-    rows = []
     try:
-        with path.open(encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                rows.append(_record(line, f"dataset_path: {path} line {lineno}"))
-    except UnicodeDecodeError:
-        raise ConfigError(f"dataset_path: {path} is not UTF-8 text; expected {_RECORD}") from None
+        raw = path.read_bytes()
     except OSError as e:
         raise ConfigError(f"dataset_path: cannot read {path} ({e.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"dataset_path: {path} line {line} is not UTF-8 text; expected {_RECORD}") from None
+    rows = []
+    for lineno, line in enumerate(text.split("\n"), 1):
+        if line.strip():
+            rows.append(_record(line, f"dataset_path: {path} line {lineno}"))
     if not rows:
         raise ConfigError(f"dataset_path: {path} holds no records; expected {_RECORD}")
     return rows
@@ -237,10 +249,12 @@ def _record(line: str, where: str) -> dict:
         if not isinstance(obj[key], str) or not obj[key].strip():
             raise ConfigError(f"{where}: {key!r} is {type(obj[key]).__name__} {str(obj[key])[:30]!r}, not a "
                               f"non-empty string; expected {_RECORD}")
+    if "####" not in obj["answer"]:
+        raise ConfigError(f"{where}: 'answer' does not end in '#### <number>'; expected {_RECORD}")
     try:
         reference_answer(obj["answer"])
-    except ValueError:
-        raise ConfigError(f"{where}: 'answer' does not end in '#### <number>'; expected {_RECORD}") from None
+    except ValueError as e:
+        raise ConfigError(f"{where}: {str(e).replace('GSM8K solution', repr('answer'))}") from None
     return {"question": obj["question"], "answer": obj["answer"]}
 
 
