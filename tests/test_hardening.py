@@ -401,3 +401,16 @@ def test_non_utf8_data_names_the_line(tmp_path):
     line = rejected("gsm8k", "ppo", ["--config", "configs/gsm8k/ppo_tiny.yaml", "--dataset", "local",
                                      "--dataset_path", data, "--output_dir", tmp_path / "r"])
     assert "train.jsonl line 3 is not UTF-8 text" in line
+
+
+def test_an_unwritable_cache_names_the_folder_and_the_variable(tmp_path, monkeypatch):
+    from cory import agent
+
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    monkeypatch.setenv("HOME", str(a_file / "home"))  # unwritable even for root: a path through a file
+    monkeypatch.delenv("CORY_CACHE", raising=False)
+    monkeypatch.setattr(agent, "make_agents", _no_model)
+    line = rejected("imdb", "ppo", TINY + ["--output_dir", tmp_path / "r"], tripwire=False)
+    assert f"cannot write the model cache {a_file}/home/.cache/cory" in line and "set CORY_CACHE" in line
+    assert not (tmp_path / "r").exists()  # the folder the run had made for its lock went with it
