@@ -7,9 +7,11 @@ the iteration and save, non-finite rewards, and the final models.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import random
+import shutil
 import signal
 import sys
 import threading
@@ -142,12 +144,25 @@ class Run:
         process saves every process's ``sampler`` (default: where they stand now).
         """
         samplers = parallel.gather_objects(sampler or self.sampler_state())
+        files = {f"{name}.pt": agent.state_dict() for name, agent in self.agents.items()}
+        files["state.pt"] = {"step": step, **samplers[0], "other_ranks": samplers[1:]}
 
         def write(folder: Path):
-            for name, agent in self.agents.items():
-                torch.save(agent.state_dict(), folder / f"{name}.pt")
-            torch.save({"step": step, **samplers[0], "other_ranks": samplers[1:]}, folder / "state.pt")
-        self.run_dir.save_checkpoint(step, write, keep=self.cfg.keep_checkpoints)
+            for name, content in files.items():
+                with open(folder / name, "wb") as f:  # through Python's file: a full disk raises its OSError
+                    torch.save(content, f)
+        try:
+            self.run_dir.save_checkpoint(step, write, keep=self.cfg.keep_checkpoints)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            root = self.run_dir.path
+            need, free = _gib(sum(map(_tensor_bytes, files.values()))), _gib(shutil.disk_usage(root).free)
+            last = latest_checkpoint(root)
+            kept = f"the last complete one, {last}, is kept" if last else "no earlier checkpoint"
+            raise RunError(f"checkpoint {step}: no space left on the device holding {root} ({free} free, the "
+                           f"checkpoint needs about {need}); {kept}; free space, then continue with --resume "
+                           f"{self.cfg.output_dir}") from None
         parallel.barrier()  # no process runs ahead of, or later resumes from, a checkpoint still being written
 
     def restore(self, folder: Path) -> None:
@@ -257,6 +272,18 @@ def train(cfg: PPOArgs, method: str) -> Path:
 
 
 # ----------------------------------------------------------------------------- helpers
+
+def _tensor_bytes(obj) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.nbytes
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    return sum(map(_tensor_bytes, obj)) if isinstance(obj, (list, tuple)) else 0
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
 
 def rng_state(length_rng: np.random.Generator) -> dict:
     return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
