@@ -27,6 +27,7 @@ TASKS = ("imdb", "gsm8k")  # the tasks with an evaluation
 IMDB_LIMIT = 256  # the paper's IMDB batch; the built-in eval openings are fewer (110)
 DEFAULT_KS = (1, 4, 16)
 DTYPES = ("float32", "bfloat16", "float16")
+MAX_SAMPLES = 1000  # per GSM8K question: pass@k estimates need n >= k, and the paper's k is at most 16
 
 
 class EvalError(ValueError):
@@ -179,6 +180,7 @@ def expand_model(arg: str) -> list[ModelEntry]:
     if not path.is_dir():
         return [ModelEntry(arg, _hub_id_or_error(arg, "--model"))]
     if (path / "config.json").is_file():
+        _check_causal_lm(path, f"--model {arg}")
         run = path.parent.parent if path.parent.name == "final" else None
         if run is not None and not (run / "config.yaml").is_file():
             run = None
@@ -186,11 +188,32 @@ def expand_model(arg: str) -> list[ModelEntry]:
         return [ModelEntry(label, str(path), run)]
     final = path / "final"
     models = sorted(d for d in final.iterdir() if (d / "config.json").is_file()) if final.is_dir() else []
+    for d in models:
+        _check_causal_lm(d, f"--model {arg}")
     if models:
         return [ModelEntry(f"{path.resolve().name}/{d.name}", str(d), path) for d in models]
     if (path / "config.yaml").is_file():
         raise EvalError(f"--model {arg}: run folder has no trained models in final/ (has training finished?)")
     raise EvalError(f"--model {arg}: not a model folder (no config.json) nor a run folder (no final/)")
+
+
+def _check_causal_lm(folder: Path, flag: str) -> None:
+    """``folder``'s config.json describes a causal LM: another architecture's weights would not load into one,
+    and transformers fills what does not load with random values (and only warns)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        raise EvalError(f"{flag}: {folder / 'config.json'} is not valid JSON") from None
+    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    kinds = config.get("architectures") if isinstance(config, dict) else None
+    if isinstance(kinds, list) and kinds and not any(k in causal for k in kinds):
+        raise EvalError(f"{flag}: {folder} holds a {kinds[0]} (config.json architectures), not a causal language "
+                        "model; give a model trained here (RUN/final/NAME) or another causal LM")
+    if not kinds and (not isinstance(config, dict) or config.get("model_type") not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
+        kind = config.get("model_type") if isinstance(config, dict) else None
+        raise EvalError(f"{flag}: {folder}'s config.json names no causal language model (model_type {kind!r})")
 
 
 def _run_config(run: Path) -> dict:
@@ -339,6 +362,8 @@ def plan(argv: Sequence[str] | None) -> Plan:
             _hub_id_or_error(reference, "--reference")
         elif not (Path(reference).expanduser() / "config.json").is_file():
             raise EvalError(f"--reference {reference}: not a model folder (no config.json)")
+        else:
+            _check_causal_lm(Path(reference).expanduser(), f"--reference {reference}")
     else:
         bases = {str(c["model_name"]) for c in configs.values() if c.get("model_name")}
         if len(bases) > 1:
@@ -395,6 +420,9 @@ def plan(argv: Sequence[str] | None) -> Plan:
     n = ks = None
     if gsm:
         n = args.n or 16
+        if n > MAX_SAMPLES:
+            raise EvalError(f"--n: at most {MAX_SAMPLES} samples per question, got {n} (each is a generation of up to "
+                            "--max_new_tokens tokens, for every question and model)")
         ks = args.k or [k for k in DEFAULT_KS if k <= n]
         too_big = [k for k in ks if k > n]
         if too_big:

@@ -414,3 +414,32 @@ def test_an_unwritable_cache_names_the_folder_and_the_variable(tmp_path, monkeyp
     line = rejected("imdb", "ppo", TINY + ["--output_dir", tmp_path / "r"], tripwire=False)
     assert f"cannot write the model cache {a_file}/home/.cache/cory" in line and "set CORY_CACHE" in line
     assert not (tmp_path / "r").exists()  # the folder the run had made for its lock went with it
+
+
+def test_evaluate_refuses_a_model_of_another_architecture(tmp_path):
+    from transformers import BertConfig, BertForMaskedLM
+
+    bert = tmp_path / "bert"
+    BertForMaskedLM(BertConfig(vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                               intermediate_size=32)).save_pretrained(bert)
+    line = evaluate_rejects(["--task", "imdb", "--model", bert, "--reference", "tiny", "--limit", "2"])
+    assert f"--model {bert}: {bert} holds a BertForMaskedLM" in line and "not a causal language model" in line
+
+
+def test_evaluate_bounds_the_samples_per_question():
+    line = evaluate_rejects(["--task", "gsm8k", "--model", "tiny", "--n", "100000000", "--k", "100000000"])
+    assert line.startswith("error: --n: at most 1000 samples per question, got 100000000")
+
+
+@pytest.mark.parametrize("damage", ["missing", "half_written"])
+def test_a_model_without_its_tokenizer_says_so(finished, tmp_path, damage):
+    import shutil
+    model = tmp_path / "llm1"
+    shutil.copytree(finished / "cory" / "final" / "llm1", model)
+    if damage == "missing":
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            (model / name).unlink()
+    else:
+        (model / "tokenizer.json").unlink()  # a copy cut short: the config without the vocabulary
+    line = evaluate_rejects(["--task", "imdb", "--model", model, "--reference", "tiny", "--limit", "2"])
+    assert "tokenizer" in line and "differs" not in line, line
