@@ -107,7 +107,8 @@ class PPOArgs:
     save_every: int = arg(25, "iterations between checkpoints", on_resume=True)
     keep_checkpoints: int = arg(1, "checkpoints kept (the newest)", on_resume=True)
     samples_per_step: int = arg(4, "queries and answers written to samples.jsonl per iteration", on_resume=True)
-    report_to: str = arg("none", "also log metrics to wandb", on_resume=True, choices=("none", "wandb"))
+    report_to: str = arg("none", "also log metrics to wandb (in OUT/wandb) or tensorboard (in OUT/tensorboard)",
+                         on_resume=True, choices=("none", "wandb", "tensorboard"))
     on_nonfinite: str = arg("stop", "a non-finite reward: stop (after saving) or skip the batch", on_resume=True,
                             choices=("stop", "skip"))
     resume: str | None = arg(None, "continue the run in this folder from its newest checkpoint", on_resume=True)

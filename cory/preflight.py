@@ -44,6 +44,12 @@ def check_run(cfg: PPOArgs, method: str) -> None:
         check_resumable(Path(cfg.output_dir), cfg, method)
     if cfg.report_to == "wandb":
         check_wandb()
+    if cfg.report_to == "tensorboard":
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError("report_to: tensorboard is not installed (pip install tensorboard), or use "
+                              "--report_to none")
 
 
 def check_context(cfg: PPOArgs) -> None:

@@ -66,11 +66,7 @@ class Run:
         resume = cfg.resume is not None
         run_dir.start(to_dict(cfg), resume_step=self.start_step if resume else None, overwrite=cfg.overwrite,
                       method=self.method)
-        wandb_run = None
-        if cfg.report_to == "wandb" and run_dir.enabled:
-            import wandb
-            wandb_run = wandb.init(project="cory", config=to_dict(cfg), name=Path(cfg.output_dir).name,
-                                   resume="allow")
+        logger = _Logger(cfg) if run_dir.enabled else None
         iteration = game.cory_iteration if self.method == "cory" else game.ppo_iteration
         bar = tqdm(range(self.start_step, cfg.steps), initial=self.start_step, total=cfg.steps,
                    desc=f"{self.method} {cfg.task}", disable=not run_dir.enabled, dynamic_ncols=True)
@@ -92,8 +88,8 @@ class Run:
                         row = parallel.mean_over_processes(row)
                         run_dir.log_metrics(row)
                         run_dir.log_samples(samples)
-                        if wandb_run is not None:
-                            wandb_run.log({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
+                        if logger is not None:
+                            logger.log(row, step)
                         bar.set_postfix(_postfix(row))
                     done = step + 1
                     if done < cfg.steps and parallel.any_process(stop.requested):
@@ -118,8 +114,8 @@ class Run:
                           "iteration 0) or --overwrite")
                 print(f"interrupted: nothing saved; {advice}", file=sys.stderr)
             raise SystemExit(128 + (stop.again or signal.SIGINT))
-        if wandb_run is not None:
-            wandb_run.finish()
+        if logger is not None:
+            logger.close()
         return Path(cfg.output_dir)
 
     def stopped_by(self, e: game.NonFinite, step: int) -> RunError:
@@ -348,6 +344,36 @@ class _StopSignals:
         for s, previous in self._previous.items():
             signal.signal(s, previous)
         return False
+
+
+class _Logger:
+    """The metrics rows, also to ``report_to``'s logger, which writes inside the run folder (wandb/ or
+    tensorboard/), never in the current one."""
+
+    def __init__(self, cfg: PPOArgs):
+        self.wandb = self.tensorboard = None
+        if cfg.report_to == "wandb":
+            import wandb
+            self.wandb = wandb.init(project="cory", config=to_dict(cfg), name=Path(cfg.output_dir).name,
+                                    resume="allow", dir=cfg.output_dir)
+        elif cfg.report_to == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+            self.tensorboard = SummaryWriter(log_dir=str(Path(cfg.output_dir) / "tensorboard"))
+
+    def log(self, row: dict, step: int) -> None:
+        numbers = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if self.wandb is not None:
+            self.wandb.log(numbers, step=step)
+        if self.tensorboard is not None:
+            for key, value in numbers.items():
+                self.tensorboard.add_scalar(key, value, step)
+            self.tensorboard.flush()  # a killed run keeps what it logged
+
+    def close(self) -> None:
+        if self.wandb is not None:
+            self.wandb.finish()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
 
 
 def _postfix(row: dict) -> dict:

@@ -443,3 +443,26 @@ def test_a_model_without_its_tokenizer_says_so(finished, tmp_path, damage):
         (model / "tokenizer.json").unlink()  # a copy cut short: the config without the vocabulary
     line = evaluate_rejects(["--task", "imdb", "--model", model, "--reference", "tiny", "--limit", "2"])
     assert "tokenizer" in line and "differs" not in line, line
+
+
+@pytest.mark.parametrize("logger", ["wandb", "tensorboard"])
+def test_loggers_write_inside_the_run_folder(tmp_path, logger):
+    import subprocess
+    import sys
+
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    out = tmp_path / "run"
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    p = subprocess.run([sys.executable, str(REPO / "imdb_train/ppo.py"), "--config", str(REPO / TINY[1]),
+                        "--steps", "2", "--report_to", logger, "--output_dir", str(out)],
+                       cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert list(cwd.iterdir()) == []  # nothing in the folder the run was started from
+    assert (out / logger).is_dir()
+    if logger == "tensorboard":
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+        events = EventAccumulator(str(out / "tensorboard")).Reload()
+        assert [e.step for e in events.Scalars("policy/kl")] == [0, 1]
+    from cory.outputs import scan_run_dir
+    assert scan_run_dir(out)[1] == []  # the logger's folder is a run's own: --overwrite replaces it with the rest
