@@ -43,7 +43,7 @@ from pathlib import Path
 from cory import preflight
 from cory.assets import AssetError
 from cory.config import ConfigError, CoryArgs, PPOArgs, build, load_yaml
-from cory.outputs import LOCK, latest_checkpoint
+from cory.outputs import LOCK, RunLock, latest_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -499,11 +499,22 @@ def _last_error(log: Path) -> str:
 
 
 def run(argv: list[str] | None = None) -> int:
-    from tqdm.auto import tqdm
-
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     pairs, spec = plan(args)
     out: Path = spec["out"]
+    try:  # one runner per experiment folder (its runs.json); each run locks its own folder too
+        lock = RunLock(out, "--out", "experiment runner").acquire()
+    except ConfigError as e:
+        raise ExperimentError(str(e)) from None
+    try:
+        return _run(args, argv, pairs, spec, out)
+    finally:
+        lock.release()
+
+
+def _run(args, argv, pairs: list[Pair], spec: dict, out: Path) -> int:
+    from tqdm.auto import tqdm
+
     try:
         prior = json.loads((out / "runs.json").read_text()) if (out / "runs.json").is_file() else {}
     except json.JSONDecodeError:

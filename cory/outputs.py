@@ -156,8 +156,9 @@ class RunLock:
     """One writer per run folder: an exclusive ``flock`` on ``.cory.lock`` in it, which the system drops when the
     holder ends, killed or not, so no lock outlives its run. The file names the holder for the refusal."""
 
-    def __init__(self, run_dir: str | os.PathLike):
+    def __init__(self, run_dir: str | os.PathLike, name: str = "output_dir", holder: str = "run"):
         self.run_dir = Path(run_dir)
+        self.name, self.holder = name, holder  # for the refusal: the flag, and what else writes there
         self.path = self.run_dir / LOCK
         self._fd = None
         self._created = False
@@ -177,9 +178,9 @@ class RunLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise ConfigError(in_use(self.run_dir)) from None
+            raise ConfigError(in_use(self.run_dir, self.name, self.holder)) from None
         except OSError as e:  # a file system without locks: say so, and go on as before locks existed
-            warnings.warn(f"output_dir: cannot lock {self.path} ({e.strerror}); make sure no other run writes "
+            warnings.warn(f"{self.name}: cannot lock {self.path} ({e.strerror}); make sure no other run writes "
                           f"{self.run_dir}")
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "command": shlex.join(sys.argv),
                   "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
@@ -201,7 +202,7 @@ class RunLock:
         self._fd = None
 
 
-def in_use(run_dir: Path) -> str | None:
+def in_use(run_dir: Path, name: str = "output_dir", holder: str = "run") -> str | None:
     """The refusal when another process holds ``run_dir``'s lock, else None; takes nothing."""
     import fcntl
 
@@ -219,8 +220,8 @@ def in_use(run_dir: Path) -> str | None:
             who = f"pid {h['pid']} on {h['host']}, started {h['started']}: {h['command'][:160]}"
         except (ValueError, KeyError, TypeError):
             who = "starting"
-        return (f"output_dir: {run_dir} is being written by another run ({who}); wait for it to end or stop it, "
-                "or choose another output_dir")
+        return (f"{name}: {run_dir} is being written by another {holder} ({who}); wait for it to end or stop it, "
+                f"or choose another {name}")
     except OSError:  # no locks on this file system: nothing to learn
         return None
     finally:

@@ -231,7 +231,7 @@ def test_runs_json_lists_the_methods_and_seeds_of_every_command(tmp_path):
     assert experiments.Record(tmp_path, spec).data["kl_coefs"] is None  # never saved: nothing to keep
 
 
-def test_sigterm_to_the_runner_reaches_its_run_and_is_recorded(tmp_path):
+def test_sigterm_to_the_runner_reaches_its_run_and_is_recorded(tmp_path, capsys):
     import os
     import signal
     import time
@@ -248,6 +248,11 @@ def test_sigterm_to_the_runner_reaches_its_run_and_is_recorded(tmp_path):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
         time.sleep(0.1)
     child = json.loads((out / "runs.json").read_text())["runs"]["ppo/seed_0"]["attempts"][0]["pid"]
+    with pytest.raises(SystemExit) as e:  # a second runner into the same experiment folder
+        experiments.main(["--preset", "tiny", "--methods", "ppo", "--seeds", "0", "--steps", "500", "--out", str(out)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"being written by another experiment runner (pid {proc.pid} on " in err and len(err.strip().splitlines()) == 1
     proc.send_signal(signal.SIGTERM)  # to the runner alone, as a scheduler or `kill` sends it
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
