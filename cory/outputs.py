@@ -160,7 +160,7 @@ class RunLock:
         self.run_dir = Path(run_dir)
         self.name, self.holder = name, holder  # for the refusal: the flag, and what else writes there
         self.path = self.run_dir / LOCK
-        self._fd = None
+        self._file = None  # a file object: dropped unreleased, it closes and the lock goes with it
         self._created = False
 
     def acquire(self) -> "RunLock":
@@ -173,33 +173,34 @@ class RunLock:
 
         self._created = not self.run_dir.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        f = open(self.path, "a+")
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            os.close(fd)
+            f.close()
             raise ConfigError(in_use(self.run_dir, self.name, self.holder)) from None
         except OSError as e:  # a file system without locks: say so, and go on as before locks existed
             warnings.warn(f"{self.name}: cannot lock {self.path} ({e.strerror}); make sure no other run writes "
                           f"{self.run_dir}")
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "command": shlex.join(sys.argv),
                   "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
-        os.ftruncate(fd, 0)
-        os.write(fd, (json.dumps(holder) + "\n").encode())
-        self._fd = fd
+        f.truncate(0)
+        f.write(json.dumps(holder) + "\n")
+        f.flush()
+        self._file = f
         return self
 
     def release(self) -> None:
         """Unlock; a folder this run created and left holding nothing but the lock goes too."""
-        if self._fd is None:
+        if self._file is None:
             return
-        if all(p.name == LOCK for p in self.run_dir.iterdir()):
+        if self.run_dir.is_dir() and all(p.name == LOCK for p in self.run_dir.iterdir()):
             self.path.unlink(missing_ok=True)
             if self._created:
                 with contextlib.suppress(OSError):
                     self.run_dir.rmdir()
-        os.close(self._fd)
-        self._fd = None
+        self._file.close()
+        self._file = None
 
 
 def in_use(run_dir: Path, name: str = "output_dir", holder: str = "run") -> str | None:
