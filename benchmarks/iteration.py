@@ -502,7 +502,7 @@ def targets(summary: dict, raw: dict) -> list[dict]:
         # one policy (all its weights) and Adam's two moments per trainable weight, fp32
         budget = (w["total"] + 2 * w["trainable"]) * 4 / 2 ** 20
         extra = cory["peak_rss_mb"] - ppo["peak_rss_mb"]
-        add("peak memory CORY - PPO", f"<= policy + Adam = {budget:.0f} MB", f"{extra:.0f} MB", extra <= budget)
+        add("peak memory CORY - PPO", f"<= policy + Adam = {budget:.0f} MiB", f"{extra:.0f} MiB", extra <= budget)
     cp, pp = summary.get("cory_peft"), summary.get("ppo_peft")
     if cp and pp:
         extra = cp["peak_rss_mb"] / pp["peak_rss_mb"] - 1
@@ -530,7 +530,7 @@ def print_table(summary: dict, checks: list[dict], peak: float) -> None:
     print("\nPPO update, model FLOP/s / matmul peak (wall clock | CPU time):")
     for name, s in summary.items():
         print(f"  {name:<10} " + ", ".join(f"{k} {s['step_mfu'][k]:.0%} | {s['step_mfu_cpu'][k]:.0%}" for k in s["step_mfu"]))
-    print("\nmemory, MB: peak RSS; RSS after loading; per PPO step: RSS before it -> its peak")
+    print("\nmemory, MiB: peak RSS; RSS after loading; per PPO step: RSS before it -> its peak")
     for name, s in summary.items():
         steps = ", ".join(f"{k} {m['before']:.0f} -> {m['peak']:.0f}" for k, m in s["step_memory_mb"].items())
         print(f"  {name:<10} {s['peak_rss_mb']:6.0f}; {s['rss_loaded_mb']:5.0f}; {steps}")

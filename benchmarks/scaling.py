@@ -56,7 +56,7 @@ def main(argv=None) -> int:
                      **{f"{m}_peak_mb": s[m]["peak_rss_mb"] for m in ("ppo", "cory")},
                      **{f"{m}_tokens_per_s": s[m]["tokens_per_s"] for m in ("ppo", "cory")}})
     print(f"\n{'setting':<14}{'params':>9}{'PPO s/it':>10}{'CORY s/it':>11}{'ratio':>7}"
-          f"{'PPO MB':>9}{'CORY MB':>9}")
+          f"{'PPO MiB':>9}{'CORY MiB':>9}")
     for r in rows:
         print(f"{r['label']:<14}{r['params'] / 1e6:>8.1f}M{r['ppo_s']:>10.2f}{r['cory_s']:>11.2f}"
               f"{r['cory_s'] / r['ppo_s']:>7.2f}{r['ppo_peak_mb']:>9.0f}{r['cory_peak_mb']:>9.0f}")

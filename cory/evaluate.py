@@ -28,6 +28,17 @@ IMDB_LIMIT = 256  # the paper's IMDB batch; the built-in eval openings are fewer
 DEFAULT_KS = (1, 4, 16)
 DTYPES = ("float32", "bfloat16", "float16")
 MAX_SAMPLES = 1000  # per GSM8K question: pass@k estimates need n >= k, and the paper's k is at most 16
+# How GSM8K answers are sampled and read. "training": as in training (top_k 0, top_p 1, no repetition penalty, an
+# answer ends at EOS or where the model starts a new "Question:"; the training reward's extraction). "authors": as
+# the authors' GSM8K evaluation behind the paper's pass@1 of 18% (arXiv 2410.06101; their team's
+# gsm8k_utils/gsm8k_eval.py): top_k 10, top_p 0.7, temperature 1, repetition penalty 1.1, 256 new tokens by default,
+# never stopping early, their prompt variant and their answer extraction (cory.tasks.gsm8k.authors_extract).
+TRAINING_SAMPLING = {"top_k": 0, "top_p": 1.0, "temperature": 1.0, "repetition_penalty": 1.0}
+PROTOCOLS = {
+    "training": {"sampling": TRAINING_SAMPLING, "stop_early": True},
+    "authors": {"sampling": {"top_k": 10, "top_p": 0.7, "temperature": 1.0, "repetition_penalty": 1.1},
+                "stop_early": False},
+}
 
 
 class EvalError(ValueError):
@@ -114,20 +125,24 @@ def _response_ids(row: list[int], eos_id: int | None, pad_id: int | None) -> lis
 
 
 def sample(model, tokenizer, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-           extra: dict | None = None, repeats: int = 1, greedy: bool = False) -> list[list[int]]:
-    """One generate() call for the whole batch (left padding), sampling like training: top_k 0, top_p 1,
-    temperature 1, no repetition penalty, so the answers are draws from the policy itself. ``repeats``: that
-    many answers per prompt (a prompt's answers next to each other); the prompt is read once and its keys and
-    values shared by its answers, since reading the prompt is most of the work when answers are short."""
+           extra: dict | None = None, repeats: int = 1, greedy: bool = False,
+           sampling: dict | None = None) -> list[list[int]]:
+    """One generate() call for the whole batch (left padding), by default sampling like training: top_k 0, top_p 1,
+    temperature 1, no repetition penalty, so the answers are draws from the policy itself (``sampling`` replaces
+    those four settings). ``repeats``: that many answers per prompt (a prompt's answers next to each other); the
+    prompt is read once and its keys and values shared by its answers, since reading the prompt is most of the
+    work when answers are short."""
     import torch
 
     ids, mask = _left_pad(prompts, tokenizer.pad_token_id)
     device = next(model.parameters()).device
     ids, mask = ids.to(device), mask.to(device)
-    kwargs = dict(do_sample=not greedy, repetition_penalty=1.0, max_new_tokens=max_new_tokens,
-                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **(extra or {}))
+    sampling = dict(sampling or TRAINING_SAMPLING)
+    kwargs = dict(do_sample=not greedy, repetition_penalty=sampling.pop("repetition_penalty", 1.0),
+                  max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                  eos_token_id=tokenizer.eos_token_id, **(extra or {}))
     if not greedy:
-        kwargs.update(top_k=0, top_p=1.0, temperature=1.0)
+        kwargs.update(sampling)
     with torch.inference_mode():
         if repeats > 1 and ids.shape[1] > 1:
             # all but the last prompt token once per prompt; generate() reads the last one and goes on
@@ -308,6 +323,10 @@ def build_parser() -> argparse.ArgumentParser:
     gsm.add_argument("--k", type=_ks, help="comma-separated k of pass@k (default: those of 1,4,16 that are <= n)")
     gsm.add_argument("--n", type=_positive_int("n"), help="samples per question (default 16)")
     gsm.add_argument("--dataset_path", metavar="DIR", help="folder with GSM8K's test.jsonl (the original release)")
+    gsm.add_argument("--protocol", choices=tuple(PROTOCOLS),
+                     help="training (default): sample and read answers as training does; authors: as the authors' "
+                          "GSM8K evaluation (top_k 10, top_p 0.7, repetition penalty 1.1, 256 tokens, no early stop, "
+                          "'the answer is' else the last number), for pass@k comparable with the paper's")
     return p
 
 
@@ -328,6 +347,7 @@ class Plan:
     n: int | None = None
     ks: list[int] | None = None
     allow_early_eos: bool = True
+    protocol: str = "training"
     command: str | None = None  # as typed, recorded in the JSON
 
 
@@ -343,7 +363,7 @@ def plan(argv: Sequence[str] | None) -> Plan:
         raise EvalError(f"--task {args.task!r} is not one of {', '.join(TASKS)}")
     gsm = args.task == "gsm8k"
     wrong = ([("--reward", args.reward), ("--allow_early_eos", args.allow_early_eos)] if gsm else
-             [("--k", args.k), ("--n", args.n), ("--dataset_path", args.dataset_path)])
+             [("--k", args.k), ("--n", args.n), ("--dataset_path", args.dataset_path), ("--protocol", args.protocol)])
     for flag, value in wrong:
         if value is not None:
             raise EvalError(f"{flag} applies to the other task, not --task {args.task}")
@@ -428,7 +448,9 @@ def plan(argv: Sequence[str] | None) -> Plan:
         if too_big:
             raise EvalError(f"--k {too_big[0]} is larger than --n {n}: pass@k needs at least k samples per question")
 
-    json_path = Path(args.json) if args.json else (runs[0] / f"eval_{args.task}.json" if len(runs) == 1 and
+    # an evaluation under the authors' protocol must not overwrite the training-protocol one beside it
+    suffix = "_authors" if args.protocol == "authors" else ""
+    json_path = Path(args.json) if args.json else (runs[0] / f"eval_{args.task}{suffix}.json" if len(runs) == 1 and
                                                    all(e.run_dir is not None for e in entries) else None)
     if json_path is not None and json_path.is_dir():
         raise EvalError(f"--json {json_path}: is a folder, expected a file name")
@@ -438,7 +460,7 @@ def plan(argv: Sequence[str] | None) -> Plan:
                 reward=reward, limit=args.limit if args.limit is not None else (IMDB_LIMIT if not gsm else None),
                 max_new_tokens=args.max_new_tokens or (256 if gsm else 15), batch_size=args.batch_size,
                 seed=args.seed, dtype=args.dtype, json_path=json_path, n=n, ks=ks,
-                allow_early_eos=allow_early_eos)
+                allow_early_eos=allow_early_eos, protocol=args.protocol or "training")
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -486,32 +508,49 @@ def evaluate_imdb_model(model, reference, tokenizer, task, examples, *, max_new_
 
 
 def evaluate_gsm8k_model(model, tokenizer, task, examples, *, n: int, ks: Sequence[int], max_new_tokens: int,
-                         batch_size: int, seed: int, label: str = "") -> dict:
+                         batch_size: int, seed: int, label: str = "", protocol: str = "training") -> dict:
     """pass@k (unbiased, from ``n`` samples per question), accuracy, and the share of answers cut by the
-    token limit, for ``model`` answering ``examples`` from the one-shot prompt alone."""
+    token limit, for ``model`` answering ``examples`` from the one-shot prompt alone, sampled and read by
+    ``protocol`` (see ``PROTOCOLS``)."""
     import torch
 
     from cory.passk import mean_pass_at_k
     from cory.rollout import decode_and_clean
+    from cory.tasks.gsm8k import authors_correct, build_authors_prompt
 
     torch.manual_seed(seed)
-    stop = dict(stop_strings=[task.stop], tokenizer=tokenizer) if task.stop else {}
+    spec = PROTOCOLS[protocol]
+    authors = protocol == "authors"
+    if spec["stop_early"]:
+        stop = dict(stop_strings=[task.stop], tokenizer=tokenizer) if task.stop else {}
+    else:
+        # the authors pass eos_token_id=-1, so no token ends an answer; masking EOS until the limit is the nearest
+        # transformers setting: every answer runs to max_new_tokens either way
+        stop = {"min_new_tokens": max_new_tokens}
     per_call = max(1, batch_size // n)  # whole questions per step; a question's n samples stay together
     correct, lengths, at_limit, samples = [], [], 0, []
     bar = _progress(len(examples), label)
     for start in range(0, len(examples), per_call):
         chunk = examples[start:start + per_call]
-        prompts = [tokenizer(ex.prompt, add_special_tokens=False)["input_ids"] for ex in chunk]
+        texts = [build_authors_prompt(ex.query) if authors else ex.prompt for ex in chunk]
+        prompts = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
         if n <= batch_size:  # each prompt read once, its n answers sampled from the shared prompt cache
-            raw = sample(model, tokenizer, prompts, max_new_tokens, stop, repeats=n)
+            raw = sample(model, tokenizer, prompts, max_new_tokens, stop, repeats=n, sampling=spec["sampling"])
         else:
             flat = [p for p in prompts for _ in range(n)]
             raw = []
             for i in range(0, len(flat), batch_size):
-                raw += sample(model, tokenizer, flat[i:i + batch_size], max_new_tokens, stop)
-        # the trainer's own cleaning: cut at a model-started "Question:", keep the matching tokens
-        answers, kept = decode_and_clean(task, tokenizer, [torch.tensor(r, dtype=torch.long) for r in raw])
-        scores = task.score([ex for ex in chunk for _ in range(n)], answers)
+                raw += sample(model, tokenizer, flat[i:i + batch_size], max_new_tokens, stop,
+                              sampling=spec["sampling"])
+        repeated = [ex for ex in chunk for _ in range(n)]
+        if authors:  # the whole answer, uncut, read by the authors' extraction against the solution's "####" number
+            answers = [tokenizer.decode(r, skip_special_tokens=True) for r in raw]
+            kept = raw
+            scores = [authors_correct(a, ex.meta["solution"]) for a, ex in zip(answers, repeated)]
+        else:
+            # the trainer's own cleaning: cut at a model-started "Question:", keep the matching tokens
+            answers, kept = decode_and_clean(task, tokenizer, [torch.tensor(r, dtype=torch.long) for r in raw])
+            scores = task.score(repeated, answers)
         for j, ex in enumerate(chunk):
             correct.append(int(sum(scores[j * n:(j + 1) * n])))
             if len(samples) < 3:
@@ -545,6 +584,17 @@ def _table(columns: list[tuple[str, str, str]], rows: list[tuple[str, dict]]) ->
     return "\n".join(lines)
 
 
+def protocol_line(protocol: str, max_new_tokens: int) -> str:
+    """The sampling and reading of a GSM8K evaluation, in words, for the printed table."""
+    spec = PROTOCOLS[protocol]
+    s = spec["sampling"]
+    head = (f"top_k {s['top_k']}, top_p {s['top_p']}, temperature {s['temperature']}, repetition penalty "
+            f"{s['repetition_penalty']}, {max_new_tokens} new tokens")
+    if protocol == "authors":
+        return head + ", never stopping early; the authors' prompt; 'the answer is' else the last number, as strings"
+    return head + ", ending at EOS or a new 'Question:'; '####', else 'answer is', else the last number"
+
+
 def _task(make):
     try:
         return make()
@@ -557,7 +607,7 @@ def run(p: Plan) -> dict:
     """Evaluate every row of the plan; returns the JSON document (also written to ``p.json_path``)."""
     from cory.models import load_tokenizer
 
-    other_task = ("n", "ks", "dataset_path") if p.task == "imdb" else ("reward", "allow_early_eos")
+    other_task = ("n", "ks", "dataset_path", "protocol") if p.task == "imdb" else ("reward", "allow_early_eos")
     settings = {k: v for k, v in vars(p).items() if k not in ("rows", "json_path", "command", *other_task)}
     results = []
     if p.task == "imdb":
@@ -584,7 +634,9 @@ def run(p: Plan) -> dict:
                    ("distinct-2", "distinct_2", ".3f"), ("length", "response_length", ".2f")]
     else:
         from cory.assets import context_length
-        from cory.tasks.gsm8k import Gsm8kTask
+        from cory.tasks.gsm8k import Gsm8kTask, build_authors_prompt
+
+        authors_prompt = (lambda ex: build_authors_prompt(ex.query)) if p.protocol == "authors" else None
 
         task = _task(lambda: Gsm8kTask(source=p.dataset, dataset_path=p.dataset_path, with_train=False))
         examples = task.eval_examples(p.limit)
@@ -594,17 +646,21 @@ def run(p: Plan) -> dict:
             context = context_length(entry.spec)
             if context is not None:
                 task.check_fits(tokenizer, context, p.max_new_tokens, examples=examples, model=entry.spec,
-                                limit="--max_new_tokens")
+                                limit="--max_new_tokens", prompt=authors_prompt)
             model = load_model(entry.spec, p.dtype)
             res = evaluate_gsm8k_model(model, tokenizer, task, examples, n=p.n, ks=p.ks,
                                        max_new_tokens=p.max_new_tokens, batch_size=p.batch_size, seed=p.seed,
-                                       label=entry.label)
+                                       label=entry.label, protocol=p.protocol)
             results.append({"name": entry.label, "model": entry.spec, **res})
             del model
         columns = [(f"pass@{k}", f"pass@{k}", ".4f") for k in p.ks]
         columns += [("accuracy", "accuracy", ".4f"), ("hit limit", "hit_limit", ".3f"),
                     ("length", "response_length", ".1f")]
+    if p.task == "gsm8k":
+        settings["sampling"] = dict(PROTOCOLS[p.protocol]["sampling"], stop_early=PROTOCOLS[p.protocol]["stop_early"])
     doc = {"task": p.task, "command": p.command, "settings": settings, "results": results}
+    if p.task == "gsm8k":
+        print(f"protocol: {p.protocol} ({protocol_line(p.protocol, p.max_new_tokens)})")
     print(_table(columns, [(r["name"], r) for r in results]))
     if p.task == "gsm8k" and task.source == "generated":
         print("note: generated GSM8K-style stand-in problems, NOT GSM8K (pass --dataset_path for the real test set)")

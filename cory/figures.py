@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cory.results import AGENT_NAMES, METHOD_NAMES, Experiment, Group, curve, setting_name
+from cory.results import AGENT_NAMES, METHOD_NAMES, REWARD_RANGES, Experiment, Group, curve, setting_name
 
 # key in metrics.jsonl after "<agent>/" -> (title, y-axis label; {reward} is the reward's unit)
 METRICS = {
@@ -68,6 +68,16 @@ def _reward_unit(exp: Experiment) -> str:
     return REWARD_UNITS.get(name, str(name) if name else "task's reward")
 
 
+def _bounds(exp: Experiment, metric: str) -> tuple[float | None, float | None]:
+    """Where a band is cut: KL and lengths are never negative; a bounded reward stays in its range. (r_c is
+    not cut: its bounds depend on the KL.)"""
+    if metric in ("kl", "response_length"):
+        return 0.0, None
+    if metric == "task_reward":
+        return REWARD_RANGES.get(exp.any_config("reward_model"), (None, None))
+    return None, None
+
+
 def plot_metric(exp: Experiment, path: Path, metric: str, series: list[tuple[Group, str]],
                 refs: list[tuple[Group, str]] = (), title: str = "") -> list[str]:
     """One figure: mean line and ±std band per (group, agent); ``refs`` as thin lines without band.
@@ -88,8 +98,9 @@ def plot_metric(exp: Experiment, path: Path, metric: str, series: list[tuple[Gro
         ax.plot(c.steps, c.mean, color=colour(group.method), linestyle=LINESTYLES.get(agent, "-"),
                 linewidth=1.0 if is_ref else 1.8, alpha=0.55 if is_ref else 1.0, label=label)
         if not is_ref and n >= 2:
-            ax.fill_between(c.steps, c.mean - c.std, c.mean + c.std, color=colour(group.method),
-                            alpha=0.12 if agent == "llm2" else 0.2, linewidth=0)
+            lo, hi = _bounds(exp, metric)
+            ax.fill_between(c.steps, np.clip(c.mean - c.std, lo, hi), np.clip(c.mean + c.std, lo, hi),
+                            color=colour(group.method), alpha=0.12 if agent == "llm2" else 0.2, linewidth=0)
         drawn += 1
         if not is_ref and c.trimmed:
             lengths = ", ".join(f"seed {s}: {k}" for s, k in c.lengths.items())
@@ -106,6 +117,8 @@ def plot_metric(exp: Experiment, path: Path, metric: str, series: list[tuple[Gro
 
 
 def plot_sweep(exp: Experiment, path: Path, points) -> None:
+    """The η frontier: each seed's final (KL, task reward) as a small point, each η's mean ± std over seeds as a
+    large one, joined in η order, one colour per method (LLM2 dashed)."""
     fig, ax = _axes(f"{setting_name(exp)}: final task reward vs final KL over the KL coefficient η",
                     "final KL(π‖π₀), nats per response", f"final task reward ({_reward_unit(exp)})")
     kls = []
@@ -115,8 +128,15 @@ def plot_sweep(exp: Experiment, path: Path, points) -> None:
         xerr = np.array([p[2].std if p[2].n >= 2 else 0.0 for p in pts])
         yerr = np.array([p[1].std if p[1].n >= 2 else 0.0 for p in pts])
         name = METHOD_NAMES.get(method, method) + AGENT_NAMES.get(agent, f"-{agent}")
+        for _, r, kl in pts:  # one point per seed, matched by seed
+            kl_by_seed = dict(zip(kl.seeds, kl.per_seed))
+            xs = [kl_by_seed[s] for s in r.seeds if s in kl_by_seed]
+            ys = [v for s, v in zip(r.seeds, r.per_seed) if s in kl_by_seed]
+            ax.scatter(xs, ys, s=10, color=colour(method), alpha=0.35, linewidths=0,
+                       marker="o" if agent != "llm2" else "^")
+            kls += xs
         ax.errorbar(x, y, xerr=xerr, yerr=yerr, color=colour(method), linestyle=LINESTYLES.get(agent, "-"),
-                    marker="o", markersize=4, capsize=2, linewidth=1.5, label=name)
+                    marker="o", markersize=6, capsize=2, linewidth=1.5, label=f"{name} (mean ± std per η)")
         for (eta, _, _), xi, yi in zip(pts, x, y):
             ax.annotate(f"η={eta:g}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7,
                         color=colour(method))

@@ -29,7 +29,7 @@ LOGGER_DIRS = frozenset({"wandb", "tensorboard"})  # written by the loggers, who
 CHECKPOINT_FILES = frozenset({f"{name}.pt" for name in AGENT_NAMES} | {"state.pt"})
 _CHECKPOINT = re.compile(r"step_(\d{6,})")
 _CHECKPOINT_TMP = re.compile(r"\.tmp_step_\d{6,}_\w+")
-_EVAL = re.compile(r"eval_(imdb|gsm8k)\.json(\.tmp)?")  # cory.evaluate's results, one per task
+_EVAL = re.compile(r"eval_(imdb|gsm8k(_authors)?)\.json(\.tmp)?")  # cory.evaluate's results, per task and protocol
 # what save_pretrained writes for a causal LM and its tokenizer (weights whole or in shards)
 _MODEL_FILE = re.compile(r"(generation_)?config\.json|model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors"
                          r"\.index\.json|pytorch_model(-\d{5}-of-\d{5})?\.bin|pytorch_model\.bin\.index\.json|"

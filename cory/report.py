@@ -12,10 +12,11 @@ Conventions, stated again in the report itself:
 * std is the sample standard deviation over seeds (ddof=1), absent with one seed;
 * a "final" value is a seed's mean over the last 10 aligned iterations (all of them if fewer), then
   mean +- std of that over seeds;
-* the verdict (``VERDICT_RULE``) compares each CORY agent with PPO by one-sided Welch's t-tests over the
-  per-seed final values at alpha 0.05: "yes" only when both agents show lower KL and higher r_c with a task
-  reward not shown to be lower; no verdict with fewer than 3 seeds per method. The confounds ``ppo_norm`` and
-  ``cory_authors`` get the same test on extra lines and their own figures, beside PPO and CORY.
+* the verdict (``cory.verdict.VERDICT_RULE``) compares each CORY agent with PPO on the per-seed final values:
+  t-tests paired by seed when the runs shared their draws, "similar reward" as a non-inferiority test, the agents'
+  claims Holm-corrected together, and the power to show the paper's effect, which turns a weak negative into
+  "could not tell"; ``FRONTIER_RULE`` tests the eta frontier the same way. The confounds ``ppo_norm`` and
+  ``cory_authors`` get the same test on extra lines and their own figures, the ablations two-sided tests.
 
 This module writes the markdown (final values, samples, provenance) and puts it together in ``build_report``;
 the loading and the statistics are in ``cory.results``, the test in ``cory.verdict``, the plots in ``cory.figures``
@@ -32,7 +33,7 @@ from cory.figures import MAIN_FIGURE_METRICS, METRICS, plot_metric, plot_sweep
 from cory.results import (ABLATION_METHODS, CONFOUND_METHODS, LAST_N, MAIN_METHODS, METHOD_NAMES, Experiment, Group,
                           ReportError, final_value, finite, fmt, fmt_final, load_experiment, read_jsonl, setting_name,
                           sweep_points)
-from cory.verdict import VERDICT_RULE, verdict
+from cory.verdict import FRONTIER_RULE, VERDICT_RULE, ablation_lines, frontier, verdict
 
 
 # ----------------------------------------------------------------------------- markdown
@@ -72,34 +73,39 @@ def _one_line(text) -> str:
     return str(text).replace("```", "'''").replace("\n", " ⏎ ")
 
 
-def samples_section(exp: Experiment, per_step: int = 3) -> str:
+def _sample_lines(r: dict) -> list[str]:
+    if "response" in r:
+        return [f"  [r={_reward(r.get('reward'))}] {_one_line(r.get('query', ''))} ⟶ {_one_line(r['response'])}"]
+    pio = r.get("pioneer", "pioneer")
+    obs = {"llm1": "llm2", "llm2": "llm1"}.get(pio, "observer")
+    return [f"  [{pio.upper()} pioneer r={_reward(r.get('pioneer_reward'))}] "
+            f"{_one_line(r.get('query', ''))} ⟶ {_one_line(r.get('pioneer_response', ''))}",
+            f"  [{obs.upper()} observer r={_reward(r.get('observer_reward'))}] "
+            f"{_one_line(r.get('query', ''))} ⟶ {_one_line(r.get('observer_response', ''))}"]
+
+
+def samples_section(exp: Experiment, per_step: int = 3, per_other_seed: int = 2) -> str:
+    """The lowest seed's first and last iteration, then the last iteration of every other seed: one seed's text
+    must not stand for its method (seeds differ in how far they drift)."""
     parts = []
     for g in _ordered_groups(exp):
         if g.kl_coef is not None:
             continue  # the sweep would multiply the samples; its numbers are in the table
-        seed = min(g.runs)
-        rows, _ = read_jsonl(g.runs[seed].path / "samples.jsonl")
-        rows = [r for r in rows if isinstance(r.get("step"), int)]
-        if not rows:
-            parts.append(f"**{METHOD_NAMES.get(g.method, g.method)}** (seed {seed}): no samples.jsonl.")
-            continue
-        first, last = min(r["step"] for r in rows), max(r["step"] for r in rows)
-        lines = []
-        for step in sorted({first, last}):
-            lines.append(f"iteration {step}:")
-            for r in [r for r in rows if r["step"] == step][:per_step]:
-                if "response" in r:
-                    lines.append(f"  [r={_reward(r.get('reward'))}] {_one_line(r.get('query', ''))} ⟶ "
-                                 f"{_one_line(r['response'])}")
-                else:
-                    pio = r.get("pioneer", "pioneer")
-                    obs = {"llm1": "llm2", "llm2": "llm1"}.get(pio, "observer")
-                    lines.append(f"  [{pio.upper()} pioneer r={_reward(r.get('pioneer_reward'))}] "
-                                 f"{_one_line(r.get('query', ''))} ⟶ {_one_line(r.get('pioneer_response', ''))}")
-                    lines.append(f"  [{obs.upper()} observer r={_reward(r.get('observer_reward'))}] "
-                                 f"{_one_line(r.get('query', ''))} ⟶ {_one_line(r.get('observer_response', ''))}")
-        parts.append(f"**{METHOD_NAMES.get(g.method, g.method)}** (seed {seed}, first and last iteration):\n\n"
-                     "```text\n" + "\n".join(lines) + "\n```")
+        blocks, lowest = [], min(g.runs)
+        for seed in sorted(g.runs):
+            rows, _ = read_jsonl(g.runs[seed].path / "samples.jsonl")
+            rows = [r for r in rows if isinstance(r.get("step"), int)]
+            if not rows:
+                blocks.append(f"seed {seed}: no samples.jsonl")
+                continue
+            first, last = min(r["step"] for r in rows), max(r["step"] for r in rows)
+            steps, k = (sorted({first, last}), per_step) if seed == lowest else ([last], per_other_seed)
+            for step in steps:
+                blocks.append(f"seed {seed}, iteration {step}:")
+                for r in [r for r in rows if r["step"] == step][:k]:
+                    blocks += _sample_lines(r)
+        parts.append(f"**{METHOD_NAMES.get(g.method, g.method)}** (seed {lowest}: first and last iteration; other "
+                     "seeds: last iteration):\n\n```text\n" + "\n".join(blocks) + "\n```")
     return "\n\n".join(parts) if parts else "_No samples._"
 
 
@@ -154,9 +160,16 @@ def provenance_section(exp: Experiment) -> str:
             per_it += [v for v in (finite(r.get("time/iteration_s")) for r in run.rows) if v is not None]
         script = next((r.get("script") for k, r in runs.items() if k.startswith(g.label + "/")), None)
         rows.append([g.label, script or "?", ", ".join(map(str, sorted(g.runs))),
-                     _duration(wall) if wall else "?", f"{np.mean(per_it):.1f} s" if per_it else "?"])
+                     _duration(wall) if wall else "?", _duration(sum(per_it)) if per_it else "?",
+                     f"{np.mean(per_it):.1f} s" if per_it else "?"])
     if rows:
-        out.append(_table(["run group", "script", "seeds", "wall time (all seeds)", "time per iteration"], rows))
+        out.append(_table(["run group", "script", "seeds", "wall time (all seeds, runs.json)",
+                           "iteration time (all seeds, metrics)", "time per iteration"], rows))
+        total = sum(v for g in _ordered_groups(exp) for run in g.runs.values()
+                    for v in (finite(r.get("time/iteration_s")) for r in run.rows) if v is not None)
+        out.append(f"\nIn all, {_duration(total)} of training iterations by the metrics' `time/iteration_s`. "
+                   "runs.json's wall times include loading and saving but not the attempts that were cut off "
+                   "(they record no wall time), so the two columns can differ either way.")
         out.append("")
     groups = _ordered_groups(exp)
     if groups:
@@ -190,60 +203,93 @@ EVAL_KEYS = ("pass@1", "pass@4", "pass@16", "accuracy", "hit_limit", "task_rewar
              "response_length")
 
 
+def _protocol(doc: dict) -> str:
+    # evaluations written before the protocol was recorded sampled and read answers as training does
+    return str((doc.get("settings") or {}).get("protocol", "training"))
+
+
 def evaluation_section(exp: Experiment) -> str | None:
     """Held-out evaluations (``python -m cory.evaluate``) found beside the runs: ``runs/<label>/seed_<s>/eval_*.json``
-    per trained model, ``eval_*.json`` in the experiment folder for the base model; mean ± std over seeds."""
+    per trained model, ``eval_*.json`` in the experiment folder for the base model; mean ± std over seeds. GSM8K
+    evaluations made under different protocols (how answers are sampled and read) get one table each, named."""
     import json
 
     def load(path):
         try:
-            return json.loads(path.read_text())
+            doc = json.loads(path.read_text())
         except (OSError, ValueError):
             return None
+        return doc if isinstance(doc, dict) else None
 
-    rows, settings, commands = [], None, []
+    gsm = exp.runs_json.get("task", exp.any_config("task")) == "gsm8k"
+    tables: dict[str, dict] = {}  # protocol -> {"rows", "settings", "commands"}
+
+    def slot(doc):
+        t = tables.setdefault(_protocol(doc) if gsm else "", {"rows": [], "settings": None, "commands": []})
+        t["settings"] = t["settings"] or doc.get("settings")
+        t["commands"].append(doc.get("command"))
+        return t
+
     for doc in [load(p) for p in sorted(exp.path.glob("eval_*.json"))]:
-        for r in (doc or {}).get("results", []):
-            rows.append(("base model", {0: r}))
         if doc:
-            settings = settings or doc.get("settings")
-            commands.append(doc.get("command"))
+            t = slot(doc)
+            for r in doc.get("results", []):
+                t["rows"].append(("base model", {0: r}))
     for g in _ordered_groups(exp):
-        per_model: dict[str, dict[int, dict]] = {}
+        per_model: dict[tuple[str, str], dict[int, dict]] = {}
         for seed, run in sorted(g.runs.items()):
             for path in sorted(run.path.glob("eval_*.json")):
                 doc = load(path)
                 if not doc:
                     continue
-                settings = settings or doc.get("settings")
-                commands.append(doc.get("command"))
+                slot(doc)
                 for r in doc.get("results", []):
                     if r.get("name") == "base":
                         continue
-                    per_model.setdefault(str(r.get("name", "?")).split("/")[-1], {})[seed] = r
-        for agent, by_seed in per_model.items():
-            rows.append((g.name(agent), by_seed))
-    if not rows:
+                    key = (_protocol(doc) if gsm else "", str(r.get("name", "?")).split("/")[-1])
+                    per_model.setdefault(key, {})[seed] = r
+        for (protocol, agent), by_seed in per_model.items():
+            tables[protocol]["rows"].append((g.name(agent), by_seed))
+    tables = {k: t for k, t in tables.items() if t["rows"]}
+    if not tables:
         return None
-    keys = [k for k in EVAL_KEYS if any(k in r for _, by_seed in rows for r in by_seed.values())]
-    table = []
-    for name, by_seed in rows:
-        cells = []
-        for k in keys:
-            values = np.array([float(r[k]) for r in by_seed.values() if isinstance(r.get(k), (int, float))])
-            cells.append("–" if not len(values) else fmt(values.mean()) if len(values) < 2
-                         else f"{fmt(values.mean())} ± {fmt(values.std(ddof=1))}")
-        table.append([name, len(by_seed)] + cells)
-    shown = {k: v for k, v in (settings or {}).items() if k in ("dataset", "limit", "n", "ks", "max_new_tokens", "seed",
-                                                                 "n_questions", "n_prompts", "allow_early_eos")}
     lines = ["Each trained model answers held-out prompts from the query alone; mean ± sample std over seeds "
-             f"(one evaluation per seed). Settings: {', '.join(f'{k} {v}' for k, v in shown.items())}.", "",
-             _table(["model", "seeds", *keys], table)]
+             "(one evaluation per seed)."]
+    commands = []
+    for protocol, t in sorted(tables.items(), key=lambda kv: (kv[0] != "training", kv[0])):
+        rows = t["rows"]
+        keys = [k for k in EVAL_KEYS if any(k in r for _, by_seed in rows for r in by_seed.values())]
+        table = []
+        for name, by_seed in rows:
+            cells = []
+            for k in keys:
+                values = np.array([float(r[k]) for r in by_seed.values() if isinstance(r.get(k), (int, float))])
+                cells.append("–" if not len(values) else fmt(values.mean()) if len(values) < 2
+                             else f"{fmt(values.mean())} ± {fmt(values.std(ddof=1))}")
+            table.append([name, len(by_seed)] + cells)
+        shown = {k: v for k, v in (t["settings"] or {}).items()
+                 if k in ("dataset", "limit", "n", "ks", "max_new_tokens", "seed", "n_questions", "n_prompts",
+                          "allow_early_eos")}
+        if gsm:
+            shown = {"protocol": protocol, **shown}
+        lines += ["", f"Settings: {', '.join(f'{k} {v}' for k, v in shown.items())}." + (
+                      f" {EVAL_PROTOCOLS.get(protocol, '')}" if gsm else ""), "",
+                  _table(["model", "seeds", *keys], table)]
+        commands += t["commands"]
     commands = [c for c in dict.fromkeys(commands) if c]
     if commands:
         lines += ["", "<details><summary>Evaluation commands</summary>\n\n```text\n" + "\n".join(commands)
                   + "\n```\n</details>"]
     return "\n".join(lines)
+
+
+EVAL_PROTOCOLS = {
+    "training": "Protocol _training_: answers sampled as in training (top_k 0, top_p 1, no repetition penalty), ended "
+                "at EOS or a new \"Question:\", read by the training reward's extraction.",
+    "authors": "Protocol _authors_: the authors' GSM8K evaluation (top_k 10, top_p 0.7, repetition penalty 1.1, no "
+               "early stop, their prompt, \"the answer is\" else the last number, compared as strings), the one "
+               "behind the paper's pass@1 of 18%.",
+}
 
 
 def build_report(path: str | Path) -> Path:
@@ -259,10 +305,16 @@ def build_report(path: str | Path) -> Path:
         notes.append(f"No runs at the preset's KL coefficient: the main figures use η={exp.main_eta:g}, the largest "
                      "coefficient of the sweep that PPO and CORY share.")
     if main:
+        held = exp.any_config("allow_early_eos") is False
         for metric in MAIN_FIGURE_METRICS:
             name = f"fig_{metric}.png"
             notes += plot_metric(exp, root / name, metric, main)
-            figures.append((name, f"{METRICS[metric][0]}: PPO vs CORY (paper Fig. 3)"))
+            caption = f"{METRICS[metric][0]}: PPO vs CORY (paper Fig. 3)"
+            if metric == "response_length" and held:
+                # answers run to the length drawn for the batch (allow_early_eos false): the curve shows the draws
+                caption += ("; answers are held to the length drawn for each batch (allow_early_eos false), so "
+                            "this shows the seeds' length draws, not lengths the models learned")
+            figures.append((name, caption))
     confounds = [(g, a) for m in CONFOUND_METHODS for g in [exp.main_group(m)] if g is not None for a in g.agents]
     if confounds:
         for metric in ("task_reward", "kl", "combined_reward"):
@@ -281,7 +333,8 @@ def build_report(path: str | Path) -> Path:
     points = sweep_points(exp)
     if points:
         plot_sweep(exp, root / "fig_kl_sweep.png", points)
-        figures.append(("fig_kl_sweep.png", "final task reward vs final KL over η (paper Fig. 2c)"))
+        figures.append(("fig_kl_sweep.png", "the η frontier: final task reward vs final KL, one small point per seed, "
+                                            "a large one per η (mean ± std over seeds) (paper Fig. 2c)"))
 
     for g in _ordered_groups(exp):
         if g.eta_mismatch:
@@ -297,7 +350,14 @@ def build_report(path: str | Path) -> Path:
           "rerun it to rebuild this file and the figures.", "",
           "## Verdict", "",
           VERDICT_RULE, "",
-          v.text, "", "## Figures", ""]
+          v.text, ""]
+    ablations_text = ablation_lines(exp)
+    if ablations_text:
+        md += [ablations_text, ""]
+    front = frontier(exp)
+    if front is not None:
+        md += ["## The η frontier", "", FRONTIER_RULE, "", front.text, ""]
+    md += ["## Figures", ""]
     md += [f"![{cap}]({name})\n\n_{name}: {cap}._\n" for name, cap in figures] or ["_No figures: no metrics yet._\n"]
     md += ["## Final values", "",
            f"Each seed's mean over its last {LAST_N} aligned iterations (all of them if fewer), then mean ± "
@@ -308,15 +368,20 @@ def build_report(path: str | Path) -> Path:
     if evaluation:
         md += ["## Held-out evaluation", "", evaluation, ""]
     md += ["## Samples", "",
-           "A few queries and answers from the first and the last iteration (lowest seed); a collapsed policy "
-           "shows here as repeated or degenerate text. r is the task reward of that answer.", "",
+           "A few queries and answers from the first and the last iteration of the lowest seed, then from the last "
+           "iteration of every other seed; a collapsed policy shows here as repeated or degenerate text. r is the "
+           "task reward of that answer.", "",
            samples_section(exp), "",
            "## What was run", "", provenance_section(exp), "",
            "## Notes", "",
            "- Curves are aligned by iteration; the mean, the band and the final values of a method use only the "
            "iterations that every one of its seeds logged with a finite value.",
-           "- Shaded bands are ± one sample std over seeds (none with a single seed). CORY's LLM2 is drawn "
-           "dashed, in its method's colour."]
+           "- Shaded bands are ± one sample std over seeds (none with a single seed), cut at the bounds a metric "
+           "cannot cross (KL and length ≥ 0, a reward within its range). CORY's LLM2 is drawn dashed, in its "
+           "method's colour.",
+           "- CORY's agents exchange roles every `swap_period` iterations (LLM1 starts as the pioneer), so "
+           "\"LLM1\" and \"LLM2\" name models, not roles: which one was the pioneer in the window of the final "
+           "values follows from the period."]
     md += [f"- {n}" for n in notes]
     report = root / "REPORT.md"
     report.write_text("\n".join(md).rstrip() + "\n")

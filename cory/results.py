@@ -116,6 +116,11 @@ class SeedRun:
         return max(steps) if steps else None
 
 
+# the range a per-answer task reward cannot leave, by reward name (None: unbounded): figures cut their bands
+# there, and the verdict's "similar reward" margin has a floor of a share of its width
+REWARD_RANGES = {"vader": (-1.0, 1.0), "correctness": (0.0, 1.0)}
+
+
 @dataclass
 class Group:
     """All seeds of one method at one KL coefficient (one folder under runs/)."""

@@ -1,74 +1,298 @@
-"""The verdict of REPORT.md: does CORY reach similar task reward at lower KL and higher r_c than PPO?
+"""The verdicts of REPORT.md: does CORY reach similar task reward at lower KL than PPO, and does its reward-vs-KL
+frontier lie above PPO's? (Ma et al., NeurIPS 2024, arXiv 2410.06101: Fig. 3 and Fig. 2c.)
 
-``verdict`` compares each CORY agent with PPO by one-sided Welch's t-tests over the per-seed final values
-(``cory.results.final_value``) at alpha 0.05, by the rule spelled out in ``VERDICT_RULE`` (printed in the report):
-"yes" only when both agents show lower KL and higher r_c with a task reward not shown to be lower; no verdict with
-fewer than 3 seeds per method. ``confound_lines`` gives the same test against the confounds ``ppo_norm`` and
-``cory_authors``, beside the answer. A module of its own because the test and its wording are the report's one
-judgement, and they are easier to review apart from the loading and the markdown.
+The rule is spelled out in ``VERDICT_RULE`` and ``FRONTIER_RULE``, which the report prints before the numbers. In
+short: each seed's final value is its mean over an explicit window of the last ``LAST_N`` iterations; PPO and CORY are
+compared by t-tests over those per-seed values, paired by seed when the two methods' runs of a seed shared their
+prompts and answer-length draws (checked on their iteration-0 values), else unpaired (Welch); "similar reward" is a
+non-inferiority test with a margin fixed by the rule (a share of PPO's reward gain over iteration 0); the claims of
+one verdict are Holm-corrected together, so a "partly" fires on noise at most at the stated α; and every verdict
+states its power to detect the paper's own effect (PPO's final KL twice CORY's at similar reward). A negative below
+80% power reads "could not tell (power N%)", never a plain "no".
+
+A module of its own because the tests and their wording are the report's one judgement, easier to review apart
+from the loading (``cory.results``) and the markdown (``cory.report``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import warnings
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 
-from cory.results import LAST_N, Experiment, Final, Group, curve, final_value, fmt, fmt_final
+from cory.results import (LAST_N, METHOD_NAMES, REWARD_RANGES, Experiment, Final, Group, curve, final_value, fmt,
+                          fmt_final)
 
-ALPHA = 0.05     # the verdict's one-sided Welch's t-tests
-MIN_SEEDS = 3    # fewer seeds per method: the numbers are shown, no verdict
+ALPHA = 0.05         # family-wise level of each verdict
+MIN_SEEDS = 3        # fewer seeds per method: the numbers are shown, no verdict
+POWER_TARGET = 0.8   # a negative result with less power than this reads "could not tell"
+MARGIN_SHARE = 0.2   # "similar reward": CORY's reward is at most this share of PPO's reward gain below PPO's
+# ... or this share of the reward's range, whichever is larger: where PPO barely gains (batch-8 CPU runs), a margin
+# of a share of nothing would demand "not lower at all", which no number of seeds can show for equal rewards
+MARGIN_RANGE_SHARE = 0.025  # VADER's [-1, 1]: 0.05; 0/1 correctness: 0.025
+PAPER_KL_RATIO = 2.0  # the paper's effect: PPO's final KL twice CORY's, at similar reward
 COMPARED = ("task_reward", "kl", "combined_reward")
+SAME = 1e-9          # iteration-0 values this close (relative) count as the same draw
 
 
-@dataclass
-class Verdict:
-    answer: str  # "yes" | "partly" | "no" | "too few seeds" | "not decided"
-    text: str
+# ----------------------------------------------------------------------------- statistics
 
-
-@dataclass
-class WelchResult:
-    """A one-sided Welch's t-test over per-seed final values."""
-
-    p: float                # one-sided p-value; NaN when undefined (a group with < 2 seeds, or both constant and equal)
-    constant: bool = False  # both groups constant over seeds: decided by the sign of the difference
-
-
-def welch(a: Final, b: Final, alternative: str) -> WelchResult:
-    """Welch's t-test (unequal variances) of ``a`` against ``b`` over the per-seed values, one-sided:
-    ``alternative`` "less" tests mean(a) < mean(b), "greater" mean(a) > mean(b).
-
-    When both groups are constant (no spread: Welch's t is undefined, scipy gives NaN or ±inf) and differ, the sign
-    of the difference decides: p = 0 when it points the tested way, 1 otherwise (the limit of the test as the
-    spread goes to 0); constant and equal: p is NaN (no difference shown either way)."""
-    x, y = np.asarray(a.per_seed, dtype=float), np.asarray(b.per_seed, dtype=float)
-    if len(x) < 2 or len(y) < 2:
-        return WelchResult(float("nan"))
-    if np.ptp(x) == 0 and np.ptp(y) == 0:
-        diff = x[0] - y[0]
-        if diff == 0:
-            return WelchResult(float("nan"), True)
-        return WelchResult(0.0 if (diff < 0) == (alternative == "less") else 1.0, True)
-    import warnings
-
+def _t():
     from scipy import stats
 
-    with warnings.catch_warnings():  # nearly identical values: scipy warns of precision loss, the answer stands
+    return stats
+
+
+@dataclass
+class Diff:
+    """The difference ``other − base`` of one metric's per-seed final values, with the standard error and degrees
+    of freedom of its t statistic: paired (the per-seed differences) or unpaired (Welch)."""
+
+    paired: bool
+    mean: float   # estimated mean difference other − base
+    se: float     # its standard error; 0: no spread; NaN: fewer than 2 seeds
+    df: float     # degrees of freedom of the t; NaN when undefined
+    n: int        # pairs (paired) or the smaller group (unpaired)
+    corr: float = float("nan")  # paired: correlation of the two methods' per-seed values
+
+    @property
+    def constant(self) -> bool:
+        return self.se == 0
+
+
+def difference(other: Final, base: Final, paired: bool) -> Diff:
+    """``other − base`` over the per-seed values. Paired: over the seeds both have, one difference per seed;
+    unpaired: Welch's standard error and Welch–Satterthwaite degrees of freedom."""
+    if paired:
+        b = dict(zip(base.seeds, base.per_seed))
+        common = [s for s in other.seeds if s in b]
+        x = np.array([v for s, v in zip(other.seeds, other.per_seed) if s in b], dtype=float)
+        y = np.array([b[s] for s in common], dtype=float)
+        d = x - y
+        n = len(d)
+        if n < 2:
+            return Diff(True, float(d.mean()) if n else float("nan"), float("nan"), float("nan"), n)
+        corr = float("nan")
+        if np.ptp(x) > 0 and np.ptp(y) > 0:
+            corr = float(np.corrcoef(x, y)[0, 1])
+        return Diff(True, float(d.mean()), _se(d.std(ddof=1) / math.sqrt(n), x, y), float(n - 1), n, corr)
+    x, y = np.asarray(other.per_seed, dtype=float), np.asarray(base.per_seed, dtype=float)
+    nx, ny = len(x), len(y)
+    if nx < 2 or ny < 2:
+        mean = float(x.mean() - y.mean()) if nx and ny else float("nan")
+        return Diff(False, mean, float("nan"), float("nan"), min(nx, ny))
+    vx, vy = x.var(ddof=1) / nx, y.var(ddof=1) / ny
+    se = _se(math.sqrt(vx + vy), x, y)
+    df = (vx + vy) ** 2 / (vx ** 2 / (nx - 1) + vy ** 2 / (ny - 1)) if se > 0 else float(nx + ny - 2)
+    return Diff(False, float(x.mean() - y.mean()), se, float(df), min(nx, ny))
+
+
+def _se(se: float, x: np.ndarray, y: np.ndarray) -> float:
+    """0 when the spread is rounding error (the mean of ten 0.1s is not exactly 0.1): such values are constant."""
+    scale = max(float(np.abs(x).max(initial=0.0)), float(np.abs(y).max(initial=0.0)))
+    return 0.0 if se <= 1e-12 * scale else float(se)
+
+
+def p_value(d: Diff, direction: str, bound: float = 0.0) -> float:
+    """One-sided p of the t-test of ``d.mean`` against ``bound``: ``direction`` "less" tests difference < bound,
+    "greater" difference > bound. With no spread (se 0) the sign decides: p = 0 when the difference lies strictly
+    the tested way, 1 the other way, NaN when it sits on the bound (the limit of the test as the spread goes to 0)."""
+    if not math.isfinite(d.mean) or not math.isfinite(d.se):
+        return float("nan")
+    gap = d.mean - bound
+    if d.se == 0:
+        if gap == 0:
+            return float("nan")
+        return 0.0 if (gap < 0) == (direction == "less") else 1.0
+    from scipy.special import stdtr  # Student's t CDF; scipy.stats' frozen distributions cost 20x more per call
+
+    t = gap / d.se
+    return float(stdtr(d.df, t) if direction == "less" else stdtr(d.df, -t))
+
+
+def power(effect: float, d: Diff, alpha: float) -> float:
+    """Chance that the one-sided t-test at level ``alpha`` rejects when the true difference lies ``effect`` beyond
+    the tested bound (noncentral t, with the observed standard error and degrees of freedom)."""
+    if not (math.isfinite(effect) and math.isfinite(d.se) and math.isfinite(d.df)) or d.df <= 0:
+        return float("nan")
+    if d.se == 0:
+        return 1.0 if effect > 0 else 0.0
+    if effect / d.se > 60:
+        return 1.0  # beyond what scipy's noncentral t evaluates reliably; the power is 1 to many digits
+    st = _t()
+    with warnings.catch_warnings():  # scipy's noncentral t warns on extreme noncentralities; the value stands
         warnings.simplefilter("ignore", RuntimeWarning)
-        res = stats.ttest_ind(x, y, equal_var=False, alternative=alternative)
-    return WelchResult(float(res.pvalue))
+        return float(st.nct.sf(st.t.ppf(1 - alpha, d.df), d.df, effect / d.se))
+
+
+def min_detectable(d: Diff, alpha: float, target: float = POWER_TARGET) -> float:
+    """The smallest true difference (beyond the tested bound) that the test would find with ``target`` power."""
+    if not (math.isfinite(d.se) and math.isfinite(d.df)) or d.df <= 0:
+        return float("nan")
+    if d.se == 0:
+        return 0.0
+    from scipy.optimize import brentq
+
+    hi = d.se
+    for _ in range(60):
+        if power(hi, d, alpha) >= target:
+            break
+        hi *= 2
+    else:
+        return float("nan")
+    return float(brentq(lambda e: power(e, d, alpha) - target, 0.0, hi, xtol=d.se * 1e-6))
+
+
+def holm(pvalues: list[float], alpha: float = ALPHA) -> list[bool]:
+    """Holm's step-down rejections at family-wise level ``alpha`` (a NaN p is never rejected)."""
+    ps = [p if math.isfinite(p) else 1.0 for p in pvalues]
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    out = [False] * len(ps)
+    for rank, i in enumerate(order):
+        if ps[i] < alpha / (len(ps) - rank):
+            out[i] = True
+        else:
+            break
+    return out
+
+
+def trend(group: Group, agent: str, metric: str, steps: tuple[int, int]) -> np.ndarray | None:
+    """Each seed's least-squares slope of ``metric`` per iteration over the window ``steps`` (inclusive)."""
+    c = curve(group, agent, metric)
+    if c is None:
+        return None
+    keep = (c.steps >= steps[0]) & (c.steps <= steps[1])
+    if keep.sum() < 3:
+        return None
+    x = c.steps[keep].astype(float)
+    return np.array([np.polyfit(x, row[keep], 1)[0] for row in c.values])
+
+
+def _pct(p: float) -> str:
+    if not math.isfinite(p):
+        return "n/a"
+    if 0 < p < 0.005:
+        return "<1%"  # not "0%": some power is left
+    if 0.995 <= p < 1:
+        return ">99%"
+    return f"{100 * p:.0f}%"
+
+
+# ----------------------------------------------------------------------------- pairing
+
+@dataclass
+class Pairing:
+    paired: bool
+    why: str  # one sentence, printed
+
+
+def _first_draw(group: Group, seed: int) -> tuple[int, float | None, float | None] | None:
+    """(step, task reward, response length) of the agent answering from the query alone (PPO's policy, CORY's
+    pioneer) at the run's first logged iteration: what the seed's prompts and length draws decide."""
+    rows = [r for r in group.runs[seed].rows if isinstance(r.get("step"), int) and not isinstance(r["step"], bool)]
+    if not rows:
+        return None
+    row = min(rows, key=lambda r: r["step"])
+    agents = group.agents
+    agent = row.get("pioneer") if row.get("pioneer") in agents else (agents[0] if agents else "policy")
+    return row["step"], row.get(f"{agent}/task_reward"), row.get(f"{agent}/response_length")
+
+
+def _same(a, b) -> bool:
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b)):
+        return False
+    return math.isclose(float(a), float(b), rel_tol=SAME, abs_tol=SAME)
+
+
+def pairing(base: Group, other: Group) -> Pairing:
+    """Paired by seed when both groups ran the same seeds and, for every seed, their first iteration (before any
+    update, both answering with the same starting model) gave the same task reward and answer length: the seed's
+    prompts and length draws were shared, so seed-to-seed luck cancels in the differences."""
+    if set(base.runs) != set(other.runs):
+        return Pairing(False, f"unpaired (Welch): the seeds differ ({_seeds(base)} vs {_seeds(other)})")
+    for seed in sorted(base.runs):
+        a, b = _first_draw(base, seed), _first_draw(other, seed)
+        if a is None or b is None or a[0] != b[0] or None in (a[1], b[1]):
+            return Pairing(False, f"unpaired (Welch): seed {seed}'s first iteration cannot be compared")
+        if not _same(a[1], b[1]) or (a[2] is not None and b[2] is not None and not _same(a[2], b[2])):
+            return Pairing(False, f"unpaired (Welch): seed {seed}'s iteration-{a[0]} task reward or answer length "
+                                  f"differs ({fmt(a[1])} vs {fmt(b[1])}), so the runs did not share their prompts "
+                                  "and length draws")
+    return Pairing(True, f"paired by seed: each of the {len(base.runs)} seeds' runs shared their prompts and length "
+                         "draws (identical iteration-0 task reward and answer length)")
+
+
+def _seeds(g: Group) -> str:
+    return ",".join(map(str, sorted(g.runs)))
+
+
+# ----------------------------------------------------------------------------- one agent against PPO
+
+@dataclass
+class Margin:
+    """The non-inferiority margin of "similar reward": ``MARGIN_SHARE`` of the baseline's reward gain, at least
+    ``MARGIN_RANGE_SHARE`` of the reward's range where the range is known."""
+
+    start: float  # the baseline's seed-mean task reward at its first iteration
+    final: float  # its seed-mean final task reward
+    step: int     # that first iteration
+    reward_range: tuple[float, float] | None = None
+
+    @property
+    def gain(self) -> float:
+        return self.final - self.start
+
+    @property
+    def floor(self) -> float:
+        if self.reward_range is None:
+            return 0.0
+        lo, hi = self.reward_range
+        return MARGIN_RANGE_SHARE * (hi - lo)
+
+    @property
+    def value(self) -> float:
+        return max(MARGIN_SHARE * max(self.gain, 0.0), self.floor)
+
+    def text(self, base_name: str) -> str:
+        share = MARGIN_SHARE * max(self.gain, 0.0)
+        head = (f"margin = {MARGIN_SHARE:g} × {base_name}'s reward gain ({fmt(self.start)} at iteration {self.step} → "
+                f"{fmt(self.final)} final)")
+        if self.reward_range is not None:
+            lo, hi = self.reward_range
+            head += f", at least {MARGIN_RANGE_SHARE:g} × the reward's range [{lo:g}, {hi:g}]"
+        head += f" = {fmt(self.value)}"
+        if self.value == 0:
+            head += (f" ({base_name}'s reward did not rise, so no drop is allowed: \"similar\" needs the reward shown "
+                     f"not lower at all)")
+        elif self.floor > share:
+            head += f" (the floor: {base_name}'s gain is small)"
+        return head
+
+
+def margin_of(base: Group, agent: str, final: Final) -> Margin | None:
+    c = curve(base, agent, "task_reward")
+    if c is None or not len(c.steps):
+        return None
+    reward_range = REWARD_RANGES.get(base.config_value("reward_model"))
+    return Margin(float(c.values[:, 0].mean()), final.mean, int(c.steps[0]), reward_range)
 
 
 @dataclass
 class Comparison:
-    """One agent of a method against a baseline, on the three compared metrics' per-seed final values."""
+    """One agent of a method against a baseline on the per-seed final values, with the tests of the claim
+    "similar task reward (non-inferior by the margin) at lower KL", r_c shown beside them."""
 
     agent: str
     name: str                  # e.g. "CORY-LLM1"
     base_name: str             # e.g. "PPO"
     fin: dict[str, Final]
     base: dict[str, Final]
+    pair: Pairing = field(default_factory=lambda: Pairing(False, "unpaired (Welch)"))
+    margin: Margin | None = None
+    m: int = 1                 # claims in the verdict's family (for the power's level)
+    holds: bool = False        # set by the verdict after Holm's correction
 
     @property
     def n(self) -> int:
@@ -78,34 +302,65 @@ class Comparison:
     def judged(self) -> bool:
         return self.n >= MIN_SEEDS
 
-    @cached_property
-    def reward_lower(self) -> WelchResult:  # tested: the agent's task reward < the baseline's
-        return welch(self.fin["task_reward"], self.base["task_reward"], "less")
+    def diff(self, metric: str) -> Diff:
+        return difference(self.fin[metric], self.base[metric], self.pair.paired)
 
     @cached_property
-    def kl_lower(self) -> WelchResult:
-        return welch(self.fin["kl"], self.base["kl"], "less")
+    def d_reward(self) -> Diff:
+        return self.diff("task_reward")
 
     @cached_property
-    def rc_higher(self) -> WelchResult:
-        return welch(self.fin["combined_reward"], self.base["combined_reward"], "greater")
+    def d_kl(self) -> Diff:
+        return self.diff("kl")
+
+    @cached_property
+    def d_rc(self) -> Diff:
+        return self.diff("combined_reward")
 
     @property
-    def similar(self) -> bool:
-        """Task reward not shown to be lower (NaN p: no difference shown)."""
-        return self.judged and not self.reward_lower.p < ALPHA
+    def delta(self) -> float:
+        return self.margin.value if self.margin is not None else 0.0
+
+    @cached_property
+    def p_kl(self) -> float:          # KL lower than the baseline's
+        return p_value(self.d_kl, "less")
+
+    @cached_property
+    def p_similar(self) -> float:     # reward above baseline − margin (non-inferiority)
+        return p_value(self.d_reward, "greater", -self.delta)
+
+    @cached_property
+    def p_rc(self) -> float:          # r_c higher (shown, not part of the claim)
+        return p_value(self.d_rc, "greater")
 
     @property
-    def lower_kl(self) -> bool:
-        return self.judged and self.kl_lower.p < ALPHA
+    def p_claim(self) -> float:
+        """Intersection-union: the claim holds when both of its tests do, so its p is the larger of the two."""
+        ps = [self.p_kl, self.p_similar]
+        return max(ps) if all(math.isfinite(p) for p in ps) else float("nan")
 
     @property
-    def higher_rc(self) -> bool:
-        return self.judged and self.rc_higher.p < ALPHA
+    def level(self) -> float:
+        return ALPHA / self.m  # Holm's strictest step: the power below is a lower bound
 
     @property
-    def met(self) -> bool:
-        return self.similar and self.lower_kl and self.higher_rc
+    def paper_kl_gap(self) -> float:
+        """The paper's effect on KL: PPO's final KL twice the agent's, i.e. the agent's KL lower by half of PPO's."""
+        return self.base["kl"].mean * (1 - 1 / PAPER_KL_RATIO)
+
+    @property
+    def power_kl(self) -> float:
+        return power(self.paper_kl_gap, self.d_kl, self.level)
+
+    @property
+    def power_similar(self) -> float:
+        """Chance of showing "similar" when the rewards are truly equal (the distance to the bound is the margin)."""
+        return power(self.delta, self.d_reward, self.level)
+
+    @property
+    def power_claim(self) -> float:
+        """Power to show the paper's effect (KL halved, reward equal), the two tests taken as independent."""
+        return self.power_kl * self.power_similar
 
     @property
     def kl_ratio(self) -> float:
@@ -114,23 +369,31 @@ class Comparison:
         return self.base["kl"].mean / mine if mine > 0 else float("nan")
 
     def line(self) -> str:
-        def p(test: WelchResult, holds: bool, yes: str, no: str) -> str:
-            how = " (both constant over seeds: decided by the sign)" if test.constant else ""
-            return f"one-sided p = {fmt(test.p)}{how}: {yes if holds else no}"
-
         versus = f"{self.name} vs {self.base_name}"
         nums = (f"task reward {fmt_final(self.fin['task_reward'])} vs {fmt_final(self.base['task_reward'])}",
                 f"KL {fmt_final(self.fin['kl'])} vs {fmt_final(self.base['kl'])}",
                 f"r_c {fmt_final(self.fin['combined_reward'])} vs {fmt_final(self.base['combined_reward'])}")
-        ratio = f"KL ratio {self.base_name}/{self.name} = {fmt(self.kl_ratio)} (paper: > 2)"
+        ratio = f"KL ratio {self.base_name}/{self.name} = {fmt(self.kl_ratio)} (paper: > {PAPER_KL_RATIO:g})"
         if not self.judged:
             return (f"- {versus}: {nums[0]}; {nums[1]}; {nums[2]}; {ratio}. Not judged: {self.n} seed(s), "
                     f"the test needs {MIN_SEEDS}.")
-        outcome = "all three hold" if self.met else "not all three hold"
-        return (f"- {versus}: {nums[0]} ({p(self.reward_lower, self.similar, 'not shown to be lower', 'lower')}); "
-                f"{nums[1]} ({p(self.kl_lower, self.lower_kl, 'lower', 'lower not shown')}); "
-                f"{nums[2]} ({p(self.rc_higher, self.higher_rc, 'higher', 'higher not shown')}); "
-                f"{ratio} — {outcome}.")
+        lvl = f"α/{self.m}" if self.m > 1 else "α"
+
+        def part(d: Diff, p: float, held: str, not_held: str, mdd_what: str) -> str:
+            how = " (no spread over seeds: decided by the sign)" if d.constant else ""
+            corr = f", seed correlation {fmt(d.corr, 2)}" if d.paired and math.isfinite(d.corr) else ""
+            verdict_word = held if (math.isfinite(p) and p < ALPHA) else not_held
+            return (f"difference {fmt(d.mean)} ± {fmt(d.se)} (SE{corr}), one-sided p = {fmt(p)}{how}: {verdict_word}; "
+                    f"{mdd_what} at 80% power ({lvl}): {fmt(min_detectable(d, self.level))}")
+
+        outcome = "the claim holds" if self.holds else "the claim is not shown"
+        return (f"- {versus} ({'paired' if self.pair.paired else 'unpaired'}, {self.n} seeds): "
+                f"{nums[0]} ({part(self.d_reward, self.p_similar, 'similar (within the margin)', 'similar not shown', 'smallest margin showable')}); "
+                f"{nums[1]} ({part(self.d_kl, self.p_kl, 'lower', 'lower not shown', 'smallest KL gap detectable')}); "
+                f"{nums[2]} ({part(self.d_rc, self.p_rc, 'higher', 'higher not shown', 'smallest r_c gap detectable')}); "
+                f"{ratio}. Claim p = {fmt(self.p_claim)}; power to show the paper's effect (KL halved to "
+                f"{fmt(self.base['kl'].mean / PAPER_KL_RATIO)}, reward equal): {_pct(self.power_claim)} "
+                f"(KL test {_pct(self.power_kl)}, similar-reward test {_pct(self.power_similar)}) — {outcome}.")
 
 
 def _not_compared(name: str) -> str:
@@ -147,44 +410,91 @@ def _common_end(series: list[tuple[Group, str]]) -> int | None:
 
 def compare(base: Group, other: Group, upto: int | None | str = "auto") -> tuple[list[Comparison], list[str]]:
     """Each agent of ``other`` against ``base``'s first agent, over the iterations up to ``upto`` ("auto": the
-    last one all of them reached); returns (comparisons, names of the agents or baseline lacking metrics)."""
+    last one all of them reached), Holm-corrected over the agents; returns (comparisons, names lacking metrics)."""
     base_agent = base.agents[0] if base.agents else "policy"
     if upto == "auto":
         upto = _common_end([(base, base_agent)] + [(other, a) for a in other.agents])
     ref = {m: final_value(base, base_agent, m, upto=upto) for m in COMPARED}
     if any(f is None for f in ref.values()):
         return [], [base.name(base_agent)]
+    pair = pairing(base, other)
+    margin = margin_of(base, base_agent, ref["task_reward"])
     out, missing = [], []
     for agent in other.agents:
         fin = {m: final_value(other, agent, m, upto=upto) for m in COMPARED}
         if any(f is None for f in fin.values()):
             missing.append(other.name(agent))
         else:
-            out.append(Comparison(agent, other.name(agent), base.name(base_agent), fin, ref))
+            out.append(Comparison(agent, other.name(agent), base.name(base_agent), fin, ref, pair, margin))
+    decide(out)
     return out, missing
 
 
+def decide(comps: list[Comparison]) -> None:
+    """The agents' claims as one family: Holm over their intersection-union p-values sets ``holds``."""
+    for c in comps:
+        c.m = len(comps)
+    judged = [c for c in comps if c.judged]
+    for c, held in zip(judged, holm([c.p_claim for c in judged])):
+        c.holds = held
+
+
+def _trend_line(series: list[tuple[Group, str]], steps: tuple[int, int]) -> str | None:
+    parts = []
+    for g, agent in series:
+        slopes = trend(g, agent, "kl", steps)
+        if slopes is None:
+            continue
+        sd = f" ± {fmt(slopes.std(ddof=1))}" if len(slopes) >= 2 else ""
+        parts.append(f"{g.name(agent)} {'+' if slopes.mean() >= 0 else ''}{fmt(slopes.mean())}{sd}")
+    if not parts:
+        return None
+    return (f"- KL trend over the window (each seed's least-squares slope over iterations {steps[0]}–{steps[1]}, "
+            f"nats per iteration, mean ± std over seeds): {', '.join(parts)}. A slope well above 0 means the KL was "
+            "still rising, so the final values depend on where the window ends.")
+
+
 VERDICT_RULE = (
-    "Does CORY reach similar task reward at lower KL and higher r_c than PPO, as the paper claims? The rule: "
-    f"a seed's final value is its mean over its last {LAST_N} aligned iterations, up to the last iteration that "
-    "every compared run reached; each CORY agent (LLM1, LLM2) is compared with PPO by Welch's t-test (unequal "
-    f"variances) over those per-seed values, one-sided, at α = {ALPHA:g}. _lower KL_: the agent's KL is below "
-    f"PPO's with p < {ALPHA:g}; _higher r_c_: its r_c is above PPO's with p < {ALPHA:g}; _similar task reward_: "
-    f"its task reward is not shown to be lower than PPO's (the test of \"CORY < PPO\" gives p ≥ {ALPHA:g}), which "
-    "means \"not shown to be lower\", not \"shown to be equal\": with few seeds a real drop can go undetected. A KL "
-    "or r_c comparison that fails reads _not shown_; a task reward shown to be lower reads _lower_. When both "
-    "methods' per-seed values are constant (no spread, no t), a comparison is decided by the sign of the "
-    "difference and marked so (constant values over seeds suggest the seed did not change the runs). "
-    "_yes_: both agents meet all three; _partly_: one agent meets all three, or some agent has lower KL or "
-    "higher r_c; "
-    "_no_: no agent has lower KL or higher r_c; "
-    f"_too few seeds_: a method has fewer than {MIN_SEEDS} seeds (the numbers are shown, no verdict); "
-    "_not decided_: metrics are missing. The KL ratio (PPO's final KL over the agent's) is the paper's own "
-    "yardstick (it reports > 2); it is shown, not tested.")
+    "Does CORY reach similar task reward at lower KL than PPO, as the paper claims (arXiv 2410.06101, Fig. 3)? "
+    f"The rule (fixed before the numbers): a seed's _final value_ is its mean over the last {LAST_N} iterations up to "
+    "the last iteration every compared run reached (the window is named below, with each seed's KL slope over it). "
+    "Each CORY agent (LLM1, LLM2) is compared with PPO by t-tests over the per-seed final values: _paired_ by seed "
+    "when PPO's and CORY's runs of every seed shared their prompts and answer-length draws (checked: identical "
+    "iteration-0 task reward and answer length), so that seed-to-seed luck cancels; otherwise _unpaired_ (Welch), "
+    "and the report says why. The claim for one agent is _similar task reward at lower KL_: "
+    f"_lower KL_ is a one-sided test of CORY's KL < PPO's; _similar task reward_ is a non-inferiority test: CORY's "
+    f"reward is shown to be above PPO's minus a margin of {MARGIN_SHARE:g} × PPO's reward gain (PPO's seed-mean final "
+    "reward minus its seed-mean reward at the first iteration), and at least "
+    f"{MARGIN_RANGE_SHARE:g} × the width of the reward's range where it is known (VADER [-1, 1]: "
+    f"{MARGIN_RANGE_SHARE * 2:g}; 0/1 correctness: {MARGIN_RANGE_SHARE:g}), so more "
+    "seeds make this test sharper, not stricter. The claim holds when both tests do (an intersection–union test: its "
+    "p is the larger of the two). The agents' claims form one family, corrected by Holm's method at "
+    f"α = {ALPHA:g}: _yes_: the claim holds for every agent; _partly_: for some agent (with no true effect, "
+    f"_partly_ or _yes_ fires at most {ALPHA:.0%} of the time); otherwise the answer is a negative, and its "
+    "_power_ decides how it reads. Power is the chance to show the paper's own effect (PPO's final KL twice the "
+    "agent's, task reward equal) with the observed spread, at Holm's strictest level α/m, the KL and the "
+    "similar-reward test taken as independent; a verdict's power is the smallest of its agents'. "
+    f"_no (power N%)_ needs N ≥ {POWER_TARGET:.0%}; below it the answer is _could not tell (power N%)_. Each "
+    "comparison also gives the smallest difference it would detect at 80% power. r_c (task reward − η·KL) and the "
+    f"KL ratio (PPO's final KL over the agent's; the paper reports > {PAPER_KL_RATIO:g}) are shown, not part of the "
+    "claim (r_c nearly repeats the KL test at a fixed η). With no spread over seeds a test is decided by the sign "
+    f"of the difference and marked so. _too few seeds_: a method has fewer than {MIN_SEEDS} seeds (numbers shown, no "
+    "verdict); _not decided_: metrics are missing.")
+
+
+@dataclass
+class Verdict:
+    answer: str  # "yes" | "partly" | "no" | "could not tell" | "too few seeds" | "not decided"
+    text: str
+    power: float = float("nan")
+
+
+def _negative(power_: float) -> str:
+    return "no" if math.isfinite(power_) and power_ >= POWER_TARGET else "could not tell"
 
 
 def verdict(exp: Experiment) -> Verdict:
-    """Did both CORY agents reach similar task reward at lower KL and higher r_c than PPO (``VERDICT_RULE``)?"""
+    """Did the CORY agents reach similar task reward at lower KL than PPO (``VERDICT_RULE``)?"""
     ppo, cory = exp.main_group("ppo"), exp.main_group("cory")
     if ppo is None or cory is None:
         missing = " and ".join(m for m, g in (("ppo", ppo), ("cory", cory)) if g is None)
@@ -198,43 +508,54 @@ def verdict(exp: Experiment) -> Verdict:
         return Verdict("not decided", "CORY's runs lack the metrics to compare.\n" + "\n".join(lines))
     base = comps[0].base
     n_ppo, n_cory = base["task_reward"].n, min(min(f.n for f in c.fin.values()) for c in comps)
-    met = [c for c in comps if c.met]
+    held = [c for c in comps if c.holds]
+    pw = min((c.power_claim for c in comps), key=lambda p: p if math.isfinite(p) else -1.0)
+    pw_text = f"power to show the paper's effect {_pct(pw)}"
     if min(n_ppo, n_cory) < MIN_SEEDS:
-        answer = "too few seeds"
+        answer, label = "too few seeds", "too few seeds"
         summary = (f"No verdict: the test needs at least {MIN_SEEDS} seeds per method (PPO has {n_ppo}, CORY "
                    f"{n_cory}). The numbers follow without a judgement.")
-    elif {c.agent for c in met} >= {"llm1", "llm2"}:
-        answer = "yes"
-        summary = ("Both CORY agents reached a task reward not shown to be lower than PPO's, at lower KL and "
-                   f"higher r_c (one-sided Welch's t-test, p < {ALPHA:g}), as the paper claims.")
-    elif met or any(c.lower_kl or c.higher_rc for c in comps):
-        answer = "partly"
-        if met:
-            others = [c.name for c in comps if not c.met] + missing
-            summary = (f"Only {' and '.join(c.name for c in met)} met all three comparisons"
-                       + (f"; {' and '.join(others)} did not" if others else "") + " (see below).")
-        else:
-            summary = "A CORY agent had lower KL or higher r_c, but no CORY agent met all three (see below)."
+    elif len(held) == len(comps) and not missing:
+        answer, label = "yes", f"yes ({pw_text})"
+        summary = ("Every CORY agent reached a task reward shown within the margin of PPO's at lower KL "
+                   f"(Holm-corrected, family-wise α = {ALPHA:g}), as the paper claims.")
+    elif held:
+        others = [c.name for c in comps if not c.holds] + missing
+        answer, label = "partly", f"partly ({pw_text})"
+        summary = (f"Only {' and '.join(c.name for c in held)} showed similar task reward at lower KL"
+                   + (f"; {' and '.join(others)} did not" if others else "") + " (Holm-corrected, family-wise "
+                   f"α = {ALPHA:g}; see below).")
     else:
-        answer = "no"
-        summary = ("No CORY agent had significantly lower KL or higher r_c than PPO: the paper's claim is not "
-                   "reproduced here.")
+        answer = _negative(pw)
+        label = f"{answer} (power {_pct(pw)})"
+        if answer == "no":
+            summary = (f"No CORY agent showed similar task reward at lower KL, and the design had {_pct(pw)} power "
+                       "to show the paper's effect: the claim is not reproduced here.")
+        else:
+            summary = (f"No CORY agent showed similar task reward at lower KL, but with this spread and these seeds "
+                       f"the design had only {_pct(pw)} power to show the paper's effect (it needs "
+                       f"{POWER_TARGET:.0%}): this is no evidence against the claim.")
     first, end = base["task_reward"].steps
     where = f" at η={fmt(cory.kl_coef)}" if cory.kl_coef is not None else ""
-    head = (f"**{answer}** — {summary} Final values{where}: each seed's mean over iterations {first}–{end}, "
+    pair = comps[0].pair
+    head = (f"**{label}** — {summary} Final values{where}: each seed's mean over iterations {first}–{end}, "
             f"then mean ± std over seeds (PPO {n_ppo} seed{'s' * (n_ppo != 1)}, "
-            f"CORY {n_cory} seed{'s' * (n_cory != 1)}).")
+            f"CORY {n_cory} seed{'s' * (n_cory != 1)}); tests {pair.why}; similar-reward "
+            f"{comps[0].margin.text('PPO') if comps[0].margin else 'margin: n/a'}.")
     if any(c is not None and len(c.steps) and c.steps[-1] > end
            for g, a in [(ppo, "policy")] + [(cory, a) for a in cory.agents] for c in [curve(g, a, "task_reward")]):
         head += (f" The runs did not all reach the same iteration: they are compared up to iteration {end}, "
                  "the last one all of them logged.")
+    tr = _trend_line([(ppo, "policy")] + [(cory, a) for a in cory.agents], (first, end))
+    if tr:
+        lines.append(tr)
     kl = curve(ppo, "policy", "kl")
     if kl is not None and len(kl.steps) >= 2:
         k = min(LAST_N, len(kl.steps) // 2) or 1
         lines.append(f"- For scale: PPO's KL went from {fmt(kl.mean[:k].mean())} (first {k} iterations) "
                      f"to {fmt(kl.mean[-k:].mean())} (last {k}).")
     extra = confound_lines(exp, ppo, cory)
-    return Verdict(answer, head + "\n\n" + "\n".join(lines) + ("\n\n" + extra if extra else ""))
+    return Verdict(answer, head + "\n\n" + "\n".join(lines) + ("\n\n" + extra if extra else ""), pw)
 
 
 def confound_lines(exp: Experiment, ppo: Group, cory: Group) -> str:
@@ -259,8 +580,196 @@ def confound_lines(exp: Experiment, ppo: Group, cory: Group) -> str:
         comps, missing = compare(base, other)
         if comps:
             first, end = comps[0].base["task_reward"].steps
-            title += f", iterations {first}–{end}"
+            title += f", iterations {first}–{end}, {comps[0].pair.why}"
+            if comps[0].margin:
+                title += f"; {comps[0].margin.text(comps[0].base_name)}"
         parts.append(f"{title}:\n\n" + "\n".join([c.line() for c in comps] + [_not_compared(n) for n in missing]))
     if not parts:
         return ""
-    return ("Confounds, same test (not part of the answer above):\n\n" + "\n\n".join(parts))
+    return "Confounds, same test (not part of the answer above):\n\n" + "\n\n".join(parts)
+
+
+# ----------------------------------------------------------------------------- ablations
+
+ABLATIONS = (("cory_no_kt", "cory"), ("cory_no_swap", "cory"), ("ppo_2x", "ppo"))
+
+
+def ablation_lines(exp: Experiment) -> str:
+    """Each ablation against the method it ablates, agent by agent (LLM1 with LLM1): two-sided tests of the task
+    reward and KL differences, paired when the seeds shared their draws, Holm-corrected over the ablation's tests.
+    Descriptive: the paper's ablations (Fig. 6) state directions, which are read off the signs."""
+    parts = []
+    for method, of in ABLATIONS:
+        abl, ref = exp.groups.get(method), exp.main_group(of)
+        if abl is None or ref is None:
+            continue
+        pair = pairing(ref, abl)
+        agents = [a for a in abl.agents if a in ref.agents]
+        upto = _common_end([(ref, a) for a in agents] + [(abl, a) for a in agents])
+        tests = []
+        for agent in agents:
+            for metric in ("task_reward", "kl"):
+                a, b = final_value(abl, agent, metric, upto=upto), final_value(ref, agent, metric, upto=upto)
+                if a is None or b is None or min(a.n, b.n) < MIN_SEEDS:
+                    continue
+                d = difference(a, b, pair.paired)
+                p = min(1.0, 2 * min(p_value(d, "less"), p_value(d, "greater"))) if math.isfinite(d.se) else float("nan")
+                tests.append((agent, metric, a, b, d, p))
+        if not tests:
+            continue
+        rejected = holm([t[5] for t in tests])
+        m = len(tests)
+        adj = _holm_adjusted([t[5] for t in tests])
+        window = next(iter(tests))[2].steps
+        lines = []
+        for (agent, metric, a, b, d, p), rej, pa in zip(tests, rejected, adj):
+            what = "task reward" if metric == "task_reward" else "KL"
+            corr = f", seed correlation {fmt(d.corr, 2)}" if d.paired and math.isfinite(d.corr) else ""
+            lines.append(f"- {abl.name(agent)} vs {ref.name(agent)}, {what}: {fmt_final(a)} vs {fmt_final(b)}; "
+                         f"difference {fmt(d.mean)} ± {fmt(d.se)} (SE{corr}), two-sided p = {fmt(p)}, Holm-adjusted "
+                         f"over the {m} tests {fmt(pa)}: {'beyond noise' if rej else 'not beyond noise'}; smallest "
+                         f"difference detectable at 80% power (α/{m}/2 each side): {fmt(min_detectable(d, ALPHA / m / 2))}.")
+        parts.append(f"{METHOD_NAMES.get(method, method)} vs {METHOD_NAMES.get(of, of)}, iterations "
+                     f"{window[0]}–{window[1]}, {pair.why}:\n\n" + "\n".join(lines))
+    if not parts:
+        return ""
+    return ("Ablations against the method they ablate, agent by agent (two-sided tests, Holm-corrected over each "
+            f"ablation's tests at α = {ALPHA:g}; not part of the answer):\n\n" + "\n\n".join(parts))
+
+
+def _holm_adjusted(pvalues: list[float]) -> list[float]:
+    """Holm-adjusted p-values (reject at α exactly when the adjusted p < α)."""
+    ps = [p if math.isfinite(p) else 1.0 for p in pvalues]
+    m = len(ps)
+    order = sorted(range(m), key=lambda i: ps[i])
+    out, running = [0.0] * m, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * ps[i]))
+        out[i] = running
+    return out
+
+
+# ----------------------------------------------------------------------------- the η frontier
+
+FRONTIER_RULE = (
+    "Does CORY's frontier of final task reward against final KL lie above PPO's (paper Fig. 2c)? The test: at each "
+    "starting KL coefficient η that both methods ran, a point's score is its _reward at that η_, final task reward − "
+    "η·final KL (per seed, over the same window as above, with the starting η for both methods, so the adaptive "
+    "controller's drift does not enter). A higher score at the same η is a point above the line of slope η through "
+    "the other method's point, the trade-off that η prices; lying above at every η is what \"the frontier lies "
+    "above\" means here. Each CORY agent is compared with PPO at each η by a one-sided t-test of a higher score "
+    "(paired by seed when the runs shared their draws, as above), and all agent × η tests form one family, "
+    f"Holm-corrected at α = {ALPHA:g}. _yes_: every test holds; _partly_: some do (at which η is listed); otherwise "
+    "a negative, read by its power as above: the chance, at Holm's strictest level, to show the paper's effect "
+    "(PPO's KL twice CORY's at equal reward, i.e. a score higher by η × half of PPO's KL), the smallest over the "
+    f"tests; _no_ needs ≥ {POWER_TARGET:.0%}, else _could not tell (power N%)_.")
+
+
+@dataclass
+class FrontierTest:
+    eta: float
+    agent: str
+    name: str
+    ppo: Group
+    cory: Group
+    d: Diff
+    base: Final     # PPO's scores at this η
+    ppo_kl: float
+    pair: Pairing
+    m: int = 1
+    holds: bool = False
+
+    @property
+    def p(self) -> float:
+        return p_value(self.d, "greater")
+
+    @property
+    def power(self) -> float:
+        return power(self.eta * self.ppo_kl * (1 - 1 / PAPER_KL_RATIO), self.d, ALPHA / self.m)
+
+
+def _score(g: Group, agent: str, eta: float, upto: int | None) -> Final | None:
+    r, kl = final_value(g, agent, "task_reward", upto=upto), final_value(g, agent, "kl", upto=upto)
+    if r is None or kl is None or list(r.seeds) != list(kl.seeds):
+        return None
+    return Final(r.per_seed - eta * kl.per_seed, r.last, r.seeds, r.steps)
+
+
+def frontier_groups(exp: Experiment, method: str) -> dict[float, Group]:
+    """η -> the group of ``method`` that started from it: the sweep's folders (``<method>_kl<η>``) and the
+    preset's own run at its η; a folder whose runs started from another η than its name is left out."""
+    out = {g.kl_coef: g for g in exp.groups.values() if g.method == method and g.kl_coef is not None
+           and not g.eta_mismatch and g.runs}
+    g = exp.groups.get(method)
+    if g is not None and g.runs and g.eta is not None:
+        out.setdefault(g.eta, g)
+    return out
+
+
+@dataclass
+class Frontier:
+    answer: str
+    text: str
+    tests: list[FrontierTest]
+    power: float = float("nan")
+
+
+def frontier(exp: Experiment) -> Frontier | None:
+    """The test of ``FRONTIER_RULE``; None when PPO and CORY share fewer than 2 values of η."""
+    ppo_at, cory_at = frontier_groups(exp, "ppo"), frontier_groups(exp, "cory")
+    etas = sorted(set(ppo_at) & set(cory_at))
+    if len(etas) < 2:
+        return None
+    tests, lines, short = [], [], []
+    for eta in etas:
+        p, c = ppo_at[eta], cory_at[eta]
+        upto = _common_end([(p, "policy")] + [(c, a) for a in c.agents])
+        base = _score(p, "policy", eta, upto)
+        kl = final_value(p, "policy", "kl", upto=upto)
+        if base is None or kl is None:
+            continue
+        pair = pairing(p, c)
+        for agent in c.agents:
+            mine = _score(c, agent, eta, upto)
+            if mine is None:
+                continue
+            if min(mine.n, base.n) < MIN_SEEDS:
+                short.append(f"{c.name(agent)}: {min(mine.n, base.n)} seeds")
+                continue
+            tests.append(FrontierTest(eta, agent, c.name(agent), p, c, difference(mine, base, pair.paired), base,
+                                      kl.mean, pair))
+    if short and not tests:
+        return Frontier("too few seeds", f"**too few seeds** — the test needs {MIN_SEEDS} seeds per method and η "
+                                         f"({'; '.join(short)}).", [])
+    if not tests:
+        return Frontier("not decided", "**not decided** — task_reward or kl missing at the shared η values.", [])
+    for t in tests:
+        t.m = len(tests)
+    for t, held in zip(tests, holm([t.p for t in tests])):
+        t.holds = held
+    pw = min((t.power for t in tests), key=lambda p: p if math.isfinite(p) else -1.0)
+    held = [t for t in tests if t.holds]
+    if short:
+        answer, label = "too few seeds", "too few seeds"
+        summary = f"Some η lack {MIN_SEEDS} seeds ({'; '.join(short)}); the tests below are shown without a verdict."
+    elif len(held) == len(tests):
+        answer, label = "yes", f"yes (power {_pct(pw)})"
+        summary = "At every η, every CORY agent's reward at that η was higher than PPO's."
+    elif held:
+        answer, label = "partly", f"partly (power {_pct(pw)})"
+        summary = "Higher at " + ", ".join(f"η={t.eta:g} ({t.name})" for t in held) + "; not shown elsewhere."
+    else:
+        answer = _negative(pw)
+        label = f"{answer} (power {_pct(pw)})"
+        summary = ("No CORY agent's reward-at-η was shown higher than PPO's at any η"
+                   + ("." if answer == "no" else f"; with {_pct(pw)} power this is no evidence against the claim."))
+    for t in tests:
+        lines.append(f"- η={t.eta:g}, {t.name} vs PPO ({'paired' if t.pair.paired else 'unpaired'}, {t.d.n} seeds): "
+                     f"score difference {fmt(t.d.mean)} ± {fmt(t.d.se)} (SE), one-sided p = {fmt(t.p)}: "
+                     f"{'higher' if t.holds else 'higher not shown'} after Holm; power for the paper's effect "
+                     f"(+{fmt(t.eta * t.ppo_kl * (1 - 1 / PAPER_KL_RATIO))}) {_pct(t.power)}; smallest difference "
+                     f"detectable at 80% power {fmt(min_detectable(t.d, ALPHA / t.m))}"
+                     f"; PPO's score {fmt_final(t.base)}.")
+    text = (f"**{label}** — {summary} {len(tests)} tests over η = {', '.join(f'{e:g}' for e in etas)}.\n\n"
+            + "\n".join(lines))
+    return Frontier(answer, text, tests, pw)

@@ -119,7 +119,30 @@ def test_gsm8k_pass_at_k_on_generated_problems(tiny_run, tmp_path, capsys):
     assert doc["results"][0]["model"] == "tiny"
 
 
+def test_gsm8k_authors_protocol_is_named_and_runs_to_the_limit(tiny_run, tmp_path, capsys):
+    out_json = tmp_path / "authors.json"
+    main(["--task", "gsm8k", "--model", str(tiny_run / "final" / "llm2"), "--dataset", "generated", "--no_base",
+          "--limit", "2", "--n", "2", "--k", "1", "--max_new_tokens", "6", "--protocol", "authors",
+          "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert out.startswith("protocol: authors (top_k 10, top_p 0.7, temperature 1.0, repetition penalty 1.1, 6 new "
+                          "tokens, never stopping early")
+    saved = json.loads(out_json.read_text())
+    assert saved["settings"]["protocol"] == "authors"
+    assert saved["settings"]["sampling"] == {"top_k": 10, "top_p": 0.7, "temperature": 1.0,
+                                             "repetition_penalty": 1.1, "stop_early": False}
+    (r,) = saved["results"]
+    assert r["hit_limit"] == 1.0 and r["response_length"] == 6  # no early stop: every answer runs to the limit
+    # the default protocol is named too, and an authors' evaluation gets its own default file beside a run
+    from cory.evaluate import plan
+    assert plan(["--task", "gsm8k", "--model", str(tiny_run), "--dataset", "generated"]).protocol == "training"
+    p = plan(["--task", "gsm8k", "--model", str(tiny_run), "--dataset", "generated", "--protocol", "authors"])
+    assert p.json_path.name == "eval_gsm8k_authors.json"
+
+
 @pytest.mark.parametrize("args,expected", [
+    (["--task", "imdb", "--model", "tiny", "--protocol", "authors"], "--protocol applies to the other task"),
+    (["--task", "gsm8k", "--model", "tiny", "--protocol", "paper"], "--protocol: invalid choice: 'paper'"),
     (["--task", "gsm8k", "--model", "tiny", "--n", "2", "--k", "1,4"], "--k 4 is larger than --n 2"),
     (["--task", "mnist", "--model", "tiny"], "'mnist' is not one of imdb, gsm8k"),
     (["--task", "imdb", "--model", "{tmp}/nope"], "no such directory"),

@@ -456,3 +456,37 @@ def test_task_load_state_rejects_other_data():
     other = Gsm8kTask(source="generated", generated_size=12)
     with pytest.raises(ValueError, match="training problems"):
         other.load_state_dict(state)
+
+
+# ----------------------------------------------------------------------------- the authors' evaluation protocol
+
+@pytest.mark.parametrize("text,authors,training", [
+    # "the answer is": the authors take the first number after its first occurrence, training the last occurrence's
+    ("So 2 + 3 = 5. The answer is 5. Next the answer is 7.", "5", "7"),
+    ("The Answer Is: 1,234.", "1234", "1234"),                # lower-cased; commas and a trailing "." dropped
+    # no "the answer is": the last number of the whole text; "####" means nothing to the authors' rule
+    ("He has 9 toys. #### 9\nQuestion: Tom has 3 cats", "3", "9"),
+    ("5 + 4 = 9.", "9", "9"),
+    # compared as strings by the authors, as numbers in training
+    ("the answer is 3.50", "3.50", "3.5"),
+    ("It costs $18 dollars", "18", "18"),
+    ("the answer is unknown, maybe 4", "4", "4"),
+    ("The answer is unknown", None, None),
+    ("no digits at all", None, None),
+])
+def test_answer_extraction_authors_and_training_rules(text, authors, training):
+    from cory.tasks.gsm8k import authors_extract
+    assert authors_extract(text) == authors
+    assert extract_answer(text) == training
+
+
+def test_authors_scoring_and_prompt():
+    from cory.tasks.gsm8k import authors_correct, authors_reference, build_authors_prompt
+    solution = "He had 1,000 then 200 more.\n#### 1,200"
+    assert authors_reference(solution) == "1200"
+    assert authors_correct("The answer is 1,200.", solution) == 1.0
+    assert authors_correct("The answer is 1200.00", solution) == 0.0  # a string compare, as the authors do
+    assert correctness_reward("The answer is 1200.00", "1200") == 1.0   # the training reward reads the number
+    prompt = build_authors_prompt("  How many? ")
+    assert prompt.endswith("\nQuestion: How many?\n Answer:") and "fromhis" in prompt
+    assert "5 + 4 = 9.\nQuestion:" in prompt and "####" not in prompt

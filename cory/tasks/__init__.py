@@ -84,8 +84,8 @@ def _make_gsm8k(cfg, tokenizer, seed):
     context = context_length(cfg.model_name)
     if context is not None:  # before the models load: a question too long for them fails only when drawn
         observer = hasattr(cfg, "swap_period") and cfg.knowledge_transfer  # it reads the pioneer's answer too
-        task.check_fits(tokenizer, context, cfg.response_length_max * (2 if observer else 1), observer=observer,
-                        model=cfg.model_name)
+        task.check_fits(tokenizer, context, cfg.response_length_max * (2 if observer else 1), model=cfg.model_name,
+                        prompt=(lambda ex: task.observer_prompt(ex, "")) if observer else None)
     return task
 
 

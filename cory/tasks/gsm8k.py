@@ -65,6 +65,20 @@ def build_observer_prompt(question: str, pioneer_response: str) -> str:
     )
 
 
+# The authors' evaluation prompt (their team's gsm8k_utils/gsm8k_eval.py, for CORY's reported pass@1 of 18%,
+# arXiv 2410.06101): the same one-shot example, but no blank line before the question, a space before the last
+# "Answer:", the example's question joining "from" and "his", and the worked answer ending at "5 + 4 = 9." with no
+# "####". Only these features of their text are known here; the rest of the example's wording is ours.
+AUTHORS_ONE_SHOT_QUESTION = ONE_SHOT_QUESTION.replace("from his", "fromhis")
+AUTHORS_ONE_SHOT_ANSWER = ONE_SHOT_ANSWER.rpartition(" ####")[0]
+
+
+def build_authors_prompt(question: str) -> str:
+    """The one-shot prompt of the authors' GSM8K evaluation (see ``AUTHORS_ONE_SHOT_QUESTION``)."""
+    return (f"Question: {AUTHORS_ONE_SHOT_QUESTION}\nAnswer: {AUTHORS_ONE_SHOT_ANSWER}\n"
+            f"Question: {question.strip()}\n Answer:")
+
+
 # ---------------------------------------------------------------------------------------------
 # Numbers and answers
 # ---------------------------------------------------------------------------------------------
@@ -172,6 +186,40 @@ def extract_answer(text: str) -> str | None:
     for last in _NUMBER_RE.finditer(text):
         pass
     return _canonical(last.group("sign"), last.group("num")) if last else None
+
+
+# The authors' evaluation reads a number as digits with commas and decimals (a sentence's closing "." may stick to
+# it and is dropped afterwards), with an optional minus.
+_AUTHORS_NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d*)?")
+
+
+def _authors_clean(number: str) -> str:
+    number = number.replace(",", "")
+    return number[:-1] if number.endswith(".") else number
+
+
+def authors_extract(text: str) -> str | None:
+    """The answer as the authors' GSM8K evaluation reads it (gsm8k_utils/gsm8k_eval.py of their team): lower-case
+    the text; if "the answer is" occurs, the first number after its first occurrence, else the last number of the
+    whole text; commas removed, a trailing "." dropped. A string, compared as a string: "3.50" is not "3.5", and
+    "####" means nothing here (unlike ``extract_answer``)."""
+    low = (text or "").lower()
+    if "the answer is" in low:
+        numbers = _AUTHORS_NUMBER_RE.findall(low.split("the answer is", 1)[1])
+        return _authors_clean(numbers[0]) if numbers else None
+    numbers = _AUTHORS_NUMBER_RE.findall(low)
+    return _authors_clean(numbers[-1]) if numbers else None
+
+
+def authors_reference(solution: str) -> str:
+    """The reference as the authors' evaluation writes it: the text after the last ``####``, commas removed."""
+    return solution.rpartition("####")[2].strip().replace(",", "")
+
+
+def authors_correct(response: str, solution: str) -> float:
+    """1.0 when ``authors_extract`` of the response equals ``authors_reference`` of the GSM8K solution, as strings."""
+    got = authors_extract(response)
+    return 1.0 if got is not None and got == authors_reference(solution) else 0.0
 
 
 def correctness_reward(response: str, reference: str) -> float:
@@ -502,15 +550,15 @@ class Gsm8kTask:
         return build_observer_prompt(example.query, pioneer_response)
 
     def check_fits(self, tokenizer, context: int, answer_tokens: int, *, examples: list[Example] | None = None,
-                   observer: bool = False, model: str = "the model", limit: str = "response_length_max") -> None:
-        """Every prompt of ``examples`` (default: the training questions) and ``answer_tokens`` more fit ``context``
-        positions (else generation fails mid-run, past the model's positions): a ConfigError naming the longest
-        question that does not."""
+                   prompt=None, model: str = "the model", limit: str = "response_length_max") -> None:
+        """Every prompt of ``examples`` (default: the training questions; ``prompt(example)`` the text, default its
+        prompt) and ``answer_tokens`` more fit ``context`` positions (else generation fails mid-run, past the
+        model's positions): a ConfigError naming the longest question that does not."""
         from cory.assets import quiet
         from cory.config import ConfigError
 
         examples = self._train if examples is None else examples
-        prompts = [self.observer_prompt(ex, "") if observer else ex.prompt for ex in examples]
+        prompts = [prompt(ex) if prompt else ex.prompt for ex in examples]
         with quiet():  # transformers' own notice of a prompt over the model's length: said better below
             lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
         over = [i for i, n in enumerate(lengths) if n + answer_tokens > context]
