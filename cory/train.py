@@ -145,8 +145,7 @@ class Run:
 
         def write(folder: Path):
             for name, content in files.items():
-                with open(folder / name, "wb") as f:  # through Python's file: a full disk raises its OSError
-                    torch.save(content, f)
+                _save(content, folder / name)
         try:
             self.run_dir.save_checkpoint(step, write, keep=self.cfg.keep_checkpoints)
         except OSError as e:
@@ -268,6 +267,19 @@ def train(cfg: PPOArgs, method: str) -> Path:
 
 
 # ----------------------------------------------------------------------------- helpers
+
+def _save(content, path: Path) -> None:
+    """torch.save through a Python file, so that a full disk raises its OSError (ENOSPC). An exception raised
+    while torch's zip writer is open (that OSError, or the KeyboardInterrupt of a second stop signal) can come
+    out as the writer's RuntimeError on closing: raise the cause instead."""
+    with open(path, "wb") as f:
+        try:
+            torch.save(content, f)
+        except RuntimeError as e:
+            if isinstance(e.__context__, (OSError, KeyboardInterrupt)):
+                raise e.__context__ from None
+            raise
+
 
 def _tensor_bytes(obj) -> int:
     if isinstance(obj, torch.Tensor):

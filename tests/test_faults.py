@@ -213,3 +213,21 @@ def test_a_full_disk_during_a_checkpoint_is_named_and_keeps_the_older_one(tmp_pa
     assert "the checkpoint needs about " in message and "step_000001, is kept" in message
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000001"]
     assert torch.load(latest_checkpoint(out) / "state.pt", weights_only=False)["step"] == 1
+
+
+def test_a_second_signal_during_a_checkpoint_write_stays_an_interrupt(tmp_path, monkeypatch):
+    """The KeyboardInterrupt of a second stop signal arriving while torch writes a checkpoint through its file
+    comes out as KeyboardInterrupt (the clean 'interrupted' exit), not as torch's zip writer's RuntimeError."""
+    import io
+
+    from cory import train
+
+    class InterruptedFile(io.FileIO):
+        def write(self, data):
+            if self.tell() > 0:  # mid-file, as a signal arriving during the write
+                raise KeyboardInterrupt
+            return super().write(data)
+
+    monkeypatch.setattr(train, "open", lambda path, mode: InterruptedFile(path, "w"), raising=False)
+    with pytest.raises(KeyboardInterrupt):
+        train._save({"w": torch.zeros(1000)}, tmp_path / "policy.pt")
