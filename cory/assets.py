@@ -325,8 +325,13 @@ def _build_once(target: Path, recipe: int, build: Callable[[Path], None]) -> Pat
     """
     if _is_built(target, recipe):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(target.parent / f".{target.name}.lock", "w")
+    except OSError as e:  # a read-only home, or a cache path through a file
+        raise AssetError(f"cache: cannot write the model cache {target.parent} ({e.strerror}); set CORY_CACHE to a "
+                         "folder you can write (the default is ~/.cache/cory)") from None
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _is_built(target, recipe):
             return target

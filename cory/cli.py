@@ -13,6 +13,7 @@ from cory import preflight
 from cory.config import (INVOCATION_FIELDS, REQUIRED, ConfigError, CoryArgs, _allowed, _field_types,
                          build, field_help, load_yaml, metadata, to_dict, validate)
 from cory.errors import AssetError, RunError
+from cory.outputs import in_use
 from cory.tasks import registered
 
 USAGE = ("usage: {prog} [--config FILE.yaml] [--field value ...] [--resume RUN_DIR [--steps N]] [--overwrite] "
@@ -122,7 +123,10 @@ def _check_task(cls, task: str | None, method: str) -> None:
 
 def _resumed(cls, flags: dict, base: dict, config: str | None):
     """The saved run's config with the changes a resume allows; any other change is refused by name."""
-    run_dir = Path(flags["resume"])
+    run_dir = Path(flags["resume"]).expanduser()
+    busy = in_use(run_dir)  # its config.yaml may not be written yet, or be about to change
+    if busy:
+        raise ConfigError(busy)
     saved_path = run_dir / "config.yaml"
     if not saved_path.is_file():
         raise ConfigError(f"resume: {saved_path} not found; is {run_dir} a run folder?")
@@ -144,7 +148,7 @@ def _resumed(cls, flags: dict, base: dict, config: str | None):
                 raise ConfigError(f"resume: {name} is {old!r} in {saved_path}, this command asks for {new!r}; a "
                                   f"resumed run keeps its training settings (may change: {may})")
             changed[name] = new
-    if "output_dir" in flags and Path(flags["output_dir"]).resolve() != run_dir.resolve():
+    if "output_dir" in flags and Path(flags["output_dir"]).expanduser().resolve() != run_dir.resolve():
         raise ConfigError(f"output_dir: a resumed run stays in its folder ({run_dir}); drop --output_dir")
     cfg = dataclasses.replace(saved, **changed, output_dir=str(run_dir), resume=str(run_dir), overwrite=False)
     validate(cfg)

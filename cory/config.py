@@ -51,8 +51,8 @@ class PPOArgs:
     # ---- the run
     task: str = arg(REQUIRED, "the task: prompts, reward and data (a name registered with "
                     "cory.tasks.register_task)")
-    output_dir: str = arg(REQUIRED, "the run's folder (config, metrics, samples, checkpoints, final models)",
-                          on_resume=True)
+    output_dir: str = arg(REQUIRED, "the run's folder (config, metrics, samples, checkpoints, final models); a "
+                          "leading ~ is your home folder", on_resume=True)
     seed: int = arg(0, "seeds data order, sampling and initialisation", trl=True)
     steps: int = arg(REQUIRED, "PPO iterations (one batch each); raise it with --resume RUN to extend a run",
                      on_resume=True)
@@ -117,7 +117,8 @@ class PPOArgs:
     save_every: int = arg(25, "iterations between checkpoints", on_resume=True)
     keep_checkpoints: int = arg(1, "checkpoints kept (the newest)", on_resume=True)
     samples_per_step: int = arg(4, "queries and answers written to samples.jsonl per iteration", on_resume=True)
-    report_to: str = arg("none", "also log metrics to wandb", on_resume=True, choices=("none", "wandb"))
+    report_to: str = arg("none", "also log metrics to wandb (in OUT/wandb) or tensorboard (in OUT/tensorboard)",
+                         on_resume=True, choices=("none", "wandb", "tensorboard"))
     on_nonfinite: str = arg("stop", "a non-finite reward: stop (after saving) or skip the batch", on_resume=True,
                             choices=("stop", "skip"))
     resume: str | None = arg(None, "continue the run in this folder from its newest checkpoint", on_resume=True)
@@ -140,6 +141,8 @@ class CoryArgs(PPOArgs):
 
 # run-control fields that describe one invocation, not the experiment
 INVOCATION_FIELDS = ("resume", "overwrite")
+# folders, where a leading ~ is the home folder
+PATH_FIELDS = ("output_dir", "dataset_path", "resume")
 
 
 def on_resume_fields(cls) -> tuple[str, ...]:
@@ -192,7 +195,7 @@ def _coerce(name: str, value, tp, from_cli: bool):
                 return float(text)
             return str(text)
         except ValueError:
-            raise ConfigError(f"{name}: expected a {base.__name__}, got {text!r}") from None
+            raise ConfigError(f"{name}: expected a {base.__name__}, got {short(text)}") from None
     # YAML values are already typed: accept only the declared type (ints where floats go)
     if base is float and isinstance(value, str) and _YAML_11_FLOAT.fullmatch(value.strip()):
         value = float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string
@@ -206,11 +209,46 @@ def _coerce(name: str, value, tp, from_cli: bool):
     else:
         ok = isinstance(value, str)
     if not ok:
-        raise ConfigError(f"{name}: expected a {base.__name__}, got {value!r}")
+        raise ConfigError(f"{name}: expected a {base.__name__}, got {short(value)}")
     return value
 
 
 _YAML_11_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+# a config is a few dozen short fields: anything far bigger is a mistake, or an alias bomb (a few lines of
+# nested aliases that expand to billions of values)
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_VALUES = 100_000
+
+
+class _Loader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice (YAML keeps the later one, silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise ConfigError(f"config: {self.name}: {short(key)} is given twice (lines {seen[key]} and {line})")
+            if isinstance(key, typing.Hashable):
+                seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def _count_values(node, limit: int) -> int:
+    """The values ``node`` stands for once its aliases are expanded, counting up to ``limit`` only (an alias
+    is the same node object met again, so the walk stops long before a bomb would be built)."""
+    count, stack = 0, [node]
+    while stack and count <= limit:
+        n = stack.pop()
+        count += 1
+        if isinstance(n, yaml.MappingNode):
+            stack.extend(v for pair in n.value for v in pair)
+        elif isinstance(n, yaml.SequenceNode):
+            stack.extend(n.value)
+    return count
 
 
 def load_yaml(path: str | os.PathLike) -> dict:
@@ -218,7 +256,20 @@ def load_yaml(path: str | os.PathLike) -> dict:
     if not p.is_file():
         raise ConfigError(f"config: file not found: {path}")
     try:
-        data = yaml.safe_load(p.read_text())
+        size = p.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config: {path} is {size / 2**20:.1f} MiB; a config file is a few dozen field: value "
+                              f"lines (at most {MAX_CONFIG_BYTES >> 20} MiB)")
+        loader = _Loader(p.read_text())
+        loader.name = str(path)
+        try:
+            node = loader.get_single_node()
+            if node is not None and _count_values(node, MAX_CONFIG_VALUES) > MAX_CONFIG_VALUES:
+                raise ConfigError(f"config: {path} expands to more than {MAX_CONFIG_VALUES:,} values (aliases nested "
+                                  "in aliases?); a config file is a few dozen field: value lines")
+            data = None if node is None else loader.construct_document(node)
+        finally:
+            loader.dispose()
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
@@ -226,7 +277,9 @@ def load_yaml(path: str | os.PathLike) -> dict:
     except UnicodeDecodeError:
         raise ConfigError(f"config: {path} is not a text file") from None
     except (ValueError, OverflowError, RecursionError) as e:  # e.g. a date like 2024-02-30, absurd nesting
-        raise ConfigError(f"config: {path} is not valid YAML ({type(e).__name__}: {e})") from None
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"config: {path} is not valid YAML ({type(e).__name__}: {short(str(e))})") from None
     except OSError as e:
         raise ConfigError(f"config: cannot read {path} ({e.strerror})") from None
     if data is None:
@@ -236,6 +289,12 @@ def load_yaml(path: str | os.PathLike) -> dict:
     return data
 
 
+def short(value, width: int = 60) -> str:
+    """``repr(value)``, cut to ``width`` characters: an error names the value without repeating all of it."""
+    text = repr(value)
+    return text if len(text) <= width else f"{text[:width - 3]}..."
+
+
 def build(cls, overrides: dict | None = None, cli: dict | None = None):
     """An instance of ``cls`` from YAML-typed ``overrides`` and string-typed ``cli`` values."""
     types_ = _field_types(cls)
@@ -243,11 +302,14 @@ def build(cls, overrides: dict | None = None, cli: dict | None = None):
     for source, from_cli in ((overrides or {}), False), ((cli or {}), True):
         for key, value in source.items():
             if not isinstance(key, str) or key not in types_:
-                raise ConfigError(f"unknown field {key!r}; see --help for the allowed fields")
+                raise ConfigError(f"unknown field {short(key)}; see --help for the allowed fields")
             if metadata(cls, key).get("auto") and isinstance(value, str) and value.strip().lower() == "auto":
                 values[key] = "auto"
             else:
                 values[key] = _coerce(key, value, types_[key], from_cli)
+    for key in PATH_FIELDS:  # a shell expands ~ in a flag, but not in a YAML file or after --field=
+        if isinstance(values.get(key), str):
+            values[key] = os.path.expanduser(values[key])
     missing = [f.name for f in fields(cls) if f.name not in values and _is_required(f)]
     if missing:
         raise ConfigError(f"{missing[0]}: no value; {cls.__name__} leaves it to the training script, which states "
@@ -263,7 +325,7 @@ def _is_required(f) -> bool:
 
 def _one_of(name, value, allowed):
     if value not in allowed:
-        raise ConfigError(f"{name}: {value!r} is not one of {', '.join(map(str, allowed))}")
+        raise ConfigError(f"{name}: {short(value)} is not one of {', '.join(map(str, allowed))}")
 
 
 def validate(cfg: PPOArgs) -> None:

@@ -29,6 +29,9 @@ def load_tokenizer(spec: ModelSpec):
     else:
         with quiet(), unloadable(spec, "tokenizer"):
             tokenizer = AutoTokenizer.from_pretrained(spec.path)
+        if len(tokenizer) < 2:  # no tokenizer files: transformers builds an empty one from config.json alone
+            raise AssetError(f"model_name: {spec} has no usable tokenizer (its tokenizer.json and "
+                             "tokenizer_config.json are missing or incomplete); copy them from the model it came from")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"

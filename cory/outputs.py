@@ -1,9 +1,11 @@
 """A run's folder: resolved config, metrics and samples (JSON lines), atomic checkpoints."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -11,18 +13,98 @@ from pathlib import Path
 import yaml
 
 from cory.config import ConfigError
+from cory.tasks import registered
 
 CHECKPOINTS = "checkpoints"
+DIGESTS = "weight_digests.json"
+LOCK = ".cory.lock"
 
 
 MANIFEST = "cory_run.json"
-# what a run writes into its folder: --overwrite deletes these and nothing else
-RUN_ENTRIES = ("config.yaml", "metrics.jsonl", "samples.jsonl", CHECKPOINTS, "final", MANIFEST, ".config.yaml.tmp",
-               ".metrics.jsonl.tmp", ".samples.jsonl.tmp", "wandb")
+AGENT_NAMES = ("policy", "llm1", "llm2")
+# What a run writes, down to each file: --overwrite deletes these and nothing else, and refuses when anything
+# else is there (a user's notes inside final/ are as much theirs as beside it).
+RUN_FILES = frozenset({"config.yaml", "metrics.jsonl", "samples.jsonl", MANIFEST, ".config.yaml.tmp",
+                       ".metrics.jsonl.tmp", ".samples.jsonl.tmp", ".cory_run.json.tmp"})
+LOGGER_DIRS = frozenset({"wandb", "tensorboard"})  # written by the loggers, whole
+CHECKPOINT_FILES = frozenset({f"{name}.pt" for name in AGENT_NAMES} | {"state.pt"})
+_CHECKPOINT = re.compile(r"step_(\d{6,})")
+_CHECKPOINT_TMP = re.compile(r"\.tmp_step_\d{6,}_\w+")
+# what save_pretrained writes for a causal LM and its tokenizer (weights whole or in shards)
+_MODEL_FILE = re.compile(r"(generation_)?config\.json|model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors"
+                         r"\.index\.json|pytorch_model(-\d{5}-of-\d{5})?\.bin|pytorch_model\.bin\.index\.json|"
+                         r"tokenizer(_config)?\.json|tokenizer\.model|special_tokens_map\.json|added_tokens\.json|"
+                         r"vocab\.(json|txt)|merges\.txt|spiece\.model|chat_template\.(jinja|json)")
 
 
-def _ours(entry: Path) -> bool:
-    return entry.name in RUN_ENTRIES or (entry.name.startswith("eval_") and entry.suffix == ".json")
+def _is_eval_file(name: str) -> bool:
+    """cory.lab.evaluate's results beside a run: eval_<task>.json, or eval_<task>_<protocol>.json for another
+    protocol than training's, of a registered task (and the .tmp of one being written)."""
+    name = name.removesuffix(".tmp")
+    return any(name == f"eval_{task}{'' if protocol == 'training' else '_' + protocol}.json"
+               for task, spec in registered().items() for protocol in spec.evaluation.protocols)
+
+
+def _kind(rel: tuple[str, ...], is_dir: bool) -> str | None:
+    """How a path inside a run folder (its parts, relative) counts: "ours" (written by a run, whole), "walk"
+    (a run's folder, whose entries count one by one) or None (not a run's)."""
+    name, depth = rel[-1], len(rel)
+    if depth == 1:
+        if is_dir:
+            return "walk" if name in (CHECKPOINTS, "final") else ("ours" if name in LOGGER_DIRS else None)
+        return "ours" if name in RUN_FILES or name == LOCK or _is_eval_file(name) else None
+    if rel[0] == CHECKPOINTS:
+        if depth == 2:
+            return "walk" if is_dir and (_CHECKPOINT.fullmatch(name) or _CHECKPOINT_TMP.fullmatch(name)) else None
+        return "ours" if depth == 3 and not is_dir and name in CHECKPOINT_FILES else None
+    if depth == 2:  # in final/
+        return ("walk" if name in AGENT_NAMES else None) if is_dir else ("ours" if name == DIGESTS else None)
+    return "ours" if depth == 3 and not is_dir and _MODEL_FILE.fullmatch(name) else None
+
+
+def scan_run_dir(root: Path, rel: tuple[str, ...] = ()) -> tuple[list[tuple[Path, str]], list[Path]]:
+    """([(path, "ours" | "walk")], [foreign paths]) in a run folder; a run's folder comes after its entries."""
+    ours, foreign = [], []
+    for entry in sorted(root.iterdir()):
+        is_dir = entry.is_dir() and not entry.is_symlink()
+        kind = _kind(rel + (entry.name,), is_dir)
+        if kind == "walk":
+            inner, strange = scan_run_dir(entry, rel + (entry.name,))
+            ours += inner
+            foreign += strange
+            ours.append((entry, kind))
+        elif kind == "ours":
+            ours.append((entry, kind))
+        else:
+            foreign.append(entry)
+    return ours, foreign
+
+
+def _remove(path: Path, kind: str) -> None:
+    """Delete one entry a run wrote; a run's folder only once empty, so whatever else is in it stays."""
+    if kind == "walk":
+        with contextlib.suppress(OSError):
+            path.rmdir()
+    elif path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def remove_checkpoint(folder: Path) -> None:
+    for name in CHECKPOINT_FILES:
+        (folder / name).unlink(missing_ok=True)
+    _remove(folder, "walk")
+
+
+def checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """(completed iterations, folder) of every complete checkpoint, oldest first: only the project's own names
+    (``step_000003``) count, and only fully written folders are ever renamed into place."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _CHECKPOINT.fullmatch(p.name))]
+    return sorted((step, p) for step, p in found if p.is_dir() and not p.is_symlink() and (p / "state.pt").is_file())
 
 
 def read_manifest(run_dir: str | os.PathLike) -> dict | None:
@@ -57,9 +139,12 @@ def check_output_dir(output_dir: str, *, resume: bool, overwrite: bool) -> None:
     if path.exists() and not path.is_dir():
         raise ConfigError(f"output_dir: {output_dir} exists and is not a folder")
     check_writable(path)
+    busy = in_use(path) if path.is_dir() else None
+    if busy:
+        raise ConfigError(busy)
     if resume:  # without a complete checkpoint the run starts again from iteration 0, in the same folder
         return
-    if not path.is_dir() or not any(path.iterdir()):
+    if not path.is_dir() or all(p.name == LOCK for p in path.iterdir()):  # a lock alone: a run that never began
         return
     if not overwrite:
         raise ConfigError(f"output_dir: {output_dir} already holds files; pass --resume {output_dir} to continue "
@@ -68,19 +153,136 @@ def check_output_dir(output_dir: str, *, resume: bool, overwrite: bool) -> None:
     if read_manifest(path) is None:
         raise ConfigError(f"output_dir: {output_dir} is not a run folder of this project (no {MANIFEST}); "
                           "--overwrite only replaces runs, choose another output_dir")
-    foreign = sorted(p.name for p in path.iterdir() if not _ours(p))
+    foreign = [str(p.relative_to(path)) for p in scan_run_dir(path)[1]]
     if foreign:
-        raise ConfigError(f"output_dir: {output_dir} also holds files no run writes ({', '.join(foreign[:3])}); "
-                          "--overwrite would delete them, so it refuses: move them or choose another output_dir")
+        raise ConfigError(f"output_dir: {output_dir} also holds files no run writes ({', '.join(foreign[:3])}"
+                          f"{', ...' if len(foreign) > 3 else ''}); --overwrite would delete them, so it refuses: "
+                          "move them or choose another output_dir")
+
+
+class RunLock:
+    """One writer per run folder: an exclusive ``flock`` on ``.cory.lock`` in it, which the system drops when the
+    holder ends, killed or not, so no lock outlives its run. The file names the holder for the refusal."""
+
+    def __init__(self, run_dir: str | os.PathLike, name: str = "output_dir", holder: str = "run"):
+        self.run_dir = Path(run_dir)
+        self.name, self.holder = name, holder  # for the refusal: the flag, and what else writes there
+        self.path = self.run_dir / LOCK
+        self._file = None  # a file object: dropped unreleased, it closes and the lock goes with it
+        self._created = False
+
+    def acquire(self) -> "RunLock":
+        import datetime
+        import fcntl
+        import shlex
+        import socket
+        import sys
+        import warnings
+
+        self._created = not self.run_dir.exists()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        f = open(self.path, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            raise ConfigError(in_use(self.run_dir, self.name, self.holder)) from None
+        except OSError as e:  # a file system without locks: say so, and go on as before locks existed
+            warnings.warn(f"{self.name}: cannot lock {self.path} ({e.strerror}); make sure no other run writes "
+                          f"{self.run_dir}")
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "command": shlex.join(sys.argv),
+                  "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+        f.truncate(0)
+        f.write(json.dumps(holder) + "\n")
+        f.flush()
+        self._file = f
+        return self
+
+    def release(self) -> None:
+        """Unlock; a folder this run created and left holding nothing but the lock goes too."""
+        if self._file is None:
+            return
+        if self.run_dir.is_dir() and all(p.name == LOCK for p in self.run_dir.iterdir()):
+            self.path.unlink(missing_ok=True)
+            if self._created:
+                with contextlib.suppress(OSError):
+                    self.run_dir.rmdir()
+        self._file.close()
+        self._file = None
+
+
+def in_use(run_dir: Path, name: str = "output_dir", holder: str = "run") -> str | None:
+    """The refusal when another process holds ``run_dir``'s lock, else None; takes nothing."""
+    import fcntl
+
+    try:
+        fd = os.open(run_dir / LOCK, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    except BlockingIOError:
+        try:
+            h = json.loads(os.read(fd, 65536))
+            who = f"pid {h['pid']} on {h['host']}, started {h['started']}: {h['command'][:160]}"
+        except (ValueError, KeyError, TypeError):
+            who = "starting"
+        return (f"{name}: {run_dir} is being written by another {holder} ({who}); wait for it to end or stop it, "
+                f"or choose another {name}")
+    except OSError:  # no locks on this file system: nothing to learn
+        return None
+    finally:
+        os.close(fd)
 
 
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
-    """The newest complete checkpoint: only fully written folders are ever renamed into place."""
-    root = Path(run_dir) / CHECKPOINTS
-    if not root.is_dir():
-        return None
-    done = sorted(p for p in root.glob("step_*") if p.is_dir() and (p / "state.pt").is_file())
-    return done[-1] if done else None
+    """The newest complete checkpoint (see ``checkpoints``), or None."""
+    done = checkpoints(run_dir)
+    return done[-1][1] if done else None
+
+
+def _numpy_globals() -> list:
+    """What numpy arrays and scalars unpickle with (the random generators' states, some optimizer scalars)."""
+    import numpy as np
+    from numpy._core.multiarray import _reconstruct, scalar
+
+    return [np.ndarray, np.dtype, _reconstruct, scalar, *{type(np.dtype(c)) for c in "?bBhHiIlLqQefd"}]
+
+
+def check_checkpoint_file(path: Path) -> None:
+    """``path`` holds data only (tensors, plain values, numpy arrays): reads its pickle, not its tensors, and
+    runs nothing. A file that would build any other object when loaded, e.g. call a function, is refused."""
+    import torch
+
+    if path.stat().st_size == 0:
+        raise ConfigError(f"resume: {path} is empty (0 bytes; a save cut short or a disk that filled up); move "
+                          f"{path.parent} aside to resume from an older checkpoint, or start again with --overwrite")
+    try:
+        found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception as e:  # not a torch zip file: cut or damaged on disk
+        raise ConfigError(f"resume: {path} cannot be read ({type(e).__name__}: not a complete checkpoint); move "
+                          f"{path.parent} aside to resume from an older one, or start again with --overwrite") \
+            from None
+    allowed = {f"{g.__module__}.{g.__name__}" for g in _numpy_globals()}
+    code = sorted(set(found) - allowed)
+    if code:
+        raise ConfigError(f"resume: {path} was not written by this project: loading it would call {code[0]}, "
+                          "which could run any code, so it is not loaded; resume only runs you trust")
+
+
+def load_checkpoint_file(path: Path):
+    """A checkpoint file's contents, loaded as data only (``torch.load(weights_only=True)``)."""
+    import torch
+
+    check_checkpoint_file(path)
+    try:
+        with torch.serialization.safe_globals(_numpy_globals()):
+            return torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as e:
+        raise ConfigError(f"resume: {path} cannot be read ({type(e).__name__}); move {path.parent} aside to resume "
+                          "from an older checkpoint, or start again with --overwrite") from None
 
 
 def _clean(value):
@@ -108,10 +310,10 @@ class RunDir:
     def start(self, cfg_dict: dict, *, resume_step: int | None, overwrite: bool, method: str = "") -> None:
         if not self.enabled:
             return
-        if overwrite and self.path.exists():  # check_output_dir made sure it holds only what a run writes
-            for entry in self.path.iterdir():
-                if _ours(entry):
-                    shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+        if overwrite and self.path.exists():
+            for entry, kind in scan_run_dir(self.path)[0]:
+                if entry.name != LOCK:  # held by this run
+                    _remove(entry, kind)
         self.path.mkdir(parents=True, exist_ok=True)
         if read_manifest(self.path) is None:
             _atomic_write(self.path / MANIFEST, json.dumps({"project": "cory", "method": method,
@@ -123,8 +325,10 @@ class RunDir:
             for p in (self.metrics_path, self.samples_path):
                 _truncate_jsonl(p, resume_step)
             # a save cut short by a kill leaves its temporary folder behind
-            for tmp in (self.path / CHECKPOINTS).glob(".tmp_step_*"):
-                shutil.rmtree(tmp, ignore_errors=True)
+            root = self.path / CHECKPOINTS
+            for tmp in root.iterdir() if root.is_dir() else ():
+                if _CHECKPOINT_TMP.fullmatch(tmp.name) and tmp.is_dir() and not tmp.is_symlink():
+                    remove_checkpoint(tmp)
 
     def log_metrics(self, row: dict) -> None:
         self._append(self.metrics_path, [row])
@@ -152,14 +356,14 @@ class RunDir:
         try:
             write(tmp)
             if final.exists():
-                shutil.rmtree(final)
+                remove_checkpoint(final)
             os.rename(tmp, final)
         finally:
             if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-        older = sorted(p for p in root.glob("step_*") if p.is_dir() and p != final)
+                remove_checkpoint(tmp)
+        older = [p for _, p in checkpoints(self.path) if p != final]
         for p in older[: max(0, len(older) - (keep - 1))]:
-            shutil.rmtree(p, ignore_errors=True)
+            remove_checkpoint(p)
         return final
 
 

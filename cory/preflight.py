@@ -9,7 +9,8 @@ from pathlib import Path
 from cory.assets import ModelSpec, model_spec
 from cory.config import PPOArgs
 from cory.errors import AssetError, ConfigError
-from cory.outputs import check_output_dir, latest_checkpoint, read_manifest
+from cory.outputs import (check_checkpoint_file, check_output_dir, latest_checkpoint, load_checkpoint_file,
+                          read_manifest)
 from cory.tasks import check_config as check_task
 from cory.tasks import task_spec
 
@@ -42,6 +43,12 @@ def check_run(cfg: PPOArgs, method: str) -> ModelSpec:
         check_resumable(Path(cfg.output_dir), cfg, method)
     if cfg.report_to == "wandb":
         check_wandb()
+    if cfg.report_to == "tensorboard":
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError("report_to: tensorboard is not installed (pip install tensorboard), or use "
+                              "--report_to none")
     return spec
 
 
@@ -79,24 +86,23 @@ def run_identity(run_dir: Path) -> tuple[str, str | None]:
 def check_resumable(run_dir: Path, cfg: PPOArgs, method: str) -> None:
     """The run in ``run_dir`` is one this script continues (same method and task), and its newest
     checkpoint's state can be read."""
-    import torch
-
     was, task = run_identity(run_dir)
     if was != method or (task and task != cfg.task):
         raise ConfigError(f"resume: {run_dir} is a {was} run on {task}; continue it with {task}_train/{was}.py")
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None:
         return
-    try:
-        state = torch.load(checkpoint / "state.pt", weights_only=False)
-        assert isinstance(state, dict) and isinstance(state.get("step"), int)
-    except Exception as e:  # a file cut or damaged on disk
-        raise ConfigError(f"resume: {checkpoint / 'state.pt'} cannot be read ({type(e).__name__}); move that "
-                          "checkpoint folder aside to resume from an older one, or start again with --overwrite") \
-            from None
+    state = load_checkpoint_file(checkpoint / "state.pt")
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise ConfigError(f"resume: {checkpoint / 'state.pt'} holds no iteration count; move that checkpoint "
+                          "folder aside to resume from an older one, or start again with --overwrite")
+    if state["step"] > cfg.steps:  # its weights have seen more iterations than the run would then say
+        raise ConfigError(f"steps: {run_dir} has done {state['step']} iterations, more than --steps {cfg.steps}; a "
+                          f"resumed run can only be extended (--steps {state['step']} or more)")
     for name in ("policy",) if method == "ppo" else ("llm1", "llm2"):
         if not (checkpoint / f"{name}.pt").is_file():
             raise ConfigError(f"resume: {checkpoint} has no {name}.pt; is it a {method} run?")
+        check_checkpoint_file(checkpoint / f"{name}.pt")
 
 
 def check_wandb() -> None:

@@ -7,9 +7,11 @@ the iteration and save, non-finite rewards, and the final models.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import random
+import shutil
 import signal
 import sys
 import threading
@@ -25,7 +27,7 @@ from cory.agent import make_agents, set_precision
 from cory.assets import locate
 from cory.config import ConfigError, PPOArgs, to_dict
 from cory.errors import RunError
-from cory.outputs import RunDir, latest_checkpoint
+from cory.outputs import RunDir, RunLock, latest_checkpoint, load_checkpoint_file
 from cory.rollout import Rollout
 from cory.speedups.patches import cuda_allocator_segments, return_freed_memory
 from cory.tasks import make_task
@@ -44,6 +46,7 @@ class Run:
     start_step: int = 0
     world_size: int = 1
     iteration_start: dict | None = None  # sampler_state() before the current iteration drew its batch
+    lock: RunLock | None = None  # held by the main process from before the models load to the end of fit()
 
     @property
     def task(self):
@@ -55,22 +58,26 @@ class Run:
 
     # -- the loop --------------------------------------------------------------------------------
     def fit(self) -> Path:
+        try:
+            return self._fit()
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+
+    def _fit(self) -> Path:
         from tqdm.auto import tqdm
 
         cfg, run_dir = self.cfg, self.run_dir
         resume = cfg.resume is not None
         run_dir.start(to_dict(cfg), resume_step=self.start_step if resume else None, overwrite=cfg.overwrite,
                       method=self.method)
-        wandb_run = None
-        if cfg.report_to == "wandb" and run_dir.enabled:
-            import wandb
-            wandb_run = wandb.init(project="cory", config=to_dict(cfg), name=Path(cfg.output_dir).name,
-                                   resume="allow")
+        logger = _Logger(cfg) if run_dir.enabled else None
         iteration = game.cory_iteration if self.method == "cory" else game.ppo_iteration
         bar = tqdm(range(self.start_step, cfg.steps), initial=self.start_step, total=cfg.steps,
                    desc=f"{self.method} {cfg.task}", disable=not run_dir.enabled, dynamic_ncols=True)
+        stop = _StopSignals(verbose=run_dir.enabled)
         try:
-            with _StopSignals(verbose=run_dir.enabled) as stop:
+            with stop:
                 for step in bar:
                     t0 = time.perf_counter()
                     memory.reset_peak()
@@ -86,8 +93,8 @@ class Run:
                         row = parallel.mean_over_processes(row)
                         run_dir.log_metrics(row)
                         run_dir.log_samples(samples)
-                        if wandb_run is not None:
-                            wandb_run.log({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
+                        if logger is not None:
+                            logger.log(row, step)
                         bar.set_postfix(_postfix(row))
                     done = step + 1
                     if done < cfg.steps and parallel.any_process(stop.requested):
@@ -111,9 +118,9 @@ class Run:
                           f"no checkpoint yet; start again with --resume {cfg.output_dir} (it restarts from "
                           "iteration 0) or --overwrite")
                 print(f"interrupted: nothing saved; {advice}", file=sys.stderr)
-            raise SystemExit(130)
-        if wandb_run is not None:
-            wandb_run.finish()
+            raise SystemExit(128 + (stop.again or signal.SIGINT))
+        if logger is not None:
+            logger.close()
         return Path(cfg.output_dir)
 
     def stopped_by(self, e: game.NonFinite, step: int) -> RunError:
@@ -138,24 +145,37 @@ class Run:
         process saves every process's ``sampler`` (default: where they stand now).
         """
         samplers = parallel.gather_objects(sampler or self.sampler_state())
+        files = {f"{name}.pt": agent.state_dict() for name, agent in self.agents.items()}
+        files["state.pt"] = {"step": step, **samplers[0], "other_ranks": samplers[1:]}
 
         def write(folder: Path):
-            for name, agent in self.agents.items():
-                torch.save(agent.state_dict(), folder / f"{name}.pt")
-            torch.save({"step": step, **samplers[0], "other_ranks": samplers[1:]}, folder / "state.pt")
-        self.run_dir.save_checkpoint(step, write, keep=self.cfg.keep_checkpoints)
+            for name, content in files.items():
+                _save(content, folder / name)
+        try:
+            self.run_dir.save_checkpoint(step, write, keep=self.cfg.keep_checkpoints)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            root = self.run_dir.path
+            need, free = _gib(sum(map(_tensor_bytes, files.values()))), _gib(shutil.disk_usage(root).free)
+            last = latest_checkpoint(root)
+            kept = f"the last complete one, {last}, is kept" if last else "no earlier checkpoint"
+            raise RunError(f"checkpoint {step}: no space left on the device holding {root} ({free} free, the "
+                           f"checkpoint needs about {need}); {kept}; free space, then continue with --resume "
+                           f"{self.cfg.output_dir}") from None
         parallel.barrier()  # no process runs ahead of, or later resumes from, a checkpoint still being written
 
     def restore(self, folder: Path) -> None:
         import warnings
 
         for name, agent in self.agents.items():
+            state = load_checkpoint_file(folder / f"{name}.pt")
             try:
-                agent.load_state_dict(_load_checkpoint_file(folder / f"{name}.pt"))
+                agent.load_state_dict(state)
             except (KeyError, RuntimeError, ValueError, TypeError) as e:
                 raise ConfigError(f"resume: {folder / (name + '.pt')} does not fit this run's model "
                                   f"({type(e).__name__}); was it written by another model or method?") from None
-        state = _load_checkpoint_file(folder / "state.pt")
+        state = load_checkpoint_file(folder / "state.pt")
         others = state.get("other_ranks", [])
         rank = parallel.rank()
         if 1 + len(others) != self.world_size:
@@ -201,6 +221,18 @@ def prepare_run(cfg: PPOArgs, method: str) -> Run:
     spec = preflight.check_run(cfg, method)  # the model name, resolved once for every loader below
     cuda_allocator_segments()
     rank, world = parallel.setup()
+    lock = RunLock(cfg.output_dir).acquire() if rank == 0 else None
+    try:
+        run = _load_run(cfg, spec, method, rank, world)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    run.lock = lock
+    return run
+
+
+def _load_run(cfg: PPOArgs, spec, method: str, rank: int, world: int) -> Run:
     return_freed_memory()
     set_precision(cfg.precision)
 
@@ -234,12 +266,29 @@ def train(cfg: PPOArgs, method: str) -> Path:
 
 # ----------------------------------------------------------------------------- helpers
 
-def _load_checkpoint_file(path: Path):
-    try:
-        return torch.load(path, weights_only=False)
-    except Exception as e:  # a file cut or damaged on disk is the user's to move aside, not our bug
-        raise ConfigError(f"resume: {path} cannot be read ({type(e).__name__}); move {path.parent} aside to resume "
-                          "from an older checkpoint, or start again with --overwrite") from None
+def _save(content, path: Path) -> None:
+    """torch.save through a Python file, so that a full disk raises its OSError (ENOSPC). An exception raised
+    while torch's zip writer is open (that OSError, or the KeyboardInterrupt of a second stop signal) can come
+    out as the writer's RuntimeError on closing: raise the cause instead."""
+    with open(path, "wb") as f:
+        try:
+            torch.save(content, f)
+        except RuntimeError as e:
+            if isinstance(e.__context__, (OSError, KeyboardInterrupt)):
+                raise e.__context__ from None
+            raise
+
+
+def _tensor_bytes(obj) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.nbytes
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    return sum(map(_tensor_bytes, obj)) if isinstance(obj, (list, tuple)) else 0
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def rng_state(length_rng: np.random.Generator) -> dict:
@@ -275,6 +324,7 @@ class _StopSignals:
     def __init__(self, verbose: bool):
         self.verbose = verbose
         self.signum = None
+        self.again = None  # the second signal, which stops at once
         self._previous = {}
 
     @property
@@ -287,6 +337,7 @@ class _StopSignals:
 
     def _handle(self, signum, frame):
         if self.requested:
+            self.again = signum
             raise KeyboardInterrupt
         self.signum = signum
         if self.verbose:
@@ -303,6 +354,36 @@ class _StopSignals:
         for s, previous in self._previous.items():
             signal.signal(s, previous)
         return False
+
+
+class _Logger:
+    """The metrics rows, also to ``report_to``'s logger, which writes inside the run folder (wandb/ or
+    tensorboard/), never in the current one."""
+
+    def __init__(self, cfg: PPOArgs):
+        self.wandb = self.tensorboard = None
+        if cfg.report_to == "wandb":
+            import wandb
+            self.wandb = wandb.init(project="cory", config=to_dict(cfg), name=Path(cfg.output_dir).name,
+                                    resume="allow", dir=cfg.output_dir)
+        elif cfg.report_to == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+            self.tensorboard = SummaryWriter(log_dir=str(Path(cfg.output_dir) / "tensorboard"))
+
+    def log(self, row: dict, step: int) -> None:
+        numbers = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if self.wandb is not None:
+            self.wandb.log(numbers, step=step)
+        if self.tensorboard is not None:
+            for key, value in numbers.items():
+                self.tensorboard.add_scalar(key, value, step)
+            self.tensorboard.flush()  # a killed run keeps what it logged
+
+    def close(self) -> None:
+        if self.wandb is not None:
+            self.wandb.finish()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
 
 
 def _postfix(row: dict) -> dict:

@@ -97,3 +97,55 @@ def ppo_batch():
     queries = [torch.tensor(tok(q)["input_ids"]) for q, _ in texts]
     responses = [torch.tensor(tok(r)["input_ids"]) for _, r in texts]
     return tok, reference, policy, queries, responses
+
+
+# ----------------------------------------------------------------------------- the training scripts' user mistakes
+
+class Loaded(Exception):
+    pass
+
+
+def _tripwire(*args, **kwargs):
+    raise Loaded
+
+
+def rejected(task, method, argv, *, tripwire=True) -> str:
+    """Run a training script's main in-process; it must exit 2 with one line, before any model loads."""
+    import contextlib
+    import io
+
+    from cory import models
+    from cory.cli import main
+
+    err, out = io.StringIO(), io.StringIO()
+    cls = script_hyperparameters(task, method)
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        if tripwire:
+            mp.setattr(models, "load_tokenizer", _tripwire)
+        try:
+            main(cls, method, [str(a) for a in argv])
+        except SystemExit as e:
+            code = e.code
+        except Loaded:
+            pytest.fail(f"accepted, went on to load a model: {argv}")
+        else:
+            pytest.fail(f"accepted: {argv}")
+    lines = err.getvalue().strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (code, err.getvalue()[-2000:])
+    assert "Traceback" not in err.getvalue()
+    return lines[0]
+
+
+TINY = ["--config", "configs/imdb/ppo_tiny.yaml"]
+
+
+@pytest.fixture(scope="session")
+def finished(tmp_path_factory):
+    """A finished tiny PPO run and a finished tiny CORY run (2 iterations, a checkpoint each); tests that change
+    one copy it first."""
+    root = tmp_path_factory.mktemp("finished")
+    for method in ("ppo", "cory"):
+        p = run_script(f"imdb_train/{method}.py", "--config", f"configs/imdb/{method}_tiny.yaml", "--steps", "2",
+                       "--output_dir", root / method)
+        assert p.returncode == 0, p.stderr[-2000:]
+    return root

@@ -108,7 +108,7 @@ def test_the_scripts_defaults_are_the_papers_tables():
     (["--response_length_min", "9", "--response_length_max", "4"], "response_length_max"),
     (["--no_such_field", "1"], "no_such_field"),
     (["--score_norm", "maybe"], "score_norm"),
-    (["--report_to", "tensorboard"], "report_to"),
+    (["--report_to", "mlflow"], "report_to"),
     (["--config", "/nonexistent.yaml"], "/nonexistent.yaml"),
     (["--steps"], "steps"),
     (["stray"], "stray"),

@@ -229,3 +229,35 @@ def test_runs_json_lists_the_methods_and_seeds_of_every_command(tmp_path):
     assert record.data["seeds"] == [0, 1, 2]
     assert record.data["kl_coefs"] == [0.1]
     assert experiments.Record(tmp_path, spec).data["kl_coefs"] is None  # never saved: nothing to keep
+
+
+def test_sigterm_to_the_runner_reaches_its_run_and_is_recorded(tmp_path, capsys):
+    import os
+    import signal
+    import time
+
+    from cory.outputs import latest_checkpoint
+
+    out = tmp_path / "exp"
+    proc = subprocess.Popen([sys.executable, "-m", "cory.lab.experiments", "--task", "imdb", "--preset", "tiny", "--methods", "ppo",
+                             "--seeds", "0", "--steps", "500", "--set", "save_every=1000", "--out", str(out)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = out / "runs" / "ppo" / "seed_0" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.is_file() and metrics.read_text().strip()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
+        time.sleep(0.1)
+    child = json.loads((out / "runs.json").read_text())["runs"]["ppo/seed_0"]["attempts"][0]["pid"]
+    with pytest.raises(SystemExit) as e:  # a second runner into the same experiment folder
+        experiments.main(["--preset", "tiny", "--methods", "ppo", "--seeds", "0", "--steps", "500", "--out", str(out)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"being written by another experiment runner (pid {proc.pid} on " in err and len(err.strip().splitlines()) == 1
+    proc.send_signal(signal.SIGTERM)  # to the runner alone, as a scheduler or `kill` sends it
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    with pytest.raises(ProcessLookupError):  # the run stopped too: no orphan left training
+        os.kill(child, 0)
+    run = json.loads((out / "runs.json").read_text())["runs"]["ppo/seed_0"]
+    assert run["status"] == "interrupted" and run["attempts"][0]["exit_status"] == 128 + signal.SIGTERM
+    assert latest_checkpoint(out / "runs" / "ppo" / "seed_0") is not None  # it saved before stopping

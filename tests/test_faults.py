@@ -192,3 +192,42 @@ def test_ppo_some_answers_end_at_once(tmp_path):
     assert [s["response"] == "" for s in read_jsonl(out / "samples.jsonl")] == [True, False, True, False]
     assert math.isfinite(row["policy/kl"]) and math.isfinite(row["policy/policy_loss"])
     assert 1 < row["policy/response_length"] < 8  # rows of 1 token beside rows of 4 to 8
+
+
+def test_a_full_disk_during_a_checkpoint_is_named_and_keeps_the_older_one(tmp_path):
+    out = tmp_path / "run"
+    run = prepare_run(tiny(IMDB_PPO, "ppo", out, steps=2, save_every=1), "ppo")
+    save = run.run_dir.save_checkpoint
+
+    def disk_full_from_step_2(step, write, keep):
+        def onto_a_full_disk(folder):  # every write to /dev/full fails with ENOSPC, as on a full disk
+            for name in ("policy.pt", "state.pt"):
+                (folder / name).symlink_to("/dev/full")
+            write(folder)
+        return save(step, write if step < 2 else onto_a_full_disk, keep)
+    run.run_dir.save_checkpoint = disk_full_from_step_2
+    with pytest.raises(RunError) as e:
+        run.fit()
+    message = str(e.value)
+    assert "checkpoint 2: no space left on the device holding" in message and "\n" not in message
+    assert "the checkpoint needs about " in message and "step_000001, is kept" in message
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000001"]
+    assert torch.load(latest_checkpoint(out) / "state.pt", weights_only=False)["step"] == 1
+
+
+def test_a_second_signal_during_a_checkpoint_write_stays_an_interrupt(tmp_path, monkeypatch):
+    """The KeyboardInterrupt of a second stop signal arriving while torch writes a checkpoint through its file
+    comes out as KeyboardInterrupt (the clean 'interrupted' exit), not as torch's zip writer's RuntimeError."""
+    import io
+
+    from cory import train
+
+    class InterruptedFile(io.FileIO):
+        def write(self, data):
+            if self.tell() > 0:  # mid-file, as a signal arriving during the write
+                raise KeyboardInterrupt
+            return super().write(data)
+
+    monkeypatch.setattr(train, "open", lambda path, mode: InterruptedFile(path, "w"), raising=False)
+    with pytest.raises(KeyboardInterrupt):
+        train._save({"w": torch.zeros(1000)}, tmp_path / "policy.pt")

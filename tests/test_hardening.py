@@ -12,53 +12,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO, run_script, script_hyperparameters, start_script, wait_for_rows
-from cory import models
-from cory.cli import main
+from conftest import REPO, TINY, rejected, run_script, start_script, wait_for_rows
 from cory.outputs import latest_checkpoint, read_jsonl
-
-
-class Loaded(Exception):
-    pass
-
-
-def _tripwire(*args, **kwargs):
-    raise Loaded
-
-
-def rejected(task, method, argv, *, tripwire=True) -> str:
-    """Run a training script's main in-process; it must exit 2 with one line, before any model loads."""
-    err, out = io.StringIO(), io.StringIO()
-    cls = script_hyperparameters(task, method)
-    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-        if tripwire:
-            mp.setattr(models, "load_tokenizer", _tripwire)
-        try:
-            main(cls, method, [str(a) for a in argv])
-        except SystemExit as e:
-            code = e.code
-        except Loaded:
-            pytest.fail(f"accepted, went on to load a model: {argv}")
-        else:
-            pytest.fail(f"accepted: {argv}")
-    lines = err.getvalue().strip().splitlines()
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (code, err.getvalue()[-2000:])
-    assert "Traceback" not in err.getvalue()
-    return lines[0]
-
-
-TINY = ["--config", "configs/imdb/ppo_tiny.yaml"]
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    """A finished tiny PPO run and a finished tiny CORY run (2 iterations, a checkpoint each)."""
-    root = tmp_path_factory.mktemp("finished")
-    for method in ("ppo", "cory"):
-        p = run_script(f"imdb_train/{method}.py", "--config", f"configs/imdb/{method}_tiny.yaml", "--steps", "2",
-                       "--output_dir", root / method)
-        assert p.returncode == 0, p.stderr[-2000:]
-    return root
 
 
 # ----------------------------------------------------------------------------- data loss
@@ -328,3 +283,186 @@ def test_help_explains_every_field():
     assert "--kl_penalty" in text and "full | kl | abs | mse" in text
     assert "[resume]" in next(ln for ln in text.splitlines() if ln.strip().startswith("--steps "))
     assert "the paper's T_REx" in text
+
+
+# ----------------------------------------------------------------------------- round two: silently wrong or unclear
+
+def test_a_finished_run_cannot_be_shortened(finished):
+    before = (finished / "ppo" / "config.yaml").read_text()
+    line = rejected("imdb", "ppo", ["--resume", finished / "ppo", "--steps", "1"])
+    assert "has done 2 iterations, more than --steps 1" in line and "--steps 2 or more" in line
+    assert (finished / "ppo" / "config.yaml").read_text() == before
+    assert latest_checkpoint(finished / "ppo").name == "step_000002"
+
+
+def test_two_sigterms_exit_143(tmp_path):
+    out = tmp_path / "run"
+    proc = start(out, "--steps", "3", "--save_every", "100")
+    wait_for_rows(proc, out / "metrics.jsonl", 1)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]
+    assert "Traceback" not in stderr
+
+
+def test_a_yaml_alias_bomb_is_refused_quickly(tmp_path):
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\nlearning_rate: *a9\n")
+    t0 = time.perf_counter()
+    line = rejected("imdb", "ppo", ["--config", bomb, "--output_dir", tmp_path / "r"])
+    assert time.perf_counter() - t0 < 5
+    assert "more than 100,000 values" in line and len(line) < 300
+
+
+def test_an_oversized_config_or_value_gives_a_short_error(tmp_path):
+    big = tmp_path / "big.yaml"
+    big.write_text("learning_rate: 1.0e-4\n" + "# padding\n" * 200_000)
+    line = rejected("imdb", "ppo", ["--config", big, "--output_dir", tmp_path / "r"])
+    assert "MiB" in line and len(line) < 300
+    long = tmp_path / "long.yaml"
+    long.write_text(yaml.safe_dump({"learning_rate": list(range(5000))}))
+    line = rejected("imdb", "ppo", ["--config", long, "--output_dir", tmp_path / "r"])
+    assert line.startswith("error: learning_rate: expected a float, got [0, 1, 2") and len(line) < 200
+
+
+def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path):
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("task: imdb\nlearning_rate: 1.0e-4\nsteps: 3\nlearning_rate: 1.0e-2\n")
+    line = rejected("imdb", "ppo", ["--config", twice, "--output_dir", tmp_path / "r"])
+    assert "'learning_rate' is given twice (lines 2 and 4)" in line
+
+
+def test_a_tilde_in_a_yaml_output_dir_is_the_home_folder(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "tilde.yaml"
+    preset = (REPO / "configs/imdb/ppo_tiny.yaml").read_text().splitlines()
+    cfg.write_text("".join(ln + "\n" for ln in preset if not ln.startswith("output_dir:")) + "output_dir: ~/runs/x\n")
+    (home / "runs" / "x").mkdir(parents=True)
+    (home / "runs" / "x" / "mine.txt").write_text("mine")  # a folder that is not a run: refused, so nothing loads
+    line = rejected("imdb", "ppo", ["--config", cfg])
+    assert f"{home}/runs/x already holds files" in line
+    assert not (tmp_path / "~").exists()
+    assert "a leading ~ is your home folder" in run_script("imdb_train/ppo.py", "--help", timeout=120).stdout
+
+
+def long_question_data(tmp_path):
+    data = tmp_path / "gsm8k"
+    data.mkdir()
+    good = json.dumps({"question": "1+1?", "answer": "1+1=2 #### 2"}) + "\n"
+    long = json.dumps({"question": "How many apples? " * 300, "answer": "#### 3"}) + "\n"
+    (data / "train.jsonl").write_text(good + "\n" + long)  # the long one on line 3, after a blank line
+    (data / "test.jsonl").write_text(good + long)
+    return data
+
+
+def test_a_gsm8k_question_longer_than_the_context_is_named_before_the_model_loads(tmp_path, monkeypatch):
+    from cory import agent
+
+    data = long_question_data(tmp_path)
+    monkeypatch.setattr(agent, "make_agents", _no_model)
+    line = rejected("gsm8k", "cory", ["--config", "configs/gsm8k/cory_tiny.yaml", "--dataset", "local",
+                                      "--dataset_path", data, "--output_dir", tmp_path / "r"], tripwire=False)
+    assert f"{data / 'train.jsonl'} line 3: its prompt is" in line and "context of 512 tokens" in line
+    assert not (tmp_path / "r").exists()
+    line = evaluate_rejects(["--task", "gsm8k", "--model", "tiny", "--dataset_path", data, "--n", "1", "--k", "1",
+                             "--no_base"])
+    assert f"{data / 'test.jsonl'} line 2: its prompt is" in line and "--max_new_tokens" in line
+
+
+def _no_model(*args, **kwargs):
+    raise AssertionError("a model was loaded")
+
+
+@pytest.mark.parametrize("answer", ["3/4", "2 1/2", "1e3", "1 000"])
+def test_a_gsm8k_reference_that_is_not_one_number_is_refused(tmp_path, answer):
+    data = tmp_path / "gsm8k"
+    data.mkdir()
+    good = json.dumps({"question": "1+1?", "answer": "1+1=2 #### 2"}) + "\n"
+    (data / "train.jsonl").write_text(good + json.dumps({"question": "How much?", "answer": f"so #### {answer}"}))
+    (data / "test.jsonl").write_text(good)
+    line = rejected("gsm8k", "ppo", ["--config", "configs/gsm8k/ppo_tiny.yaml", "--dataset", "local",
+                                     "--dataset_path", data, "--output_dir", tmp_path / "r"])
+    assert f"train.jsonl line 2: 'answer' ends in '#### {answer}', not one number" in line
+
+
+def test_non_utf8_data_names_the_line(tmp_path):
+    data = tmp_path / "gsm8k"
+    data.mkdir()
+    good = (json.dumps({"question": "1+1?", "answer": "1+1=2 #### 2"}) + "\n").encode()
+    (data / "train.jsonl").write_bytes(good * 2 + '{"question": "caf\u00e9?", "answer": "#### 1"}\n'.encode("latin-1"))
+    (data / "test.jsonl").write_bytes(good)
+    line = rejected("gsm8k", "ppo", ["--config", "configs/gsm8k/ppo_tiny.yaml", "--dataset", "local",
+                                     "--dataset_path", data, "--output_dir", tmp_path / "r"])
+    assert "train.jsonl line 3 is not UTF-8 text" in line
+
+
+def test_an_unwritable_cache_names_the_folder_and_the_variable(tmp_path, monkeypatch):
+    from cory import agent
+
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    monkeypatch.setenv("HOME", str(a_file / "home"))  # unwritable even for root: a path through a file
+    monkeypatch.delenv("CORY_CACHE", raising=False)
+    monkeypatch.setattr(agent, "make_agents", _no_model)
+    line = rejected("imdb", "ppo", TINY + ["--output_dir", tmp_path / "r"], tripwire=False)
+    assert f"cannot write the model cache {a_file}/home/.cache/cory" in line and "set CORY_CACHE" in line
+    assert not (tmp_path / "r").exists()  # the folder the run had made for its lock went with it
+
+
+def test_evaluate_refuses_a_model_of_another_architecture(tmp_path):
+    from transformers import BertConfig, BertForMaskedLM
+
+    bert = tmp_path / "bert"
+    BertForMaskedLM(BertConfig(vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                               intermediate_size=32)).save_pretrained(bert)
+    line = evaluate_rejects(["--task", "imdb", "--model", bert, "--reference", "tiny", "--limit", "2"])
+    assert f"--model {bert}: {bert} holds a BertForMaskedLM" in line and "not a causal language model" in line
+
+
+def test_evaluate_bounds_the_samples_per_question():
+    line = evaluate_rejects(["--task", "gsm8k", "--model", "tiny", "--n", "100000000", "--k", "100000000"])
+    assert line.startswith("error: --n: at most 1000 samples per question, got 100000000")
+
+
+@pytest.mark.parametrize("damage", ["missing", "half_written"])
+def test_a_model_without_its_tokenizer_says_so(finished, tmp_path, damage):
+    import shutil
+    model = tmp_path / "llm1"
+    shutil.copytree(finished / "cory" / "final" / "llm1", model)
+    if damage == "missing":
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            (model / name).unlink()
+    else:
+        (model / "tokenizer.json").unlink()  # a copy cut short: the config without the vocabulary
+    line = evaluate_rejects(["--task", "imdb", "--model", model, "--reference", "tiny", "--limit", "2"])
+    assert "tokenizer" in line and "differs" not in line, line
+
+
+@pytest.mark.parametrize("logger", ["wandb", "tensorboard"])
+def test_loggers_write_inside_the_run_folder(tmp_path, logger):
+    import subprocess
+    import sys
+
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    out = tmp_path / "run"
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    p = subprocess.run([sys.executable, str(REPO / "imdb_train/ppo.py"), "--config", str(REPO / TINY[1]),
+                        "--steps", "2", "--report_to", logger, "--output_dir", str(out)],
+                       cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert list(cwd.iterdir()) == []  # nothing in the folder the run was started from
+    assert (out / logger).is_dir()
+    if logger == "tensorboard":
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+        events = EventAccumulator(str(out / "tensorboard")).Reload()
+        assert [e.step for e in events.Scalars("policy/kl")] == [0, 1]
+    from cory.outputs import scan_run_dir
+    assert scan_run_dir(out)[1] == []  # the logger's folder is a run's own: --overwrite replaces it with the rest

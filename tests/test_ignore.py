@@ -35,6 +35,9 @@ def ignored(path: str) -> bool:
     RUN.format(method="cory") + "final/llm1/model.safetensors",
     RUN.format(method="ppo") + "final/policy/config.json",
     "results/imdb_cpu/state.pt",
+    "results/imdb_cpu/.cory.lock",
+    RUN.format(method="cory") + ".cory.lock",
+    RUN.format(method="cory") + "tensorboard/events.out.tfevents.1.host",
 ])
 def test_ignored(path):
     assert ignored(path), path

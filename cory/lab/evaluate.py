@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from cory.assets import MODEL_SPECS_HELP, SMOLLM2_SPEC, TINY_SPEC, check_hub_asset, is_valid_model_spec, locate
+from cory.assets import (MODEL_SPECS_HELP, SMOLLM2_SPEC, TINY_SPEC, check_hub_asset, is_valid_model_spec, locate,
+                         model_spec)
 from cory.cli import OneLineParser
 from cory.config import load_yaml
 from cory.errors import AssetError, ConfigError, EvalError
@@ -45,6 +46,7 @@ from cory.tasks.base import TRAINING_SAMPLING
 
 DEFAULT_KS = (1, 4, 16)
 DTYPES = ("float32", "bfloat16", "float16")
+MAX_SAMPLES = 1000  # per pass@k question: estimates need n >= k, and the paper's k is at most 16
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -186,6 +188,7 @@ def expand_model(arg: str) -> list[ModelEntry]:
     if not path.is_dir():
         return [ModelEntry(arg, _hub_id_or_error(arg, "--model"))]
     if (path / "config.json").is_file():
+        _check_causal_lm(path, f"--model {arg}")
         run = path.parent.parent if path.parent.name == "final" else None
         if run is not None and not (run / "config.yaml").is_file():
             run = None
@@ -193,11 +196,32 @@ def expand_model(arg: str) -> list[ModelEntry]:
         return [ModelEntry(label, str(path), run)]
     final = path / "final"
     models = sorted(d for d in final.iterdir() if (d / "config.json").is_file()) if final.is_dir() else []
+    for d in models:
+        _check_causal_lm(d, f"--model {arg}")
     if models:
         return [ModelEntry(f"{path.resolve().name}/{d.name}", str(d), path) for d in models]
     if (path / "config.yaml").is_file():
         raise EvalError(f"--model {arg}: run folder has no trained models in final/ (has training finished?)")
     raise EvalError(f"--model {arg}: not a model folder (no config.json) nor a run folder (no final/)")
+
+
+def _check_causal_lm(folder: Path, flag: str) -> None:
+    """``folder``'s config.json describes a causal LM: another architecture's weights would not load into one,
+    and transformers fills what does not load with random values (and only warns)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        raise EvalError(f"{flag}: {folder / 'config.json'} is not valid JSON") from None
+    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    kinds = config.get("architectures") if isinstance(config, dict) else None
+    if isinstance(kinds, list) and kinds and not any(k in causal for k in kinds):
+        raise EvalError(f"{flag}: {folder} holds a {kinds[0]} (config.json architectures), not a causal language "
+                        "model; give a model trained here (RUN/final/NAME) or another causal LM")
+    if not kinds and (not isinstance(config, dict) or config.get("model_type") not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
+        kind = config.get("model_type") if isinstance(config, dict) else None
+        raise EvalError(f"{flag}: {folder}'s config.json names no causal language model (model_type {kind!r})")
 
 
 def _run_config(run: Path) -> dict:
@@ -362,6 +386,8 @@ def plan(argv: Sequence[str] | None) -> Plan:
             _hub_id_or_error(reference, "--reference")
         elif not (Path(reference).expanduser() / "config.json").is_file():
             raise EvalError(f"--reference {reference}: not a model folder (no config.json)")
+        else:
+            _check_causal_lm(Path(reference).expanduser(), f"--reference {reference}")
     else:
         bases = {str(c["model_name"]) for c in configs.values() if c.get("model_name")}
         if len(bases) > 1:
@@ -413,6 +439,9 @@ def plan(argv: Sequence[str] | None) -> Plan:
     n = ks = None
     if passk:
         n = args.n or 16
+        if n > MAX_SAMPLES:
+            raise EvalError(f"--n: at most {MAX_SAMPLES} samples per question, got {n} (each is a generation of up to "
+                            "--max_new_tokens tokens, for every question and model)")
         ks = args.k or [k for k in DEFAULT_KS if k <= n]
         too_big = [k for k in ks if k > n]
         if too_big:
@@ -602,6 +631,10 @@ def run(p: Plan) -> dict:
         settings["sampling"] = dict(protocol.sampling, stop_early=protocol.stop_early)
         for entry in p.rows:
             tokenizer = load_tokenizer(locate(entry.spec))
+            context = model_spec(entry.spec).context if is_valid_model_spec(entry.spec) else None
+            if context is not None:  # a question too long for the model fails before it loads, naming the question
+                task.check_fits(tokenizer, context, p.max_new_tokens, examples=examples, model=entry.spec,
+                                limit="--max_new_tokens", prompt=protocol.prompt)
             model = load_model(entry.spec, p.dtype)
             res = evaluate_pass_at_k(model, tokenizer, task, examples, n=p.n, ks=p.ks,
                                      max_new_tokens=p.max_new_tokens, batch_size=p.batch_size, seed=p.seed,

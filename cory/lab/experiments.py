@@ -28,11 +28,13 @@ and ``OUT/REPORT.md``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import math
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -48,7 +50,7 @@ from cory.cli import OneLineParser
 from cory.config import CoryArgs, PPOArgs, load_yaml, on_resume_fields
 from cory.errors import AssetError, ConfigError, ExperimentError, ReportError
 from cory.lab.report import build_report
-from cory.outputs import latest_checkpoint, read_jsonl_rows
+from cory.outputs import LOCK, RunLock, latest_checkpoint, read_jsonl_rows
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -316,7 +318,7 @@ def _saved_config(run_dir: Path) -> dict | None:
 def pair_state(pair: Pair) -> tuple[str, str]:
     """("new" | "finished" | "resume" | "overwrite", why) for a run folder, from what it holds."""
     d = pair.run_dir
-    if not d.is_dir() or not any(d.iterdir()):
+    if not d.is_dir() or all(p.name == LOCK for p in d.iterdir()):
         return "new", "not started"
     saved = _saved_config(d)
     logged = _logged_steps(d)
@@ -425,7 +427,45 @@ class Record:
             return rec
 
 
-def execute(pair: Pair, mode: str, record: Record, out: Path, env: dict, why: str = "") -> dict:
+class Children:
+    """The training processes running now. Each runs in a session of its own, and a stop signal the runner
+    gets (Ctrl-C, or SIGTERM from a scheduler or ``kill``) is passed on to each once, from here: it saves a
+    checkpoint and stops, and the runner records it. No run is started after the first signal."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.running: set[subprocess.Popen] = set()
+        self.stopped_by: int | None = None
+
+    def start(self, cmd: list[str], **kwargs) -> subprocess.Popen | None:
+        with self.lock:
+            if self.stopped_by is not None:
+                return None
+            proc = subprocess.Popen(cmd, start_new_session=True, **kwargs)
+            self.running.add(proc)
+            return proc
+
+    def wait(self, proc: subprocess.Popen) -> int:
+        status = proc.wait()
+        with self.lock:
+            self.running.discard(proc)
+        return status
+
+    def stop(self, signum: int) -> None:
+        with self.lock:
+            if self.stopped_by is None:
+                self.stopped_by = signum
+            for proc in self.running:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signum)
+
+
+# a run that saved a checkpoint and stopped on a signal (128 + SIGINT or SIGTERM), or was stopped by one
+STOPPED = (130, 143, -signal.SIGINT, -signal.SIGTERM)
+
+
+def execute(pair: Pair, mode: str, record: Record, out: Path, env: dict, why: str = "",
+            children: Children | None = None) -> dict:
     """Run one training process to the end; its output goes to OUT/logs/."""
     from tqdm.auto import tqdm
 
@@ -444,16 +484,20 @@ def execute(pair: Pair, mode: str, record: Record, out: Path, env: dict, why: st
     with open(log, "a") as f:
         f.write(f"\n==== {attempt['started']} {attempt['command']}\n")
         f.flush()
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                stdin=subprocess.DEVNULL)
-        # a worker thread never sees Ctrl-C: the child gets it, saves a checkpoint and exits 130
-        status = proc.wait()
+        children = children or Children()
+        proc = children.start(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
+        if proc is not None:
+            with record.lock:
+                attempt["pid"] = proc.pid
+            record.save()
+        status = None if proc is None else children.wait(proc)
     with record.lock:
         attempt["wall_time_s"] = round(time.perf_counter() - t0, 1)
         attempt["exit_status"] = status
-        if status != 0:
+        if status not in (0, None):
             attempt["error"] = _last_error(log)
-        rec["status"] = "finished" if status == 0 else ("interrupted" if status in (130, -2) else "failed")
+        rec["status"] = ("finished" if status == 0 else
+                         "interrupted" if status is None or status in STOPPED else "failed")
     record.save()
     return attempt
 
@@ -469,11 +513,22 @@ def _last_error(log: Path) -> str:
 
 
 def run(argv: list[str] | None = None) -> int:
-    from tqdm.auto import tqdm
-
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     pairs, spec = plan(args)
     out: Path = spec["out"]
+    try:  # one runner per experiment folder (its runs.json); each run locks its own folder too
+        lock = RunLock(out, "--out", "experiment runner").acquire()
+    except ConfigError as e:
+        raise ExperimentError(str(e)) from None
+    try:
+        return _run(args, argv, pairs, spec, out)
+    finally:
+        lock.release()
+
+
+def _run(args, argv, pairs: list[Pair], spec: dict, out: Path) -> int:
+    from tqdm.auto import tqdm
+
     try:
         prior = json.loads((out / "runs.json").read_text()) if (out / "runs.json").is_file() else {}
     except json.JSONDecodeError:
@@ -520,15 +575,24 @@ def run(argv: list[str] | None = None) -> int:
                dynamic_ncols=True)
     failed = []
     interrupted = False
+    children = Children()
+
+    def stop(signum, frame):
+        children.stop(signum)
+        raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     pool = ThreadPoolExecutor(max_workers=spec["jobs"])
     try:
         futures = {}
         for pair, state, why in todo:
-            futures[pool.submit(execute, pair, state, record, out, env, why)] = pair
+            futures[pool.submit(execute, pair, state, record, out, env, why, children)] = pair
         for fut in as_completed(futures):
             pair = futures[fut]
             attempt = fut.result()
             invocation["ran"] += 1
+            if attempt["exit_status"] is None:  # never started: the runner was stopping
+                continue
             if attempt["exit_status"] == 0:
                 tqdm.write(f"done   {pair.key} in {attempt['wall_time_s']:.0f} s")
             else:
@@ -541,7 +605,7 @@ def run(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         interrupted = True
         tqdm.write("interrupted: waiting for the current run(s) to save a checkpoint ...")
-        while True:  # a second Ctrl-C reaches the runs too (they stop at once): keep waiting for them
+        while True:  # a second signal is passed on too (the runs stop at once): keep waiting for them
             try:
                 pool.shutdown(wait=True, cancel_futures=True)
                 break
@@ -549,12 +613,14 @@ def run(argv: list[str] | None = None) -> int:
                 pass
     finally:
         pool.shutdown(wait=True)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
         bar.close()
         invocation["finished"] = _now()
         record.save()
     if interrupted:
         print(f"interrupted: rerun the same command to continue (records in {_rel(record.path)})", file=sys.stderr)
-        return 130
+        return 128 + (children.stopped_by or signal.SIGINT)
     if not args.no_report:
         try:
             print(f"report: {_rel(build_report(out))}")

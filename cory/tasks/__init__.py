@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from cory.assets import model_spec
 from cory.config import ConfigError
 from cory.tasks.base import (PASS_AT_K, REWARD_METRICS, TRAINING_PROTOCOL, Evaluation, Example, SamplingProtocol, Task,
                              TaskBase)
@@ -126,7 +127,13 @@ def _check_imdb(cfg) -> None:
 def _make_gsm8k(cfg, tokenizer, seed):
     from cory.tasks.gsm8k import Gsm8kTask
 
-    return Gsm8kTask(source=cfg.dataset, dataset_path=cfg.dataset_path, seed=seed)
+    task = Gsm8kTask(source=cfg.dataset, dataset_path=cfg.dataset_path, seed=seed)
+    context = model_spec(cfg.model_name).context  # from the disk alone, as the checks before a run read it
+    if context is not None:  # before the models load: a question too long for them fails only when drawn
+        observer = hasattr(cfg, "swap_period") and cfg.knowledge_transfer  # it reads the pioneer's answer too
+        task.check_fits(tokenizer, context, cfg.response_length_max * (2 if observer else 1), model=cfg.model_name,
+                        prompt=(lambda ex: task.observer_prompt(ex, "")) if observer else None)
+    return task
 
 
 def _check_gsm8k(cfg, splits=("train", "test")) -> None:

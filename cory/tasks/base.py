@@ -60,6 +60,10 @@ class TaskBase:
     def clean_response(self, text: str) -> str:
         return text
 
+    def check_fits(self, tokenizer, context: int, answer_tokens: int, **where) -> None:
+        """Raise ConfigError (one line) if a prompt and ``answer_tokens`` more would not fit ``context`` positions;
+        a task whose prompts are short has nothing to check (GSM8K checks its questions)."""
+
 
 @dataclass(frozen=True)
 class SamplingProtocol:

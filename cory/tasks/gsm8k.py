@@ -27,7 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
-from cory.assets import check_hub_asset
+from cory.assets import check_hub_asset, quiet
 from cory.errors import ConfigError
 from cory.tasks.base import Example, TaskBase
 
@@ -142,13 +142,23 @@ def _leading_number(text: str) -> str | None:
     return _canonical(m.group("sign"), m.group("num")) if m else None
 
 
+# a reference answer is one number and nothing else: read "3/4", "2 1/2", "1e3" or "1 000" by their first
+# digits and every model answer would be scored against the wrong number
+_REFERENCE_RE = re.compile(r"\s*(?P<sign>[-\u2212])?\s*[$\u20ac\u00a3]?\s*"
+                           r"(?P<num>\d+(?:,\d{3})*(?:\.\d+)?|\.\d+)\s*\.?\s*")
+
+
 def reference_answer(solution: str) -> str:
-    """The normalised number after the last ``####`` of a GSM8K solution."""
+    """The normalised number after the last ``####`` of a GSM8K solution: one integer or decimal (``18``,
+    ``-3``, ``1,080``, ``0.5``); anything else there is a ValueError."""
     _, sep, tail = solution.rpartition("####")
-    value = normalize_number(tail) if sep else None
-    if value is None:
+    if not sep:
         raise ValueError(f"GSM8K solution has no '#### <number>' ending: {solution[-80:]!r}")
-    return value
+    m = _REFERENCE_RE.fullmatch(tail)
+    if m is None:
+        raise ValueError(f"GSM8K solution ends in '#### {tail.strip()[:40]}', not one number (an integer or decimal "
+                         "such as 18, -3, 1,080 or 0.5; fractions, exponents and spaced digits are not read)")
+    return _canonical(m.group("sign"), m.group("num"))
 
 
 def extract_answer(text: str) -> str | None:
@@ -254,17 +264,19 @@ def _load_local(split: str, dataset_path: str | Path) -> list[dict]:
     if not path.is_file():
         raise ConfigError(f"dataset_path: {path} not found (expected the original release's {split}.jsonl, "
                           f"{_RECORD})")
-    rows = []
     try:
-        with path.open(encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                rows.append(_record(line, f"dataset_path: {path} line {lineno}"))
-    except UnicodeDecodeError:
-        raise ConfigError(f"dataset_path: {path} is not UTF-8 text; expected {_RECORD}") from None
+        raw = path.read_bytes()
     except OSError as e:
         raise ConfigError(f"dataset_path: cannot read {path} ({e.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"dataset_path: {path} line {line} is not UTF-8 text; expected {_RECORD}") from None
+    rows = []
+    for lineno, line in enumerate(text.split("\n"), 1):
+        if line.strip():
+            rows.append(_record(line, f"dataset_path: {path} line {lineno}"))
     if not rows:
         raise ConfigError(f"dataset_path: {path} holds no records; expected {_RECORD}")
     return rows
@@ -283,10 +295,12 @@ def _record(line: str, where: str) -> dict:
         if not isinstance(obj[key], str) or not obj[key].strip():
             raise ConfigError(f"{where}: {key!r} is {type(obj[key]).__name__} {str(obj[key])[:30]!r}, not a "
                               f"non-empty string; expected {_RECORD}")
+    if "####" not in obj["answer"]:
+        raise ConfigError(f"{where}: 'answer' does not end in '#### <number>'; expected {_RECORD}")
     try:
         reference_answer(obj["answer"])
-    except ValueError:
-        raise ConfigError(f"{where}: 'answer' does not end in '#### <number>'; expected {_RECORD}") from None
+    except ValueError as e:
+        raise ConfigError(f"{where}: {str(e).replace('GSM8K solution', repr('answer'))}") from None
     return {"question": obj["question"], "answer": obj["answer"]}
 
 
@@ -466,6 +480,7 @@ class Gsm8kTask(TaskBase):
         self.seed = int(seed)
         self.stop = stop
         self.source = resolve_source(source, dataset_path)
+        self._dataset_path = dataset_path
         kw = dict(dataset_path=dataset_path, seed=data_seed, generated_size=generated_size)
         train = test = None
         if self.source == "hub":
@@ -525,6 +540,35 @@ class Gsm8kTask(TaskBase):
 
     def observer_prompt(self, example: Example, pioneer_response: str) -> str:
         return build_observer_prompt(example.query, pioneer_response)
+
+    def check_fits(self, tokenizer, context: int, answer_tokens: int, *, examples: list[Example] | None = None,
+                   prompt=None, model: str = "the model", limit: str = "response_length_max") -> None:
+        """Every prompt of ``examples`` (default: the training questions; ``prompt(example)`` the text, default its
+        prompt) and ``answer_tokens`` more fit ``context`` positions (else generation fails mid-run, past the
+        model's positions): a ConfigError naming the longest question that does not."""
+        examples = self._train if examples is None else examples
+        prompts = [prompt(ex) if prompt else ex.prompt for ex in examples]
+        with quiet():  # transformers' own notice of a prompt over the model's length: said better below
+            lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+        over = [i for i, n in enumerate(lengths) if n + answer_tokens > context]
+        if not over:
+            return
+        worst = max(over, key=lengths.__getitem__)
+        more = f" (and {len(over) - 1} more)" if len(over) > 1 else ""
+        raise ConfigError(f"{self._where(examples[worst])}: its prompt is {lengths[worst]} tokens; with answers of up "
+                          f"to {answer_tokens} tokens it does not fit {model}'s context of {context} tokens{more}; "
+                          f"drop or shorten such questions, or lower {limit}")
+
+    def _where(self, example: Example) -> str:
+        split, index = example.meta["split"], example.meta["index"]
+        if self.source == "local":
+            path = Path(self._dataset_path) / f"{split}.jsonl"
+            with path.open(encoding="utf-8") as fh:
+                records = (n for n, line in enumerate(fh, 1) if line.strip())
+                for _ in range(index + 1):
+                    line = next(records)
+            return f"dataset_path: {path} line {line}"
+        return f"dataset: {self.source} {split} question {index + 1}"
 
     def clean_response(self, text: str) -> str:
         return trim_at_stop(text, self.stop)
