@@ -249,7 +249,8 @@ def test_sigterm_to_the_runner_reaches_its_run_and_is_recorded(tmp_path, capsys)
         time.sleep(0.1)
     child = json.loads((out / "runs.json").read_text())["runs"]["ppo/seed_0"]["attempts"][0]["pid"]
     with pytest.raises(SystemExit) as e:  # a second runner into the same experiment folder
-        experiments.main(["--preset", "tiny", "--methods", "ppo", "--seeds", "0", "--steps", "500", "--out", str(out)])
+        experiments.main(["--task", "imdb", "--preset", "tiny", "--methods", "ppo", "--seeds", "0", "--steps", "500",
+                          "--out", str(out)])
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert f"being written by another experiment runner (pid {proc.pid} on " in err and len(err.strip().splitlines()) == 1
