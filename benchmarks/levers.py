@@ -9,7 +9,8 @@ Levers (each timed best-of-``--repeats`` in this one process, on the same inputs
   generation   one batched call for the whole batch vs trl's default batches of 4; KV cache off;
                torch.no_grad instead of inference_mode
   ppo step     trl's stock PPOTrainer.step, then ours one change at a time (response-window logits, the
-               rollout pass reused as epoch 0's training pass, fused Adam, packed passes), on the pioneer's and the
+               rollout pass reused as epoch 0's training pass, fused Adam, packed passes; ours with the full KL
+               forced into the rollout pass, which "auto" does only for large tensors), on the pioneer's and the
                observer's batch, with each one's difference from trl in the statistics and in the weight
                update; ours under bf16 autocast, with its deviation; a profile of trl's step and ours
   adam         torch Adam: default (for-loop on CPU), foreach, fused
@@ -213,12 +214,13 @@ def main(argv=None) -> int:
         def make_optimizer(self, policy):
             return None
 
-    def ours_but(reuse=True, pack=True, trl_adam=False):
+    def ours_but(reuse=True, pack=True, trl_adam=False, kl_in_rollout="auto"):
         class Variant(Agent):
             def trainer_class(self):
                 class Trainer(WindowedPPOTrainer):
                     reuse_rollout = reuse
                 Trainer.pack = pack
+                Trainer.kl_in_rollout = kl_in_rollout
                 return Trainer, {"max_pass_tokens": self.cfg.max_pass_tokens}
 
             def make_optimizer(self, policy):
@@ -228,6 +230,7 @@ def main(argv=None) -> int:
     WindowOnly = ours_but(reuse=False, pack=False, trl_adam=True)
     WindowReuse = ours_but(pack=False, trl_adam=True)
     WindowReuseFused = ours_but(pack=False)
+    KLInRollout = ours_but(kl_in_rollout=True)
 
     def run_step(cls, role, autocast=False, profiled=False):
         from contextlib import nullcontext
@@ -258,6 +261,7 @@ def main(argv=None) -> int:
         for label, cls, autocast in (("trl stock", Stock, False), ("+ response window", WindowOnly, False),
                                      ("+ rollout pass reused", WindowReuse, False), ("+ fused Adam", WindowReuseFused, False),
                                      ("+ packed passes = ours", Agent, False),
+                                     ("ours, KL in the rollout pass", KLInRollout, False),
                                      ("ours + bf16 autocast", Agent, True)):
             elapsed, stats, params = min((run_step(cls, role, autocast) for _ in range(args.repeats)),
                                          key=lambda x: x[0])

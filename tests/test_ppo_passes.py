@@ -32,6 +32,22 @@ class PaddedAgent(Agent):
         return Padded, {"max_pass_tokens": self.cfg.max_pass_tokens}
 
 
+def kl_agent(where: bool):
+    """Ours with the full-vocabulary KL taken in the rollout pass (True) or by trl from the window (False),
+    whatever the size rule of ``kl_in_rollout = "auto"`` would choose."""
+    class KLAgent(Agent):
+        def trainer_class(self):
+            from cory.speedups.windowed import WindowedPPOTrainer
+
+            class Trainer(WindowedPPOTrainer):
+                kl_in_rollout = where
+            return Trainer, {"max_pass_tokens": self.cfg.max_pass_tokens}
+    return KLAgent
+
+
+KLInRolloutAgent, KLByTrlAgent = kl_agent(True), kl_agent(False)
+
+
 def test_pass_plan_splits_by_tokens_and_covers_every_sample():
     lengths = [5, 40, 12, 33, 7, 21, 40, 3]
     assert pass_plan(lengths, 0) == [list(range(8))]
@@ -79,8 +95,11 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("cls,over", [(Agent, o) for o in CASES] + [(PaddedAgent, o) for o in CASES[:2]],
-                         ids=[f"packed{i}" for i in range(len(CASES))] + ["padded0", "padded1"])
+@pytest.mark.parametrize("cls,over", [(Agent, o) for o in CASES] + [(PaddedAgent, o) for o in CASES[:2]]
+                         + [(KLInRolloutAgent, o) for o in CASES] + [(KLByTrlAgent, o) for o in CASES],
+                         ids=[f"packed{i}" for i in range(len(CASES))] + ["padded0", "padded1"]
+                         + [f"kl_in_rollout{i}" for i in range(len(CASES))]
+                         + [f"kl_by_trl{i}" for i in range(len(CASES))])
 def test_our_step_matches_trl(setup, tmp_path, cls, over):
     before = torch.cat([p.detach().flatten() for p in setup[2].parameters()])
     stock_stats, stock_params = run_step(setup, StockAgent, tmp_path / "stock", **over)
@@ -90,6 +109,22 @@ def test_our_step_matches_trl(setup, tmp_path, cls, over):
     update = (stock_params - before).norm()
     assert update > 0
     assert float((params - stock_params).norm() / update) < 1e-3
+
+
+def test_auto_takes_the_kl_in_the_rollout_pass_where_trls_tensors_are_large(setup, tmp_path, monkeypatch):
+    from cory.speedups import windowed
+
+    tok, reference, policy, queries, responses = setup
+    cfg = build(PPOArgs, {"model_name": "tiny", "reward_model": "vader", "batch_size": 4, "mini_batch_size": 4,
+                          "max_pass_tokens": 0, "output_dir": str(tmp_path)})
+    trainer = Agent("policy", cfg, policy, reference, tok).trainer
+    assert trainer.kl_in_rollout == "auto"
+    assert not trainer._takes_kl_in_rollout(queries, responses)  # a few KB: left to trl
+    monkeypatch.setattr(windowed, "KL_TENSORS_LIMIT", 0)
+    assert trainer._takes_kl_in_rollout(queries, responses)
+    monkeypatch.setattr(windowed, "KL_TENSORS_LIMIT", 2 ** 40)
+    trainer.max_pass_tokens = 16  # the batch in several passes: memory is what limits it
+    assert trainer._takes_kl_in_rollout(queries, responses)
 
 
 def test_packed_attention_is_plain_sdpa_outside_a_packed_pass():

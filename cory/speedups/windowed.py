@@ -27,6 +27,10 @@ rounding. Four changes, each measured in benchmarks/README.md:
   each of its passes, takes the per-token KL a few rows at a time, and keeps only the [batch, response] KL and
   the reference's log-probabilities; trl's reference pass then returns those, and trl's reward rule
   (``compute_rewards``) reads the KL from them. The numbers are the same as trl's to float rounding.
+  Where those tensors are small (``kl_in_rollout = "auto"``: under ``KL_TENSORS_LIMIT`` with the batch in one
+  pass, e.g. 190 MB at the IMDB CPU preset with batch 16) the KL is left to trl, on the window's logits: the
+  rows-at-a-time KL costs a few percent of the rollout, reference and KL work on a CPU (benchmarks/README.md)
+  and would save memory that is not short there.
 
 trl's ``step()`` makes three kinds of forward pass, told apart here by what surrounds them: the rollout pass
 (no gradients), the reference pass (inside trl's ``optional_peft_ctx``, wrapped below) and the training
@@ -71,9 +75,17 @@ def _token_kl(logits, ref_logits, rows: int = 4) -> torch.Tensor:
     return torch.cat(out)
 
 
+# trl's full-vocabulary KL keeps four [batch, response window, vocabulary] float32 tensors alive through a step;
+# up to this size (and with the batch in one pass) they are left to it, above it the KL is taken in the rollout pass
+KL_TENSORS_LIMIT = 512 * 2 ** 20
+
+
 class WindowedPPOTrainer(PPOTrainer):
     reuse_rollout = True
     pack = True  # padding-free passes where the model allows them
+    # where the full-vocabulary KL is taken: True = in the rollout pass, a few rows at a time; False = by trl,
+    # from the window's logits; "auto" = in the rollout pass where trl's tensors would be large (see above)
+    kl_in_rollout: bool | str = "auto"
 
     def __init__(self, *args, max_pass_tokens: int | str = 0, reserve_bytes: float = 0.0, **kwargs):
         super().__init__(*args, **kwargs)
@@ -85,6 +97,7 @@ class WindowedPPOTrainer(PPOTrainer):
         self._in_reference = False
         self._rollout = None  # the rollout pass's outputs, until epoch 0's training pass takes them
         self._reference = None  # (reference log-probs, per-token full KL) from the rollout pass, for this step
+        self._kl_here = False  # whether this step() takes the full KL in the rollout pass
         self._disable_adapters = None
         self._deferred = None  # a training mini-batch over the budget: run pass by pass in train_minibatch
         disable_adapters = self._disable_adapters = self.optional_peft_ctx
@@ -108,11 +121,20 @@ class WindowedPPOTrainer(PPOTrainer):
         self._window = max(len(r) for r in responses) if usable else None
         self._reuse = (self.reuse_rollout and usable and self.config.mini_batch_size >= len(queries)
                        and not self.is_distributed and len(self._plan(queries, responses)) == 1)
+        self._kl_here = usable and self._takes_kl_in_rollout(queries, responses)
         self._rollout, self._deferred, self._reference = None, None, None
         try:
             return super().step(queries, responses, scores, response_masks)
         finally:
             self._window, self._rollout, self._deferred, self._reference = None, None, None, None
+
+    def _takes_kl_in_rollout(self, queries, responses) -> bool:
+        """Whether the full-vocabulary KL is taken in the rollout pass (``kl_in_rollout``) for this batch."""
+        if self.kl_in_rollout != "auto":
+            return bool(self.kl_in_rollout)
+        vocabulary = _hf_config(self.model).vocab_size
+        trl_bytes = 4 * len(queries) * max(len(r) for r in responses) * vocabulary * 4
+        return trl_bytes > KL_TENSORS_LIMIT or len(self._plan(queries, responses)) > 1
 
     def _packs(self, model) -> bool:
         """Whether ``model``'s passes are packed or right-padded."""
@@ -131,20 +153,27 @@ class WindowedPPOTrainer(PPOTrainer):
             if self._reference is not None:  # computed beside the rollout pass
                 ref_logprobs, _ = self._reference
                 return ref_logprobs, self._no_logits(ref_logprobs) if return_logits else None, None, None
-            return self._window_pass(model, queries, responses, return_logits)
+            return self._float_logits(self._window_pass(model, queries, responses, return_logits))
         if not torch.is_grad_enabled():  # the policy's rollout pass
-            # trl asks for logits here only to take the full-vocabulary KL: take it here, pass by pass
-            full_kl = return_logits
+            # trl asks for logits here only to take the full-vocabulary KL: take it here, pass by pass, or
+            # hand trl the window's logits
+            full_kl = return_logits and self._kl_here
             if not self._reuse:
-                out = self._window_pass(model, queries, responses, False, with_reference=full_kl)
+                out = self._window_pass(model, queries, responses, return_logits and not full_kl,
+                                        with_reference=full_kl)
             else:
                 with torch.enable_grad():
                     out = self._window_pass(model, queries, responses, True, with_reference=full_kl)
                 self._rollout = (out[:4], list(queries), list(responses))
-            logprobs, _, values, masks = out[:4]
+            logprobs, logits, values, masks = out[:4]
             if full_kl:
                 self._reference = out[4:]
-            return (logprobs.detach(), self._no_logits(logprobs) if full_kl else None, values.detach(), masks)
+                logits = self._no_logits(logprobs)
+            elif return_logits:
+                logits = logits.detach().float()  # trl's full-vocabulary KL is taken from these, in float32
+            else:
+                logits = None
+            return logprobs.detach(), logits, values.detach(), masks
         # a training pass
         if self._rollout is not None:  # epoch 0's only mini-batch
             reused, self._rollout = self._from_rollout(queries, responses), None
@@ -157,6 +186,12 @@ class WindowedPPOTrainer(PPOTrainer):
             placeholder = torch.zeros(len(queries), self._window, device=self.current_device)
             return placeholder, placeholder, placeholder, placeholder
         return self._window_pass(model, queries, responses, return_logits)
+
+    @staticmethod
+    def _float_logits(out):
+        """A no-grad pass's outputs with its logits (when asked for) in float32, for trl's full-vocabulary KL."""
+        logprobs, logits, values, masks = out
+        return logprobs, None if logits is None else logits.float(), values, masks
 
     @staticmethod
     def _no_logits(like):
