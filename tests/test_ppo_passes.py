@@ -115,7 +115,7 @@ def test_auto_takes_the_kl_in_the_rollout_pass_where_trls_tensors_are_large(setu
     from cory.speedups import windowed
 
     tok, reference, policy, queries, responses = setup
-    cfg = build(PPOArgs, {"model_name": "tiny", "reward_model": "vader", "batch_size": 4, "mini_batch_size": 4,
+    cfg = build(IMDB_PPO, {"model_name": "tiny", "reward_model": "vader", "batch_size": 4, "mini_batch_size": 4,
                           "max_pass_tokens": 0, "output_dir": str(tmp_path)})
     trainer = Agent("policy", cfg, policy, reference, tok).trainer
     assert trainer.kl_in_rollout == "auto"
