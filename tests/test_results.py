@@ -55,7 +55,10 @@ def test_rerunning_a_committed_experiment_skips_every_run(folder, tmp_path):
 
     copy = tmp_path / "results" / folder.name
     shutil.copytree(folder, copy)
-    invocations = json.loads((folder / "runs.json").read_text())["invocations"]
+    record = json.loads((folder / "runs.json").read_text())
+    invocations = record["invocations"]
+    committed = {key for key, run in record["runs"].items() if run["status"] == "finished"}
+    assert committed, "runs.json lists no finished run"
     for inv in invocations:
         argv = shlex.split(inv["command"])[3:]  # after "python -m cory.lab.experiments"
         argv[argv.index("--out") + 1] = str(copy)
@@ -65,5 +68,8 @@ def test_rerunning_a_committed_experiment_skips_every_run(folder, tmp_path):
         pairs, _ = experiments.plan(experiments._parser().parse_args(argv))
         for pair in pairs:
             state, why = experiments.pair_state(pair)
+            if pair.key not in committed:  # an experiment still under way: its later runs are not in git yet
+                assert state == "new", (pair.key, why)
+                continue
             assert state == "finished", (pair.key, why)
             assert experiments._mismatch(pair) is None, pair.key
