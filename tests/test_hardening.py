@@ -74,13 +74,18 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [0, 1, 2, 3]
 
 
+def signal_twice(proc, signum) -> None:
+    """A stop signal, then a second one while the run handles the first."""
+    proc.send_signal(signum)
+    time.sleep(0.05)
+    proc.send_signal(signum)
+
+
 def test_stopped_before_a_checkpoint_the_advice_leads_somewhere(tmp_path):
     out = tmp_path / "run"
     proc = start(out, "--steps", "3", "--save_every", "100")
     wait_for_rows(proc, out / "metrics.jsonl", 1)
-    proc.send_signal(signal.SIGINT)
-    time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)  # the second one: stop now, save nothing
+    signal_twice(proc, signal.SIGINT)  # the second one: stop now, save nothing
     _, stderr = proc.communicate(timeout=600)
     if latest_checkpoint(out) is None:  # the second signal came before the first could save
         assert f"start again with --resume {out}" in stderr, stderr[-2000:]
@@ -299,9 +304,7 @@ def test_two_sigterms_exit_143(tmp_path):
     out = tmp_path / "run"
     proc = start(out, "--steps", "3", "--save_every", "100")
     wait_for_rows(proc, out / "metrics.jsonl", 1)
-    proc.send_signal(signal.SIGTERM)
-    time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
+    signal_twice(proc, signal.SIGTERM)
     _, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]
     assert "Traceback" not in stderr

@@ -239,27 +239,24 @@ def load_model(spec: str, dtype: str = "float32"):
 
 # ----------------------------------------------------------------------------- arguments
 
-def _positive_int(name: str):
+def _int_at_least(minimum: int, name: str):
+    """An argparse type: an integer >= ``minimum``, with a one-line reason otherwise."""
+    expected = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
         return value
     parse.__name__ = name
     return parse
 
 
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+def _positive_int(name: str):
+    return _int_at_least(1, name)
 
 
 def _ks(text: str) -> list[int]:
@@ -292,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: the task's, e.g. imdb 15, gsm8k 256")
     p.add_argument("--batch_size", type=_positive_int("batch_size"), default=32,
                    help="sequences per generate() call (default 32)")
-    p.add_argument("--seed", type=_seed, default=0, help="sampling seed, the same for every model (default 0)")
+    p.add_argument("--seed", type=_int_at_least(0, "seed"), default=0, help="sampling seed, the same for every model (default 0)")
     p.add_argument("--dataset", help="where the held-out examples come from: a value the task allows "
                                      "(default: the run's, else auto)")
     p.add_argument("--dataset_path", metavar="DIR", help="a folder of data files, for a task that reads them "
