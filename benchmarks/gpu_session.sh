@@ -5,6 +5,13 @@
 #     source .device/setup.sh && bash benchmarks/gpu_session.sh 1      # IMDB, the paper's batch: tf32, bf16
 #     source .device/setup.sh && bash benchmarks/gpu_session.sh 2      # GSM8K: 1B tf32, 7B bf16 + LoRA
 #     source .device/setup.sh && bash benchmarks/gpu_session.sh 3      # generation levers, the test suite
+#     source .device/setup.sh && gguf_assemble && bash benchmarks/gpu_session.sh results   # results/imdb_gpu
+#
+# `results` (issue 18's step 2) needs the real SmolLM2 weights: send .gguf1 and .gguf2 in the two calls before it
+# (`gguf_put`) and .gguf3 with it. It runs PPO and CORY at the paper's Table 1 (configs/imdb/*_gpu.yaml) for
+# SEEDS (default 0,1,2), JOBS runs at a time (default 6: SmolLM2 fills little of the GPU), stops them cleanly
+# (checkpointed) before LIMIT seconds (default 500) and packs the experiment folder without weights into
+# $OUT/partresults/imdb_gpu.tgz. The same command on the same machine resumes the runs cut off.
 #
 # Each part writes its JSON, logs and an nvidia-smi memory trace under $OUT/part<N>/ (the device tool brings
 # $OUT back). Every command has its own time limit, so a slow one costs its own figure, not the part's.
@@ -59,6 +66,14 @@ case $part in
     run pytest_gpu 150 $PY -m pytest -q -m gpu -p no:cacheprovider
     run pytest_all 230 $PY -m pytest -q -p no:cacheprovider --maxfail=10 --durations=15
     ;;
-*)  echo "gpu_session.sh: part must be 1, 2 or 3, got '$part'" >&2
+results)  # PPO and CORY at Table 1 with the embedded SmolLM2 and VADER: the committed results/imdb_gpu
+    run imdb_gpu "${LIMIT:-500}" $PY -m cory.lab.experiments --task imdb --preset gpu --methods ppo,cory \
+        --seeds "${SEEDS:-0,1,2}" --out results/imdb_gpu --jobs "${JOBS:-6}"
+    if [ -z "${DRY_RUN:-}" ]; then
+        tar czf "$dest/imdb_gpu.tgz" --exclude=checkpoints --exclude=final --exclude=.cory.lock results/imdb_gpu \
+            && echo "packed $dest/imdb_gpu.tgz: tar xzf it in the checkout's root here"
+    fi
+    ;;
+*)  echo "gpu_session.sh: part must be 1, 2, 3 or results, got '$part'" >&2
     exit 2 ;;
 esac

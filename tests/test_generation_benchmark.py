@@ -55,7 +55,7 @@ def test_static_cache_samples_as_the_dynamic_cache(tmp_path):
         assert r["greedy_equal_to_dynamic"] == 1.0
 
 
-@pytest.mark.parametrize("part", ["1", "2", "3"])
+@pytest.mark.parametrize("part", ["1", "2", "3", "results"])
 def test_gpu_session_commands_pass_their_benchmarks_checks(part, tmp_path, monkeypatch):
     """The commands benchmarks/gpu_session.sh sends to a lent GPU (few, 10-minute calls) must not fail on a
     flag there: each one's arguments go through its benchmark's own parser, with CUDA stubbed as present."""
@@ -79,5 +79,12 @@ def test_gpu_session_commands_pass_their_benchmarks_checks(part, tmp_path, monke
             assert args.device == "cuda"
         elif cmd[1] == "benchmarks/generation.py":
             assert generation.parse(cmd[2:]).device == "cuda"
+        elif cmd[1:3] == ["-m", "cory.lab.experiments"]:  # the runs it plans: the gpu presets exist and validate
+            from cory.lab import experiments
+
+            args = experiments._parser().parse_args(cmd[3:])
+            args.out = str(tmp_path / "imdb_gpu")
+            pairs, spec = experiments.plan(args)
+            assert spec["preset"] == "gpu" and {p.method for p in pairs} == {"ppo", "cory"}
         else:
             assert cmd[1:3] == ["-m", "pytest"]
