@@ -322,7 +322,14 @@ def _build_once(target: Path, recipe: int, build: Callable[[Path], None]) -> Pat
     into place, so a reader either sees a finished build or none. A lock file serialises
     processes that start at the same moment (e.g. the two ranks of a torchrun job): the
     second one waits, then finds the build done.
+
+    The build runs on a private RNG stream: building a model draws random initial weights
+    (SmolLM2's conversion does), and a run seeds torch before it locates its model, so a
+    build on the global stream would shift everything the run draws next (the value heads'
+    initial weights) and make a run's numbers depend on whether the cache was warm.
     """
+    import torch
+
     if _is_built(target, recipe):
         return target
     try:
@@ -337,7 +344,8 @@ def _build_once(target: Path, recipe: int, build: Callable[[Path], None]) -> Pat
             return target
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         try:
-            build(tmp)
+            with torch.random.fork_rng(devices=[]):
+                build(tmp)
             (tmp / _MARKER).write_text(json.dumps({"recipe": recipe}))
             if target.exists():  # an older recipe: move it aside first, rename can't overwrite
                 stale = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))

@@ -154,6 +154,20 @@ def test_build_once_serialises_concurrent_builders(tmp_path):
     assert len(calls) == 2 and json.loads((target / assets._MARKER).read_text()) == {"recipe": 2}
 
 
+def test_build_once_leaves_the_callers_rng_where_it_was(tmp_path):
+    # A run seeds torch, then locates its model: a first-time build (SmolLM2's conversion initialises a model)
+    # must not move the stream the run draws its value heads from, or a cold cache changes the run's numbers.
+    def build(out: Path) -> None:
+        torch.rand(1000)
+        (out / "x").write_text("done")
+
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    assets._build_once(tmp_path / "asset", 1, build)
+    assert torch.equal(torch.rand(3), expected)
+
+
 # --------------------------------------------------------------------------- SmolLM2
 
 @pytest.fixture(scope="module")
