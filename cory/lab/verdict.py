@@ -220,8 +220,8 @@ def pairing(base: Group, other: Group) -> Pairing:
             return Pairing(False, f"unpaired (Welch): seed {seed}'s iteration-{a[0]} task reward or answer length "
                                   f"differs ({fmt(a[1])} vs {fmt(b[1])}), so the runs did not share their prompts "
                                   "and length draws")
-    return Pairing(True, f"paired by seed: each of the {len(base.runs)} seeds' runs shared their prompts and length "
-                         "draws (identical iteration-0 task reward and answer length)")
+    return Pairing(True, f"paired by seed: each of the {len(base.runs)} seeds' runs shared their prompts and their "
+                         "stream of length draws (identical iteration-0 task reward and answer length)")
 
 
 def _seeds(g: Group) -> str:
@@ -459,8 +459,10 @@ VERDICT_RULE = (
     f"The rule (fixed before the numbers): a seed's _final value_ is its mean over the last {LAST_N} iterations up to "
     "the last iteration every compared run reached (the window is named below, with each seed's KL slope over it). "
     "Each CORY agent (LLM1, LLM2) is compared with PPO by t-tests over the per-seed final values: _paired_ by seed "
-    "when PPO's and CORY's runs of every seed shared their prompts and answer-length draws (checked: identical "
-    "iteration-0 task reward and answer length), so that seed-to-seed luck cancels; otherwise _unpaired_ (Welch), "
+    "when PPO's and CORY's runs of every seed shared their prompts and the seed's stream of answer lengths (checked: "
+    "identical iteration-0 task reward and answer length; CORY takes two lengths from that stream per iteration, "
+    "PPO one, so after iteration 0 the prompts stay shared and the lengths do not), so that seed-to-seed luck "
+    "cancels; otherwise _unpaired_ (Welch), "
     "and the report says why. The claim for one agent is _similar task reward at lower KL_: "
     f"_lower KL_ is a one-sided test of CORY's KL < PPO's; _similar task reward_ is a non-inferiority test: CORY's "
     f"reward is shown to be above PPO's minus a margin of {MARGIN_SHARE:g} × PPO's reward gain (PPO's seed-mean final "
