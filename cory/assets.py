@@ -403,11 +403,10 @@ def _build_tiny(out: Path) -> None:
         vocab_size=len(tokenizer), n_positions=_TINY_POSITIONS, n_embd=64, n_layer=2, n_head=4,
         bos_token_id=eos, eos_token_id=eos, pad_token_id=eos,
     )
-    # A private RNG stream: the weights are the same on every machine and run, and the
-    # caller's global torch RNG is left where it was.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = GPT2LMHeadModel(config)
+    # Seeded, so the weights are the same on every machine and run (_build_once keeps the
+    # caller's global torch RNG where it was).
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config)
     model.generation_config = GenerationConfig(
         bos_token_id=eos, eos_token_id=eos, pad_token_id=eos
     )
