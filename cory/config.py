@@ -117,6 +117,10 @@ class PPOArgs:
     save_every: int = arg(25, "iterations between checkpoints", on_resume=True)
     keep_checkpoints: int = arg(1, "checkpoints kept (the newest)", on_resume=True)
     samples_per_step: int = arg(4, "queries and answers written to samples.jsonl per iteration", on_resume=True)
+    eval_every: int = arg(0, "every N iterations (and before the first and after the last) score each agent on the "
+                          "task's held-out prompts: reward, KL to the base model, distinct-n, repeats, to eval.jsonl "
+                          "(reward tasks; its sampling leaves training's random streams alone); 0 = never",
+                          on_resume=True)
     report_to: str = arg("none", "also log metrics to wandb (in OUT/wandb) or tensorboard (in OUT/tensorboard)",
                          on_resume=True, choices=("none", "wandb", "tensorboard"))
     on_nonfinite: str = arg("stop", "a non-finite reward: stop (after saving) or skip the batch", on_resume=True,
@@ -367,6 +371,8 @@ def validate(cfg: PPOArgs) -> None:
         raise ConfigError(f"max_pass_tokens: must be auto or an integer >= 0 (0 = no limit), got {cfg.max_pass_tokens!r}")
     if cfg.max_pass_tokens not in (0, "auto") and not cfg.fast_ppo:
         raise ConfigError("max_pass_tokens: needs fast_ppo: true (trl's stock PPOTrainer runs a mini-batch in one pass)")
+    if cfg.eval_every < 0:
+        raise ConfigError(f"eval_every: must be >= 0 (0 = never), got {cfg.eval_every}")
     if cfg.samples_per_step < 0:
         raise ConfigError(f"samples_per_step: must be >= 0, got {cfg.samples_per_step}")
     if cfg.top_k < 0:

@@ -22,6 +22,7 @@ import numpy as np
 
 from cory import parallel
 from cory.errors import NonFinite
+from cory.metrics import degeneration
 
 AGENTS = ("llm1", "llm2")
 
@@ -88,17 +89,20 @@ class Timer:
             self.seconds[f"time/{name}_s"] = time.perf_counter() - t0
 
 
-def agent_metrics(prefix: str, task_rewards, train_rewards, stats: dict, responses, kl_coef: float) -> dict:
-    """One agent's row of metrics.jsonl; ``kl`` is trl's full-vocabulary KL summed over the response."""
+def agent_metrics(prefix: str, task_rewards, train_rewards, stats: dict, answers, kl_coef: float) -> dict:
+    """One agent's row of metrics.jsonl; ``kl`` is trl's full-vocabulary KL summed over the response; distinct-n
+    and the share of answers repeating a token 4+ times in a row show a policy collapsing (``cory.metrics``)."""
     task_reward = float(np.mean(task_rewards))
     kl = float(stats["objective/kl"])
+    degenerate = {f"{prefix}/{name}": value for name, value in degeneration(answers.texts, answers.ids).items()}
     return {
         f"{prefix}/task_reward": task_reward,
         f"{prefix}/collective_reward": float(np.mean(train_rewards)),
         f"{prefix}/kl": kl,
         f"{prefix}/kl_coef": kl_coef,
         f"{prefix}/combined_reward": combined_reward(task_reward, kl, kl_coef),
-        f"{prefix}/response_length": float(np.mean([len(r) for r in responses])),
+        f"{prefix}/response_length": float(np.mean([len(r) for r in answers.ids])),
+        **degenerate,
         f"{prefix}/entropy": float(stats["objective/entropy"]),
         f"{prefix}/policy_loss": float(stats["ppo/loss/policy"]),
         f"{prefix}/value_loss": float(stats["ppo/loss/value"]),
@@ -124,7 +128,7 @@ def ppo_iteration(step: int, batch, agents: dict, rollout, cfg) -> tuple[dict | 
         stats = policy.step(queries, answers.ids, rewards)
     check_loss(step, "policy", stats)
 
-    row = agent_metrics("policy", rewards, rewards, stats, answers.ids, kl_coef)
+    row = agent_metrics("policy", rewards, rewards, stats, answers, kl_coef)
     row.pop("policy/collective_reward")
     row.update(timer.seconds)
     samples = [{"step": step, "query": ex.query, "response": text, "reward": r}
@@ -176,8 +180,8 @@ def cory_iteration(step: int, batch, agents: dict, rollout, cfg) -> tuple[dict |
     # 5. the exchange is only a change of who plays pioneer: pioneer_name() at the next iterations
 
     row = {"pioneer": pioneer_is}
-    row.update(agent_metrics(pioneer_is, r1, pioneer_reward, pioneer_stats, a1.ids, kl_coefs[pioneer_is]))
-    row.update(agent_metrics(observer_is, r2, observer_reward, observer_stats, a2.ids, kl_coefs[observer_is]))
+    row.update(agent_metrics(pioneer_is, r1, pioneer_reward, pioneer_stats, a1, kl_coefs[pioneer_is]))
+    row.update(agent_metrics(observer_is, r2, observer_reward, observer_stats, a2, kl_coefs[observer_is]))
     row.update(timer.seconds)
     samples = [{"step": step, "pioneer": pioneer_is, "query": batch[i].query,
                 "pioneer_response": a1.texts[i], "pioneer_reward": r1[i],

@@ -24,8 +24,8 @@ MANIFEST = "cory_run.json"
 AGENT_NAMES = ("policy", "llm1", "llm2")
 # What a run writes, down to each file: --overwrite deletes these and nothing else, and refuses when anything
 # else is there (a user's notes inside final/ are as much theirs as beside it).
-RUN_FILES = frozenset({"config.yaml", "metrics.jsonl", "samples.jsonl", MANIFEST, ".config.yaml.tmp",
-                       ".metrics.jsonl.tmp", ".samples.jsonl.tmp", ".cory_run.json.tmp"})
+RUN_FILES = frozenset({"config.yaml", "metrics.jsonl", "samples.jsonl", "eval.jsonl", MANIFEST, ".config.yaml.tmp",
+                       ".metrics.jsonl.tmp", ".samples.jsonl.tmp", ".eval.jsonl.tmp", ".cory_run.json.tmp"})
 LOGGER_DIRS = frozenset({"wandb", "tensorboard"})  # written by the loggers, whole
 CHECKPOINT_FILES = frozenset({f"{name}.pt" for name in AGENT_NAMES} | {"state.pt"})
 _CHECKPOINT = re.compile(r"step_(\d{6,})")
@@ -306,6 +306,7 @@ class RunDir:
         self.enabled = enabled
         self.metrics_path = self.path / "metrics.jsonl"
         self.samples_path = self.path / "samples.jsonl"
+        self.eval_path = self.path / "eval.jsonl"  # held-out evaluations during the run (eval_every)
 
     def start(self, cfg_dict: dict, *, resume_step: int | None, overwrite: bool, method: str = "") -> None:
         if not self.enabled:
@@ -324,6 +325,9 @@ class RunDir:
             # rows logged after the checkpoint are redone by the resumed run: drop them, keep the rest
             for p in (self.metrics_path, self.samples_path):
                 _truncate_jsonl(p, resume_step)
+            # its rows count completed iterations; the one at the checkpoint was written before it was saved, and
+            # a run starting again from iteration 0 evaluates its base model again
+            _truncate_jsonl(self.eval_path, resume_step + 1 if resume_step else 0, key="iterations")
             # a save cut short by a kill leaves its temporary folder behind
             root = self.path / CHECKPOINTS
             for tmp in root.iterdir() if root.is_dir() else ():
@@ -335,6 +339,9 @@ class RunDir:
 
     def log_samples(self, rows: list[dict]) -> None:
         self._append(self.samples_path, rows)
+
+    def log_eval(self, rows: list[dict]) -> None:
+        self._append(self.eval_path, rows)
 
     def _append(self, path: Path, rows: list[dict]) -> None:
         if not self.enabled or not rows:
@@ -373,7 +380,7 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _truncate_jsonl(path: Path, first_dropped_step: int) -> None:
+def _truncate_jsonl(path: Path, first_dropped_step: int, key: str = "step") -> None:
     if not path.exists():
         return
     kept = []
@@ -382,7 +389,7 @@ def _truncate_jsonl(path: Path, first_dropped_step: int) -> None:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut by a kill mid-write
-        if row.get("step", -1) < first_dropped_step:
+        if row.get(key, -1) < first_dropped_step:
             kept.append(line)
     _atomic_write(path, "".join(line + "\n" for line in kept))
 

@@ -12,7 +12,7 @@ from cory.errors import AssetError, ConfigError
 from cory.outputs import (check_checkpoint_file, check_output_dir, latest_checkpoint, load_checkpoint_file,
                           read_manifest)
 from cory.tasks import check_config as check_task
-from cory.tasks import task_spec
+from cory.tasks import REWARD_METRICS, task_spec
 
 def check_config(cfg: PPOArgs) -> ModelSpec:
     """Checks of a resolved config that read files but write nothing (run by the CLI and the runner); the
@@ -23,6 +23,14 @@ def check_config(cfg: PPOArgs) -> ModelSpec:
         raise ConfigError(str(e)) from None
     check_task(cfg)
     check_context(cfg, spec)
+    evaluation = task_spec(cfg.task).evaluation
+    if cfg.eval_every and evaluation.metrics != REWARD_METRICS:
+        raise ConfigError(f"eval_every: {cfg.task} is evaluated by {evaluation.metrics} over many samples per "
+                          f"question, too slow within a run; set eval_every: 0 and run python -m cory.lab.evaluate "
+                          "on the final models")
+    if cfg.eval_every and cfg.use_peft:
+        raise ConfigError("eval_every: not with use_peft (the base model the KL is measured against is the adapters' "
+                          "own base); set eval_every: 0 and run python -m cory.lab.evaluate on the final models")
     return spec
 
 

@@ -27,6 +27,7 @@ from cory.agent import make_agents, set_precision
 from cory.assets import locate
 from cory.config import ConfigError, PPOArgs, to_dict
 from cory.errors import RunError
+from cory.heldout import PeriodicEvaluation
 from cory.outputs import RunDir, RunLock, latest_checkpoint, load_checkpoint_file
 from cory.rollout import Rollout
 from cory.speedups.patches import cuda_allocator_segments, return_freed_memory
@@ -72,12 +73,15 @@ class Run:
         run_dir.start(to_dict(cfg), resume_step=self.start_step if resume else None, overwrite=cfg.overwrite,
                       method=self.method)
         logger = _Logger(cfg) if run_dir.enabled else None
+        heldout = self.heldout_evaluation()
         iteration = game.cory_iteration if self.method == "cory" else game.ppo_iteration
         bar = tqdm(range(self.start_step, cfg.steps), initial=self.start_step, total=cfg.steps,
                    desc=f"{self.method} {cfg.task}", disable=not run_dir.enabled, dynamic_ncols=True)
         stop = _StopSignals(verbose=run_dir.enabled)
         try:
             with stop:
+                if self.start_step == 0:
+                    self.evaluate(heldout, 0)  # the base model, before any update
                 for step in bar:
                     t0 = time.perf_counter()
                     memory.reset_peak()
@@ -97,6 +101,8 @@ class Run:
                             logger.log(row, step)
                         bar.set_postfix(_postfix(row))
                     done = step + 1
+                    if cfg.eval_every and (done % cfg.eval_every == 0 or done == cfg.steps):
+                        self.evaluate(heldout, done)
                     if done < cfg.steps and parallel.any_process(stop.requested):
                         self.save(done)
                         bar.close()
@@ -122,6 +128,18 @@ class Run:
         if logger is not None:
             logger.close()
         return Path(cfg.output_dir)
+
+    def heldout_evaluation(self) -> PeriodicEvaluation | None:
+        """The run's own held-out evaluation (``eval_every``), from the main process only, else None."""
+        if not self.cfg.eval_every or not self.run_dir.enabled:
+            return None
+        return PeriodicEvaluation(self.cfg, self.tokenizer, self.reference.pretrained_model)
+
+    def evaluate(self, heldout: PeriodicEvaluation | None, done: int) -> None:
+        if heldout is None:
+            return
+        self.run_dir.log_eval(heldout({name: agent.policy.pretrained_model for name, agent in self.agents.items()},
+                                      done))
 
     def stopped_by(self, e: game.NonFinite, step: int) -> RunError:
         if e.what == "reward":

@@ -13,7 +13,9 @@ from transformers import AutoModelForCausalLM
 from conftest import REPO
 from cory import assets, models
 from cory.assets import locate
-from cory.lab.evaluate import distinct_n, main, sequence_kl
+from cory.heldout import sequence_kl
+from cory.lab.evaluate import main
+from cory.metrics import distinct_n
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +190,8 @@ def test_shared_prompt_cache_gives_the_same_answers(spec):
     """Reading each prompt once and sharing its keys and values among its answers changes nothing: greedy
     answers with repeats equal those of the prompts repeated by hand (GPT-2 and Llama, left padding)."""
     from cory import models
-    from cory.lab.evaluate import load_model, sample
+    from cory.heldout import sample
+    from cory.lab.evaluate import load_model
 
     tok = models.load_tokenizer(locate(spec))
     model = load_model(spec)

@@ -402,9 +402,9 @@ def test_distilbert_hub_model_fails_fast_offline(offline_hub):
 
 
 def test_make_reward_names_and_errors(tmp_path):
-    assert REWARD_NAMES == ("vader", "distilbert-imdb")
+    assert REWARD_NAMES == ("vader", "vader-scaled", "vader-gain", "distilbert-imdb")
     assert DISTILBERT_IMDB == "lvwerra/distilbert-imdb"
-    assert isinstance(make_reward("vader"), VaderReward)
+    assert all(isinstance(make_reward(name), VaderReward) for name in ("vader", "vader-scaled", "vader-gain"))
     for bad in ["vaderr", "", "sst2", str(tmp_path / "missing")]:
         with pytest.raises(ValueError) as info:
             make_reward(bad)

@@ -8,6 +8,7 @@ from cory.assets import locate
 from cory.config import build
 from cory.agent import Agent
 from cory.game import agent_metrics
+from cory.rollout import Answers
 
 
 def hand_kl(policy, reference, query, response) -> float:
@@ -39,7 +40,8 @@ def test_reported_kl_is_full_vocabulary_kl(tmp_path):
     assert min(expected) > 0.01
     coef = agent.kl_coef
     stats = agent.step(queries, responses, [1.0, -1.0])
-    row = agent_metrics("policy", [0.5, -0.25], [0.5, -0.25], stats, responses, coef)
+    answers = Answers([tok.decode(r) for r in responses], responses)
+    row = agent_metrics("policy", [0.5, -0.25], [0.5, -0.25], stats, answers, coef)
     mean_kl = sum(expected) / len(expected)
     assert row["policy/kl"] == pytest.approx(mean_kl, rel=1e-4)
     assert row["policy/kl_coef"] == 0.2

@@ -28,7 +28,6 @@ from types import SimpleNamespace
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from cory.assets import (MODEL_SPECS_HELP, SMOLLM2_SPEC, TINY_SPEC, check_hub_asset, is_valid_model_spec, locate,
@@ -38,11 +37,11 @@ from cory.config import load_yaml
 from cory.errors import AssetError, ConfigError, EvalError
 from cory.models import load_causal_lm, load_tokenizer
 from cory.outputs import check_writable
+from cory.heldout import BATCH_SIZE, evaluate_reward, sample
 from cory.lab.passk import mean_pass_at_k
 from cory.rollout import decode_and_clean, tokenize_prompts
 from cory.tasks import (PASS_AT_K, REWARD_METRICS, TRAINING_PROTOCOL, SamplingProtocol, check_eval_config,
                         load_task_file, make_eval_task, registered, task_spec)
-from cory.tasks.base import TRAINING_SAMPLING
 
 DEFAULT_KS = (1, 4, 16)
 DTYPES = ("float32", "bfloat16", "float16")
@@ -50,110 +49,6 @@ MAX_SAMPLES = 1000  # per pass@k question: estimates need n >= k, and the paper'
 
 
 # ----------------------------------------------------------------------------- metrics
-
-def distinct_n(texts: Sequence[str], n: int) -> float:
-    """Unique n-grams / total n-grams over all ``texts`` (whitespace words; n-grams never span two
-    texts). 0.0 when there is no n-gram at all. A collapsed policy repeating itself scores low."""
-    grams: list[tuple[str, ...]] = []
-    for text in texts:
-        words = text.split()
-        grams.extend(tuple(words[i:i + n]) for i in range(len(words) - n + 1))
-    return len(set(grams)) / len(grams) if grams else 0.0
-
-
-def _left_pad(seqs: Sequence[Sequence[int]], pad_id: int):
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if s:
-            ids[i, width - len(s):] = torch.tensor(list(s), dtype=torch.long)
-            mask[i, width - len(s):] = 1
-    return ids, mask
-
-
-def _positions(mask):
-    # Left padding shifts every sequence: position ids must count real tokens only, as generate() does.
-    return (mask.cumsum(-1) - 1).clamp(min=0)
-
-
-def sequence_kl(model, reference, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
-                pad_id: int) -> list[float]:
-    """Per sequence: sum over the response tokens of the full-vocabulary KL(model || reference) of
-    the next-token distributions given everything before the token (trl's ``kl_penalty="full"``).
-
-    One plain forward pass of each model on the left-padded prompt + response; prompt and padding
-    positions are masked out.
-    """
-    if len(prompts) != len(responses):
-        raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
-    if not prompts:
-        return []
-    seqs = [list(p) + list(r) for p, r in zip(prompts, responses)]
-    ids, mask = _left_pad(seqs, pad_id)
-    width = ids.shape[1]
-    is_response = torch.zeros_like(mask, dtype=torch.bool)
-    for i, r in enumerate(responses):
-        if len(r):
-            is_response[i, width - len(r):] = True
-    # logits at position t predict token t+1
-    predicts_response = is_response[:, 1:]
-    device = next(model.parameters()).device
-    kw = dict(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=_positions(mask).to(device))
-    with torch.inference_mode():
-        logp = F.log_softmax(model(**kw).logits[:, :-1][predicts_response.to(device)].float(), dim=-1)
-        ref_device = next(reference.parameters()).device
-        kw = {k: v.to(ref_device) for k, v in kw.items()}
-        logq = F.log_softmax(reference(**kw).logits[:, :-1][predicts_response.to(ref_device)].float(), dim=-1)
-        per_token = (logp.exp() * (logp - logq.to(logp.device))).sum(-1).cpu()
-    out, start = [], 0
-    for r in responses:
-        out.append(float(per_token[start:start + len(r)].sum()))
-        start += len(r)
-    return out
-
-
-def _response_ids(row: list[int], eos_id: int | None, pad_id: int | None) -> list[int]:
-    """Generated tokens up to and including the first EOS (what trl keeps), without trailing padding."""
-    if eos_id is not None and eos_id in row:
-        return row[: row.index(eos_id) + 1]
-    if pad_id is not None:
-        while row and row[-1] == pad_id:
-            row = row[:-1]
-    return row
-
-
-def sample(model, tokenizer, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-           extra: dict | None = None, repeats: int = 1, greedy: bool = False,
-           sampling: dict | None = None) -> list[list[int]]:
-    """One generate() call for the whole batch (left padding), by default sampling like training: top_k 0, top_p 1,
-    temperature 1, no repetition penalty, so the answers are draws from the policy itself (``sampling`` replaces
-    those four settings). ``repeats``: that many answers per prompt (a prompt's answers next to each other); the
-    prompt is read once and its keys and values shared by its answers, since reading the prompt is most of the
-    work when answers are short."""
-    ids, mask = _left_pad(prompts, tokenizer.pad_token_id)
-    device = next(model.parameters()).device
-    ids, mask = ids.to(device), mask.to(device)
-    sampling = dict(sampling or TRAINING_SAMPLING)
-    kwargs = dict(do_sample=not greedy, repetition_penalty=sampling.pop("repetition_penalty", 1.0),
-                  max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                  eos_token_id=tokenizer.eos_token_id, **(extra or {}))
-    if not greedy:
-        kwargs.update(sampling)
-    with torch.inference_mode():
-        if repeats > 1 and ids.shape[1] > 1:
-            # all but the last prompt token once per prompt; generate() reads the last one and goes on
-            head, head_mask = ids[:, :-1], mask[:, :-1]
-            cache = model(input_ids=head, attention_mask=head_mask, position_ids=_positions(head_mask),
-                          use_cache=True).past_key_values
-            cache.batch_repeat_interleave(repeats)
-            kwargs["past_key_values"] = cache
-        if repeats > 1:
-            ids, mask = ids.repeat_interleave(repeats, 0), mask.repeat_interleave(repeats, 0)
-        out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
-    return [_response_ids(row, tokenizer.eos_token_id, tokenizer.pad_token_id)
-            for row in out[:, ids.shape[1]:].tolist()]
-
 
 # ----------------------------------------------------------------------------- models
 
@@ -287,8 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="held-out prompts/questions to use (default: the task's, e.g. imdb 256, gsm8k all 1,319)")
     p.add_argument("--max_new_tokens", type=_positive_int("max_new_tokens"),
                    help="default: the task's, e.g. imdb 15, gsm8k 256")
-    p.add_argument("--batch_size", type=_positive_int("batch_size"), default=32,
-                   help="sequences per generate() call (default 32)")
+    p.add_argument("--batch_size", type=_positive_int("batch_size"), default=BATCH_SIZE,
+                   help=f"sequences per generate() call (default {BATCH_SIZE})")
     p.add_argument("--seed", type=_int_at_least(0, "seed"), default=0, help="sampling seed, the same for every model (default 0)")
     p.add_argument("--dataset", help="where the held-out examples come from: a value the task allows "
                                      "(default: the run's, else auto)")
@@ -423,6 +318,7 @@ def plan(argv: Sequence[str] | None) -> Plan:
     run_reward = inherited.get("reward_model")
     if spec.rewards and run_reward not in spec.rewards:
         run_reward = None  # a config without a task field, of another task's run
+    run_reward = evaluation.scored_as.get(run_reward, run_reward)  # a shaped training reward: the one it shapes
     reward = (args.reward or run_reward or evaluation.reward
               or (spec.rewards[0] if len(spec.rewards) == 1 else None))
     if reward is None:
@@ -477,38 +373,6 @@ def _progress(total: int, label: str):
 
 def _same_vocabulary(tok_a, tok_b) -> bool:
     return len(tok_a) == len(tok_b) and tok_a.get_vocab() == tok_b.get_vocab()
-
-
-def evaluate_reward(model, reference, tokenizer, task, examples, *, max_new_tokens: int, batch_size: int,
-                    seed: int, label: str = "", allow_early_eos: bool = False) -> dict:
-    """Task reward, KL to ``reference``, distinct-1/2 and length of ``model``'s answers to ``examples``."""
-    torch.manual_seed(seed)
-    texts, rewards, kls, lengths = [], [], [], []
-    bar = _progress(len(examples), label)
-    stop = dict(stop_strings=[task.stop], tokenizer=tokenizer) if task.stop else {}
-    for start in range(0, len(examples), batch_size):
-        chunk = examples[start:start + batch_size]
-        # the pioneer's prompt (IMDB: the review opening alone, at the tokens the task drew)
-        prompts = [ids.tolist() for ids in tokenize_prompts(tokenizer, chunk)]
-        responses = sample(model, tokenizer, prompts, max_new_tokens,
-                           stop if allow_early_eos else {"min_new_tokens": max_new_tokens})
-        answers = [task.clean_response(tokenizer.decode(r, skip_special_tokens=True)) for r in responses]
-        rewards += task.score(chunk, answers)
-        kls += sequence_kl(model, reference, prompts, responses, tokenizer.pad_token_id)
-        lengths += [len(r) for r in responses]
-        texts += answers
-        bar.update(len(chunk))
-    bar.close()
-    return {
-        "task_reward": float(sum(rewards) / len(rewards)),
-        "kl": float(sum(kls) / len(kls)),
-        "distinct_1": distinct_n(texts, 1),
-        "distinct_2": distinct_n(texts, 2),
-        "response_length": float(sum(lengths) / len(lengths)),
-        "n_prompts": len(examples),
-        "samples": [{"query": ex.query, "response": t, "reward": r}
-                    for ex, t, r in list(zip(examples, texts, rewards))[:5]],
-    }
 
 
 def evaluate_pass_at_k(model, tokenizer, task, examples, *, n: int, ks: Sequence[int], max_new_tokens: int,
@@ -622,7 +486,8 @@ def run(p: Plan) -> dict:
             results.append({"name": entry.label, "model": entry.spec, **res})
             del model
         columns = [("reward", "task_reward", ".4f"), ("KL", "kl", ".4f"), ("distinct-1", "distinct_1", ".3f"),
-                   ("distinct-2", "distinct_2", ".3f"), ("length", "response_length", ".2f")]
+                   ("distinct-2", "distinct_2", ".3f"), ("repeat-4", "repeat4_share", ".3f"),
+                   ("length", "response_length", ".2f")]
     else:
         protocol = task_spec(p.task).evaluation.protocols[p.protocol]
         settings["sampling"] = dict(protocol.sampling, stop_early=protocol.stop_early)

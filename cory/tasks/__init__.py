@@ -198,7 +198,8 @@ GSM8K_PROTOCOLS = {
 # eval openings are fewer, 110); GSM8K: pass@k of 256-token answers to all 1,319 test questions, whose
 # one-shot prompt needs the longer budget
 register_task("imdb", _make_imdb, datasets=("auto", "hub", "builtin"), check=_check_imdb, prompt_tokens=64,
-              evaluation=Evaluation(REWARD_METRICS, answer_tokens=15, limit=256, reward="vader"))
+              evaluation=Evaluation(REWARD_METRICS, answer_tokens=15, limit=256, reward="vader",
+                                    scored_as={"vader-scaled": "vader", "vader-gain": "vader"}))
 register_task("gsm8k", _make_gsm8k, datasets=("auto", "hub", "local", "generated"), rewards=("correctness",),
               check=_check_gsm8k, prompt_tokens=384,
               evaluation=Evaluation(PASS_AT_K, answer_tokens=256, make=_make_gsm8k_eval,

@@ -103,7 +103,9 @@ class Evaluation:
     the held-out examples (default: the training ``make`` with seed 0); ``check``: ``(cfg) -> None``, what
     evaluation needs that can be checked before a model loads (default: the training ``check``); ``note``:
     ``(task) -> str | None``, a line printed under the results (e.g. that the data are a stand-in);
-    ``protocols``: the ways ``--protocol`` may sample and read answers, "training" (the default) first."""
+    ``protocols``: the ways ``--protocol`` may sample and read answers, "training" (the default) first;
+    ``scored_as``: a training reward that shapes another for learning -> the reward it shapes, which evaluations
+    score its runs with (so every run of the task is measured on one scale)."""
 
     metrics: str = REWARD_METRICS
     answer_tokens: int = 15
@@ -113,6 +115,7 @@ class Evaluation:
     check: Callable | None = None
     note: Callable | None = None
     protocols: dict = field(default_factory=lambda: {"training": TRAINING_PROTOCOL})
+    scored_as: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.metrics not in (REWARD_METRICS, PASS_AT_K):

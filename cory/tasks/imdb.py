@@ -15,9 +15,9 @@ Prompt sources:
 - ``"auto"``: the hub if ``cory.assets.check_hub_asset`` finds the dataset, else builtin.
 
 Rewards share one interface, ``reward(queries, responses) -> list[float]``:
-``VaderReward`` (offline, compound score in [-1, 1]) and ``DistilbertImdbReward`` (the
-paper's: raw POSITIVE logit of ``lvwerra/distilbert-imdb``). ``make_reward`` builds either
-by name.
+``VaderReward`` (offline, compound score in [-1, 1], and two shaped forms for training on a CPU:
+``vader-scaled``, ``vader-gain``) and ``DistilbertImdbReward`` (the paper's: raw POSITIVE logit of
+``lvwerra/distilbert-imdb``). ``make_reward`` builds any of them by name.
 """
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ HUB_DATASET = "stanfordnlp/imdb"
 MIN_REVIEW_CHARS = 200  # the authors keep reviews with len(review) > 200
 
 DISTILBERT_IMDB = "lvwerra/distilbert-imdb"
-REWARD_NAMES: tuple[str, ...] = ("vader", "distilbert-imdb")
+# vader-scaled and vader-gain shape VADER for training (see VaderReward); the paper presets use neither
+REWARD_NAMES: tuple[str, ...] = ("vader", "vader-scaled", "vader-gain", "distilbert-imdb")
 SOURCES: tuple[str, ...] = ("auto", "hub", "builtin")
 
 Reward = Callable[[Sequence[str], Sequence[str]], list[float]]
@@ -79,21 +80,37 @@ def _joined(queries: Sequence[str], responses: Sequence[str]) -> list[str]:
     return [q + r for q, r in zip(queries, responses)]
 
 
+# The paper's classifier logit spans about [-3, 3] against the same 0.3 x KL penalty; VADER's compound score
+# spans [-1, 1], so at equal eta VADER's reward weighs a third as much against the KL
+VADER_SCALE = 3.0
+
+
 class VaderReward:
-    """VADER compound sentiment of ``query + response``, in [-1, 1]. Fully offline."""
+    """VADER compound sentiment of ``query + response``, in [-1, 1]. Fully offline.
 
-    name = "vader"
+    Two shaped forms, for training only (an evaluation scores every form with plain ``vader``):
+    ``scale`` multiplies the score (``vader-scaled``: x3, the paper's logit range); ``gain`` subtracts the
+    query's own score (``vader-gain``: compound(query + response) - compound(query)), the part of the reward the
+    answer can change, as trl's guide suggests for rewards the query dominates."""
 
-    def __init__(self) -> None:
+    def __init__(self, scale: float = 1.0, gain: bool = False) -> None:
         from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
 
         self._analyzer = SentimentIntensityAnalyzer()
+        self.scale, self.gain = float(scale), bool(gain)
+        self.name = "vader-gain" if gain else ("vader" if scale == 1.0 else "vader-scaled")
+
+    def compound(self, text: str) -> float:
+        return float(self._analyzer.polarity_scores(text)["compound"])
 
     def __call__(self, queries: Sequence[str], responses: Sequence[str]) -> list[float]:
-        return [float(self._analyzer.polarity_scores(t)["compound"]) for t in _joined(queries, responses)]
+        scores = [self.compound(t) for t in _joined(queries, responses)]
+        if self.gain:
+            scores = [s - self.compound(q) for s, q in zip(scores, queries)]
+        return [self.scale * s for s in scores]
 
     def __repr__(self) -> str:
-        return "VaderReward()"
+        return f"VaderReward(scale={self.scale}, gain={self.gain})"
 
 
 class DistilbertImdbReward:
@@ -177,11 +194,15 @@ def check_reward_model(name: str, flag: str = "reward_model") -> None:
 
 
 def make_reward(name: str, device: Any = None, *, batch_size: int = 64) -> Reward:
-    """``"vader"`` | ``"distilbert-imdb"`` (= ``lvwerra/distilbert-imdb``) | a local directory
+    """``"vader"`` | ``"vader-scaled"`` | ``"vader-gain"`` | ``"distilbert-imdb"`` (= ``lvwerra/distilbert-imdb``) | a local directory
     holding a sequence-classification model with a POSITIVE label."""
     key = str(name).strip()
     if key == "vader":
         return VaderReward()
+    if key == "vader-scaled":
+        return VaderReward(scale=VADER_SCALE)
+    if key == "vader-gain":
+        return VaderReward(gain=True)
     if key in ("distilbert-imdb", DISTILBERT_IMDB):
         return DistilbertImdbReward(DISTILBERT_IMDB, device=device, batch_size=batch_size)
     if key and os.path.isdir(key):

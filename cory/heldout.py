@@ -1,0 +1,191 @@
+"""Held-out evaluation of a policy: sample its answers to held-out prompts, score them, and measure how far it has
+moved from the base model (full-vocabulary KL) and whether it repeats itself.
+
+Used by ``python -m cory.lab.evaluate`` on saved models and by a training run's own periodic evaluation
+(``eval_every``); both answer from the pioneer's prompt alone, sampled as in training by default.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from cory.metrics import degeneration
+from cory.rollout import tokenize_prompts
+from cory.tasks.base import TRAINING_SAMPLING
+
+BATCH_SIZE = 32  # sequences per generate() call, unless told otherwise
+
+
+def _left_pad(seqs: Sequence[Sequence[int]], pad_id: int):
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s):] = torch.tensor(list(s), dtype=torch.long)
+            mask[i, width - len(s):] = 1
+    return ids, mask
+
+
+def _positions(mask):
+    # Left padding shifts every sequence: position ids must count real tokens only, as generate() does.
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def sequence_kl(model, reference, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
+                pad_id: int) -> list[float]:
+    """Per sequence: sum over the response tokens of the full-vocabulary KL(model || reference) of
+    the next-token distributions given everything before the token (trl's ``kl_penalty="full"``).
+
+    One plain forward pass of each model on the left-padded prompt + response; prompt and padding
+    positions are masked out.
+    """
+    if len(prompts) != len(responses):
+        raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+    if not prompts:
+        return []
+    seqs = [list(p) + list(r) for p, r in zip(prompts, responses)]
+    ids, mask = _left_pad(seqs, pad_id)
+    width = ids.shape[1]
+    is_response = torch.zeros_like(mask, dtype=torch.bool)
+    for i, r in enumerate(responses):
+        if len(r):
+            is_response[i, width - len(r):] = True
+    # logits at position t predict token t+1
+    predicts_response = is_response[:, 1:]
+    device = next(model.parameters()).device
+    kw = dict(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=_positions(mask).to(device))
+    with torch.inference_mode():
+        logp = F.log_softmax(model(**kw).logits[:, :-1][predicts_response.to(device)].float(), dim=-1)
+        ref_device = next(reference.parameters()).device
+        kw = {k: v.to(ref_device) for k, v in kw.items()}
+        logq = F.log_softmax(reference(**kw).logits[:, :-1][predicts_response.to(ref_device)].float(), dim=-1)
+        per_token = (logp.exp() * (logp - logq.to(logp.device))).sum(-1).cpu()
+    out, start = [], 0
+    for r in responses:
+        out.append(float(per_token[start:start + len(r)].sum()))
+        start += len(r)
+    return out
+
+
+def _response_ids(row: list[int], eos_id: int | None, pad_id: int | None) -> list[int]:
+    """Generated tokens up to and including the first EOS (what trl keeps), without trailing padding."""
+    if eos_id is not None and eos_id in row:
+        return row[: row.index(eos_id) + 1]
+    if pad_id is not None:
+        while row and row[-1] == pad_id:
+            row = row[:-1]
+    return row
+
+
+def sample(model, tokenizer, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+           extra: dict | None = None, repeats: int = 1, greedy: bool = False,
+           sampling: dict | None = None) -> list[list[int]]:
+    """One generate() call for the whole batch (left padding), by default sampling like training: top_k 0, top_p 1,
+    temperature 1, no repetition penalty, so the answers are draws from the policy itself (``sampling`` replaces
+    those four settings). ``repeats``: that many answers per prompt (a prompt's answers next to each other); the
+    prompt is read once and its keys and values shared by its answers, since reading the prompt is most of the
+    work when answers are short."""
+    ids, mask = _left_pad(prompts, tokenizer.pad_token_id)
+    device = next(model.parameters()).device
+    ids, mask = ids.to(device), mask.to(device)
+    sampling = dict(sampling or TRAINING_SAMPLING)
+    kwargs = dict(do_sample=not greedy, repetition_penalty=sampling.pop("repetition_penalty", 1.0),
+                  max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                  eos_token_id=tokenizer.eos_token_id, **(extra or {}))
+    if not greedy:
+        kwargs.update(sampling)
+    with torch.inference_mode():
+        if repeats > 1 and ids.shape[1] > 1:
+            # all but the last prompt token once per prompt; generate() reads the last one and goes on
+            head, head_mask = ids[:, :-1], mask[:, :-1]
+            cache = model(input_ids=head, attention_mask=head_mask, position_ids=_positions(head_mask),
+                          use_cache=True).past_key_values
+            cache.batch_repeat_interleave(repeats)
+            kwargs["past_key_values"] = cache
+        if repeats > 1:
+            ids, mask = ids.repeat_interleave(repeats, 0), mask.repeat_interleave(repeats, 0)
+        out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+    return [_response_ids(row, tokenizer.eos_token_id, tokenizer.pad_token_id)
+            for row in out[:, ids.shape[1]:].tolist()]
+
+
+def evaluate_reward(model, reference, tokenizer, task, examples, *, max_new_tokens: int, batch_size: int,
+                    seed: int, label: str = "", allow_early_eos: bool = False, progress: bool = True) -> dict:
+    """Task reward, KL to ``reference``, distinct-1/2, the share of answers repeating a token 4+ times in a row and
+    the length of ``model``'s answers to ``examples``, answered from the pioneer's prompt alone."""
+    torch.manual_seed(seed)
+    texts, tokens, rewards, kls, lengths = [], [], [], [], []
+    bar = tqdm(total=len(examples), desc=label, unit="prompt", dynamic_ncols=True, leave=False, file=sys.stderr,
+               disable=not progress)
+    stop = dict(stop_strings=[task.stop], tokenizer=tokenizer) if task.stop else {}
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start:start + batch_size]
+        # the pioneer's prompt (IMDB: the review opening alone, at the tokens the task drew)
+        prompts = [ids.tolist() for ids in tokenize_prompts(tokenizer, chunk)]
+        responses = sample(model, tokenizer, prompts, max_new_tokens,
+                           stop if allow_early_eos else {"min_new_tokens": max_new_tokens})
+        answers = [task.clean_response(tokenizer.decode(r, skip_special_tokens=True)) for r in responses]
+        rewards += task.score(chunk, answers)
+        kls += sequence_kl(model, reference, prompts, responses, tokenizer.pad_token_id)
+        lengths += [len(r) for r in responses]
+        texts += answers
+        tokens += responses
+        bar.update(len(chunk))
+    bar.close()
+    return {
+        "task_reward": float(sum(rewards) / len(rewards)),
+        "kl": float(sum(kls) / len(kls)),
+        **degeneration(texts, tokens),
+        "response_length": float(sum(lengths) / len(lengths)),
+        "n_prompts": len(examples),
+        "samples": [{"query": ex.query, "response": t, "reward": r}
+                    for ex, t, r in list(zip(examples, texts, rewards))[:5]],
+    }
+
+
+class PeriodicEvaluation:
+    """A training run's own held-out evaluation (``eval_every``): each agent answers the task's held-out prompts
+    from the pioneer's prompt alone, as ``python -m cory.lab.evaluate`` would score its saved model, so a run shows
+    when it learned and when it began to collapse, not just where it ended.
+
+    Scored with the task's evaluation reward (a shaped training reward by the reward it shapes, ``scored_as``),
+    at the task's evaluation answer length, with a fixed sampling seed; the sampling runs on a forked random
+    state, so a run with evaluations trains exactly as one without."""
+
+    SEED = 0
+
+    def __init__(self, cfg, tokenizer, reference):
+        import dataclasses
+
+        from cory.tasks import make_eval_task, task_spec
+
+        evaluation = task_spec(cfg.task).evaluation
+        reward = evaluation.scored_as.get(cfg.reward_model, cfg.reward_model)
+        self.task = make_eval_task(dataclasses.replace(cfg, reward_model=reward), tokenizer)
+        self.examples = self.task.eval_examples(evaluation.limit)
+        self.tokenizer, self.reference = tokenizer, reference
+        self.max_new_tokens = evaluation.answer_tokens
+        self.allow_early_eos = cfg.allow_early_eos
+        self.batch_size = BATCH_SIZE  # the batching changes which draws each answer gets: as the evaluation's
+
+    def __call__(self, models: dict, iterations: int) -> list[dict]:
+        """One row per agent (``{"iterations", "agent", "task_reward", "kl", ...}``) for ``models`` (name ->
+        causal LM), after ``iterations`` completed iterations."""
+        rows = []
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        for name, model in models.items():
+            was_training = model.training
+            model.eval()
+            with torch.random.fork_rng(devices=devices):
+                result = evaluate_reward(model, self.reference, self.tokenizer, self.task, self.examples,
+                                         max_new_tokens=self.max_new_tokens, batch_size=self.batch_size,
+                                         seed=self.SEED, allow_early_eos=self.allow_early_eos, progress=False)
+            model.train(was_training)
+            result.pop("samples")
+            rows.append({"iterations": iterations, "agent": name, **result})
+        return rows

@@ -1,0 +1,44 @@
+"""Measures of a batch of answers that show a policy degenerating: few distinct words, tokens repeated in a row.
+
+The paper's sign of distribution collapse is text like "marvelous marvelous splendid ..."; these numbers show it
+without reading samples. Every metrics row (``cory.game``) and every held-out evaluation (``cory.heldout``)
+carries them.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+REPEAT_RUN = 4  # a token this many times in a row marks an answer as repeating itself
+
+
+def distinct_n(texts: Sequence[str], n: int) -> float:
+    """Unique n-grams / total n-grams over all ``texts`` (whitespace words; n-grams never span two
+    texts). 0.0 when there is no n-gram at all. A collapsed policy repeating itself scores low."""
+    grams: list[tuple[str, ...]] = []
+    for text in texts:
+        words = text.split()
+        grams.extend(tuple(words[i:i + n]) for i in range(len(words) - n + 1))
+    return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def longest_run(ids: Sequence[int]) -> int:
+    """The most times one token follows itself in a row in ``ids`` (0 for no tokens)."""
+    best = run = 0
+    previous = None
+    for token in ids:
+        run = run + 1 if token == previous else 1
+        previous = token
+        best = max(best, run)
+    return best
+
+
+def repeat_share(answers: Sequence[Sequence[int]], run: int = REPEAT_RUN) -> float:
+    """The share of answers (token ids) holding one token ``run`` or more times in a row; 0.0 for no answers."""
+    answers = [[int(t) for t in a] for a in answers]
+    return sum(longest_run(a) >= run for a in answers) / len(answers) if answers else 0.0
+
+
+def degeneration(texts: Sequence[str], ids: Sequence[Sequence[int]]) -> dict[str, float]:
+    """distinct-1 and distinct-2 of the answers' words, and the share of answers repeating a token 4+ times."""
+    return {"distinct_1": distinct_n(texts, 1), "distinct_2": distinct_n(texts, 2),
+            f"repeat{REPEAT_RUN}_share": repeat_share(ids)}

@@ -1,0 +1,142 @@
+"""Learning and collapse, measured: the degeneration measures of every metrics row, the run's own held-out
+evaluation (eval_every), and the shaped VADER rewards the CPU search tries."""
+import pytest
+
+from conftest import GSM8K_PPO, IMDB_CORY, IMDB_PPO, REPO, rejected
+from cory.config import build, load_yaml
+from cory.metrics import degeneration, distinct_n, longest_run, repeat_share
+from cory.outputs import read_jsonl
+from cory.train import prepare_run
+
+TIME_KEYS = ("time/", "memory/")
+
+
+def tiny(cls, name, tmp_path, **over):
+    base = load_yaml(REPO / "configs" / "imdb" / f"{name}_tiny.yaml")
+    base.update(output_dir=str(tmp_path / "run"), **over)
+    return build(cls, base)
+
+
+# ----------------------------------------------------------------------------- degeneration on crafted answers
+
+def test_longest_run_counts_a_token_following_itself():
+    assert longest_run([]) == 0
+    assert longest_run([5]) == 1
+    assert longest_run([1, 2, 3]) == 1
+    assert longest_run([1, 1, 2, 2, 2, 1]) == 3
+    assert longest_run([7, 7, 7, 7]) == 4
+    assert longest_run([7, 7, 3, 7, 7]) == 2  # the same token, but not in a row
+
+
+def test_repeat_share_is_the_share_of_answers_with_four_in_a_row():
+    answers = [[1, 2, 3, 4], [9, 9, 9, 9, 2], [5, 5, 5, 6, 5], [8, 8, 8, 8, 8, 8]]
+    assert repeat_share(answers) == pytest.approx(2 / 4)  # the second and the last; three in a row is not enough
+    assert repeat_share(answers, run=3) == pytest.approx(3 / 4)
+    assert repeat_share([]) == 0.0
+
+
+def test_degeneration_of_fluent_and_collapsed_batches():
+    fluent = degeneration(["a fine film with a warm heart", "the cast shines in every scene"],
+                          [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]])
+    collapsed = degeneration(["great great great great", "great great great great"], [[3, 3, 3, 3], [3, 3, 3, 3]])
+    assert fluent == {"distinct_1": pytest.approx(12 / 13), "distinct_2": 1.0, "repeat4_share": 0.0}
+    assert collapsed == {"distinct_1": 1 / 8, "distinct_2": 1 / 6, "repeat4_share": 1.0}
+    assert distinct_n(["great great great great"] * 2, 2) == pytest.approx(1 / 6)
+
+
+# ----------------------------------------------------------------------------- shaped VADER rewards
+
+def test_shaped_vader_rewards_against_plain_vader():
+    from cory.tasks.imdb import VADER_SCALE, make_reward
+
+    plain, scaled, gain = make_reward("vader"), make_reward("vader-scaled"), make_reward("vader-gain")
+    queries = ["What a wonderful, joyful", "This was a terrible", "The film"]
+    responses = [" film.", " waste of time, truly awful.", " is a delight, great fun and lovely"]
+    p = plain(queries, responses)
+    assert scaled(queries, responses) == pytest.approx([VADER_SCALE * x for x in p])
+    alone = plain(queries, [""] * 3)
+    assert gain(queries, responses) == pytest.approx([x - q for x, q in zip(p, alone)])
+    assert alone[0] > 0.5 and gain(queries, responses)[0] < 0.2  # the query's own praise is not the answer's
+    assert gain(["The film"], [""]) == [0.0]
+    assert VADER_SCALE == 3.0
+
+
+def test_a_shaped_reward_is_evaluated_with_plain_vader(tmp_path):
+    from cory.lab.evaluate import plan
+
+    run = tmp_path / "run"
+    (run / "final" / "policy").mkdir(parents=True)
+    (run / "final" / "policy" / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"], '
+                                                         '"model_type": "gpt2"}')
+    (run / "config.yaml").write_text("task: imdb\nmodel_name: tiny\nreward_model: vader-gain\ndataset: builtin\n")
+    assert plan(["--task", "imdb", "--model", str(run)]).reward == "vader"
+    assert plan(["--task", "imdb", "--model", str(run), "--reward", "vader-gain"]).reward == "vader-gain"
+
+
+@pytest.mark.parametrize("name", ["vader-scaled", "vader-gain"])
+def test_shaped_rewards_are_named_values_off_in_the_paper_presets(name):
+    from cory.tasks.imdb import REWARD_NAMES
+
+    assert name in REWARD_NAMES
+    assert IMDB_PPO.reward_model == "distilbert-imdb"
+    for preset in ("ppo_paper", "cory_paper", "ppo_gpu", "cory_gpu"):
+        assert load_yaml(REPO / "configs" / "imdb" / f"{preset}.yaml").get("reward_model") in (None, "vader",
+                                                                                               "distilbert-imdb")
+
+
+# ----------------------------------------------------------------------------- the run's own held-out evaluation
+
+@pytest.mark.parametrize("method,cls", [("ppo", IMDB_PPO), ("cory", IMDB_CORY)])
+def test_eval_every_scores_each_agent_and_leaves_training_alone(tmp_path, method, cls):
+    plain = prepare_run(tiny(cls, method, tmp_path / "a", steps=3), method).fit()
+    evaluated = prepare_run(tiny(cls, method, tmp_path / "b", steps=3, eval_every=2), method).fit()
+    assert not (plain / "eval.jsonl").exists()
+    rows = read_jsonl(evaluated / "eval.jsonl")
+    agents = ["policy"] if method == "ppo" else ["llm1", "llm2"]
+    # before the first update (the base model), every eval_every iterations, and after the last
+    assert [(r["iterations"], r["agent"]) for r in rows] == [(i, a) for i in (0, 2, 3) for a in agents]
+    for r in rows:
+        assert {"task_reward", "kl", "distinct_1", "distinct_2", "repeat4_share", "response_length"} <= set(r)
+        assert r["n_prompts"] == 110 and r["response_length"] == 15  # the task's held-out openings, 15 tokens
+    assert all(r["kl"] == 0 for r in rows if r["iterations"] == 0)
+    assert all(r["kl"] > 0 for r in rows if r["iterations"] == 3)
+    # the evaluation samples on a forked random state: training is exactly as without it
+    strip = [{k: v for k, v in r.items() if not k.startswith(TIME_KEYS)} for r in read_jsonl(plain / "metrics.jsonl")]
+    assert strip == [{k: v for k, v in r.items() if not k.startswith(TIME_KEYS)}
+                     for r in read_jsonl(evaluated / "metrics.jsonl")]
+
+
+def test_eval_every_matches_the_evaluation_of_the_saved_model(tmp_path):
+    """The run's last held-out row is what `python -m cory.lab.evaluate` reports for its final model."""
+    from cory.lab.evaluate import main as evaluate
+
+    out = prepare_run(tiny(IMDB_PPO, "ppo", tmp_path, steps=2, eval_every=2), "ppo").fit()
+    last = read_jsonl(out / "eval.jsonl")[-1]
+    doc = evaluate(["--task", "imdb", "--model", str(out), "--no_base", "--json", str(tmp_path / "e.json")])
+    saved = doc["results"][0]
+    for key in ("task_reward", "kl", "distinct_1", "distinct_2", "repeat4_share"):
+        assert saved[key] == pytest.approx(last[key], rel=1e-4, abs=1e-6), key
+
+
+@pytest.mark.parametrize("kept,restart", [(2, 1), (1, 0)])
+def test_a_resumed_run_keeps_the_evaluations_up_to_its_checkpoint(tmp_path, kept, restart):
+    import shutil
+
+    cfg = tiny(IMDB_PPO, "ppo", tmp_path, steps=2, eval_every=1, save_every=1, keep_checkpoints=kept)
+    out = prepare_run(cfg, "ppo").fit()
+    # cut off after its checkpoint at 1 (or before any, restarting from 0) with later evaluations logged: the
+    # resumed run redoes them, once each
+    shutil.rmtree(out / "checkpoints" / "step_000002")
+    resumed = tiny(IMDB_PPO, "ppo", tmp_path, steps=2, eval_every=1, resume=str(out))
+    run = prepare_run(resumed, "ppo")
+    assert run.start_step == restart
+    run.fit()
+    assert [r["iterations"] for r in read_jsonl(out / "eval.jsonl")] == [0, 1, 2]
+
+
+def test_eval_every_refusals_are_one_line():
+    assert "eval_every: must be >= 0" in rejected("imdb", "ppo", ["--config", "configs/imdb/ppo_tiny.yaml",
+                                                                  "--eval_every", "-1"])
+    line = rejected("gsm8k", "ppo", ["--config", "configs/gsm8k/ppo_tiny.yaml", "--eval_every", "2"])
+    assert "eval_every" in line and "pass@k" in line
+    assert GSM8K_PPO  # the GSM8K script's own class is what refused
