@@ -16,13 +16,13 @@ export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
   run vader-gain --set reward_model=vader-gain
   run b16 --set batch_size=16
   run epochs2 --set ppo_epochs=2
+  run horizon1250 --set horizon=1250
   run preset_b8 --set batch_size=8 --set learning_rate=1e-4
 ) > "$OUT/.queue_a.log" 2>&1 &
 (
   run vader-scaled --set reward_model=vader-scaled
   run lr1e-4 --set learning_rate=1e-4
   run lr1e-5 --set learning_rate=1e-5
-  run horizon1250 --set horizon=1250
   run b64_mb16 --set batch_size=64 --set mini_batch_size=16
 ) > "$OUT/.queue_b.log" 2>&1 &
 wait
