@@ -139,6 +139,8 @@ def evaluate_reward(model, reference, tokenizer, task, examples, *, max_new_toke
     bar.close()
     return {
         "task_reward": float(sum(rewards) / len(rewards)),
+        # the spread of one answer's reward: the mean's sampling error is reward_sd / sqrt(n_prompts)
+        "reward_sd": float(torch.tensor(rewards, dtype=torch.float64).std()) if len(rewards) > 1 else 0.0,
         "kl": float(sum(kls) / len(kls)),
         **degeneration(texts, tokens),
         "response_length": float(sum(lengths) / len(lengths)),

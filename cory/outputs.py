@@ -322,6 +322,10 @@ class RunDir:
         saved = {k: v for k, v in cfg_dict.items() if k not in ("resume", "overwrite")}
         _atomic_write(self.path / "config.yaml", yaml.safe_dump(saved, sort_keys=False))
         if resume_step is not None:
+            # held-out evaluations of the final models describe models this run is about to replace
+            for entry in self.path.iterdir():
+                if entry.is_file() and _is_eval_file(entry.name):
+                    entry.unlink()
             # rows logged after the checkpoint are redone by the resumed run: drop them, keep the rest
             for p in (self.metrics_path, self.samples_path):
                 _truncate_jsonl(p, resume_step)

@@ -145,7 +145,7 @@ def test_runner_runs_skips_and_resumes(tmp_path, capsys):
     out = tmp_path / "exp"
     # a checkpoint every iteration (two kept), so a run cut off in its last iteration has one to resume from
     base = ["--task", "imdb", "--preset", "tiny", "--seeds", "0,1", "--steps", "2", "--out", out,
-            "--set", "save_every=1", "--set", "keep_checkpoints=2", "--jobs", "2"]
+            "--set", "save_every=1", "--set", "keep_checkpoints=2", "--jobs", "2", "--no_eval"]
     p = runner(*base, "--methods", "ppo,cory")
     assert p.returncode == 0, p.stderr[-3000:]
     assert attempts(out) == {k: ["new"] for k in ("ppo/seed_0", "ppo/seed_1", "cory/seed_0", "cory/seed_1")}
@@ -262,3 +262,31 @@ def test_sigterm_to_the_runner_reaches_its_run_and_is_recorded(tmp_path, capsys)
     run = json.loads((out / "runs.json").read_text())["runs"]["ppo/seed_0"]
     assert run["status"] == "interrupted" and run["attempts"][0]["exit_status"] == 128 + signal.SIGTERM
     assert latest_checkpoint(out / "runs" / "ppo" / "seed_0") is not None  # it saved before stopping
+
+
+def test_runner_evaluates_finished_runs_and_the_base_model_once(tmp_path):
+    out = tmp_path / "exp"
+    base = ["--task", "imdb", "--preset", "tiny", "--methods", "ppo", "--seeds", "0", "--steps", "1", "--out", out]
+    p = runner(*base)
+    assert p.returncode == 0, p.stderr[-3000:]
+    run = out / "runs" / "ppo" / "seed_0"
+    doc = json.loads((run / "eval_imdb.json").read_text())
+    assert [r["name"] for r in doc["results"]] == ["seed_0/policy"]
+    assert doc["command"] == f"python -m cory.lab.evaluate --task imdb --model {run} --no_base --json {run}/eval_imdb.json"
+    base_doc = json.loads((out / "eval_base_imdb.json").read_text())
+    assert [r["name"] for r in base_doc["results"]] == ["base"] and base_doc["settings"]["dataset"] == "builtin"
+    assert base_doc["results"][0]["kl"] == 0 and base_doc["results"][0]["reward_sd"] > 0
+    report = (out / "REPORT.md").read_text()
+    assert "fig_heldout_reward.png" in report and "| base model | 1 |" in report
+    # again: nothing to train, nothing to evaluate
+    p = runner(*base)
+    assert p.returncode == 0 and "eval " not in p.stdout, p.stdout[-2000:]
+
+
+def test_runner_evaluates_pass_at_k_tasks_only_with_a_budget(tmp_path):
+    from cory.lab import heldout_runs
+
+    assert heldout_runs.wanted("imdb", []) is None
+    why = heldout_runs.wanted("gsm8k", [])
+    assert "pass@k" in why and "--eval_args" in why
+    assert heldout_runs.wanted("gsm8k", ["--limit", "20", "--n", "2"]) is None

@@ -140,3 +140,13 @@ def test_eval_every_refusals_are_one_line():
     line = rejected("gsm8k", "ppo", ["--config", "configs/gsm8k/ppo_tiny.yaml", "--eval_every", "2"])
     assert "eval_every" in line and "pass@k" in line
     assert GSM8K_PPO  # the GSM8K script's own class is what refused
+
+
+def test_resuming_a_run_drops_the_evaluation_of_the_model_it_replaces(tmp_path):
+    out = prepare_run(tiny(IMDB_PPO, "ppo", tmp_path, steps=2), "ppo").fit()
+    (out / "eval_imdb.json").write_text("{}")
+    (out / "eval_gsm8k_authors.json").write_text("{}")
+    (out / "notes.txt").write_text("mine")
+    prepare_run(tiny(IMDB_PPO, "ppo", tmp_path, steps=3, resume=str(out)), "ppo").fit()
+    assert not (out / "eval_imdb.json").exists() and not (out / "eval_gsm8k_authors.json").exists()
+    assert (out / "notes.txt").read_text() == "mine"

@@ -16,10 +16,21 @@ from cory.lab.verdict import Diff, difference, p_value, verdict
 ETA = 0.2
 
 
-def write_run(root, label, seed, rows, config=None, samples=None):
+LEARNED = (0.1, 0.6)  # a held-out evaluation whose final models beat the base model clearly
+
+
+def write_run(root, label, seed, rows, config=None, samples=None, heldout=LEARNED):
+    """A run's files; ``heldout`` (base, final): its own held-out evaluation (eval.jsonl) at iteration 0 and at
+    its end, a little noise per seed, so that the baseline of a synthetic comparison learned (None: none)."""
     d = root / "runs" / label / f"seed_{seed}"
     d.mkdir(parents=True, exist_ok=True)
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if heldout is not None:
+        agents = sorted({k.split("/")[0] for r in rows for k in r if k.split("/")[0] in ("policy", "llm1", "llm2")})
+        end = max(r["step"] for r in rows) + 1
+        evals = [{"iterations": it, "agent": a, "task_reward": value, "kl": 0.0, "distinct_2": 0.9}
+                 for it, value in ((0, heldout[0]), (end, heldout[1] + 0.01 * seed)) for a in agents]
+        (d / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
     cfg = {"task": "imdb", "seed": seed, "steps": len(rows), "model_name": "tiny", "reward_model": "vader",
            "init_kl_coef": ETA, "learning_rate": 1e-4, **(config or {})}
     import yaml

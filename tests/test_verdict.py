@@ -16,6 +16,13 @@ from test_report import cory_rows, ppo_rows, write_run
 STEPS = 12  # the final window is iterations 2-11
 
 
+def claim_text(v) -> str:
+    """The verdict on the paper's claim, after the paragraph that says the baseline learned (which comes first)."""
+    first, rest = v.text.split("\n\n", 1)
+    assert first.startswith("**PPO learned**"), first
+    return rest
+
+
 def experiment(root, seeds, ppo, llm1, llm2, *, seed_sd=0.0, noise=0.05, paired=True, rng=0, label="",
                eta=None):
     """PPO and CORY runs whose final (reward, KL) levels are the given ones. Each seed draws one luck term per
@@ -45,7 +52,7 @@ def test_clear_yes_states_its_power(tmp_path):
     experiment(tmp_path, range(4), (1.0, 10.0), (1.0, 4.0), (0.99, 4.5))
     v = verdict(load_experiment(tmp_path))
     assert v.answer == "yes" and v.power >= 0.8, v.text
-    assert v.text.startswith("**yes (power ") and v.text.count("the claim holds") == 2
+    assert claim_text(v).startswith("**yes (power ") and v.text.count("the claim holds") == 2
     assert "paired by seed" in v.text
 
 
@@ -54,7 +61,7 @@ def test_clear_no_with_high_power(tmp_path):
     experiment(tmp_path, range(8), (1.0, 10.0), (1.0, 10.0), (1.0, 10.0), noise=0.02)
     v = verdict(load_experiment(tmp_path))
     assert v.answer == "no" and v.power >= 0.8, v.text
-    assert v.text.startswith(f"**no (power {100 * v.power:.0f}%)**") or v.text.startswith("**no (power >99%)**")
+    assert claim_text(v).startswith(f"**no (power {100 * v.power:.0f}%)**") or claim_text(v).startswith("**no (power >99%)**")
     assert "the claim is not shown" in v.text and "could not tell" not in v.text.split("\n")[0]
 
 
@@ -64,7 +71,7 @@ def test_could_not_tell_with_low_power(tmp_path):
     v = verdict(load_experiment(tmp_path))
     assert v.answer == "could not tell" and v.power < 0.8, v.text
     pct = "<1%" if v.power < 0.005 else f"{100 * v.power:.0f}%"
-    assert v.text.startswith(f"**could not tell (power {pct})**") and "no evidence against the claim" in v.text
+    assert claim_text(v).startswith(f"**could not tell (power {pct})**") and "no evidence against the claim" in v.text
     assert "**no" not in v.text
     # every comparison gives the differences it could have detected
     assert v.text.count("smallest KL gap detectable at 80% power (α/2): ") == 2
@@ -235,3 +242,52 @@ def test_the_margin_has_a_floor_of_a_share_of_the_rewards_range():
     # a large gain: the share of the gain, not the floor
     assert Margin(0.0, 1.0, 0, (-1.0, 1.0)).value == pytest.approx(0.2)
     assert "at least 0.025" in Margin(0.5, 0.45, 0, (-1.0, 1.0)).text("PPO")
+
+
+# ----------------------------------------------------------------------------- did the baseline learn?
+
+def _flat(root, seeds, heldout, ppo_reward=0.5):
+    t = np.arange(STEPS)
+    for s in seeds:
+        write_run(root, "ppo", s, ppo_rows(np.full(STEPS, ppo_reward), 1.0 * t), heldout=heldout)
+        write_run(root, "cory", s, cory_rows(np.full(STEPS, 0.5), 0.2 * t, np.full(STEPS, 0.5), 0.2 * t),
+                  heldout=heldout)
+
+
+@pytest.mark.parametrize("heldout", [(0.15, 0.13), None])
+def test_a_baseline_that_did_not_learn_leaves_the_claim_untested(tmp_path, heldout):
+    """CORY's KL is a fifth of PPO's here, a clear "lower KL" - but PPO gained nothing (held-out, or over its
+    training batches when no evaluation exists), so nothing is tested and the text says by how much it missed."""
+    _flat(tmp_path, range(4), heldout)
+    v = verdict(load_experiment(tmp_path))
+    assert v.answer == "not tested (PPO did not learn)", v.text
+    assert v.text.startswith("**not tested (PPO did not learn)** — ")
+    assert ("held-out reward" if heldout else "training reward, iterations 0–5 against 6–11") in v.text
+    assert "missed it by" in v.text and "lower KL" not in v.text and "power" not in v.text
+    report = build_report(tmp_path).read_text()
+    assert "First, did the baseline learn?" in report.split("Does CORY reach")[0]
+
+
+def test_the_base_models_own_sampling_error_counts(tmp_path):
+    """Gains of 0.02 over 4 seeds with a tiny spread beat the seeds' noise alone, but not the base model's own
+    sampling error (reward_sd 0.4 over 110 prompts: 0.038)."""
+    import json
+
+    _flat(tmp_path, range(4), (0.15, 0.17))
+    assert verdict(load_experiment(tmp_path)).answer != "not tested (PPO did not learn)"
+    (tmp_path / "eval_base_imdb.json").write_text(json.dumps({"results": [
+        {"name": "base", "task_reward": 0.15, "reward_sd": 0.4, "n_prompts": 110}]}))
+    v = verdict(load_experiment(tmp_path))
+    assert v.answer == "not tested (PPO did not learn)", v.text
+
+
+def test_whether_one_seed_learned_cannot_be_told():
+    from cory.lab.learning import baseline_learned
+
+    import tempfile
+    from pathlib import Path
+    with tempfile.TemporaryDirectory() as d:
+        _flat(Path(d), [0], (0.1, 0.9))
+        exp = load_experiment(d)
+        learning = baseline_learned(exp, exp.groups["ppo"])
+    assert learning.learned is None and "one seed" in learning.text

@@ -49,6 +49,7 @@ from cory.assets import check_hub_asset
 from cory.cli import OneLineParser
 from cory.config import CoryArgs, PPOArgs, load_yaml, on_resume_fields
 from cory.errors import AssetError, ConfigError, ExperimentError, ReportError
+from cory.lab import heldout_runs
 from cory.lab.report import build_report
 from cory.outputs import LOCK, RunLock, latest_checkpoint, read_jsonl_rows
 
@@ -133,6 +134,11 @@ def _parser() -> argparse.ArgumentParser:
                    + ", ".join(f"{k} -> {v}" for k, v in LARGER_MODEL.items()) + ")")
     p.add_argument("--jobs", default="1", help="runs at a time (default 1; each run already uses every core)")
     p.add_argument("--no_report", action="store_true", help="do not write the report at the end")
+    p.add_argument("--no_eval", action="store_true", help="do not evaluate the finished runs' final models and the "
+                   "base model on held-out prompts (python -m cory.lab.evaluate; by default for reward tasks)")
+    p.add_argument("--eval_args", default="", metavar="'ARGS'",
+                   help="more arguments for python -m cory.lab.evaluate, e.g. '--limit 200 --n 4' (a pass@k task "
+                        "such as gsm8k is evaluated only when they are given)")
     return p
 
 
@@ -621,6 +627,10 @@ def _run(args, argv, pairs: list[Pair], spec: dict, out: Path) -> int:
     if interrupted:
         print(f"interrupted: rerun the same command to continue (records in {_rel(record.path)})", file=sys.stderr)
         return 128 + (children.stopped_by or signal.SIGINT)
+    failed += _evaluate(args, pairs, spec, out, env, children)
+    if children.stopped_by is not None:
+        print("interrupted: rerun the same command to finish the evaluations", file=sys.stderr)
+        return 128 + children.stopped_by
     if not args.no_report:
         try:
             print(f"report: {_rel(build_report(out))}")
@@ -628,10 +638,35 @@ def _run(args, argv, pairs: list[Pair], spec: dict, out: Path) -> int:
             print(f"error: report: {e}", file=sys.stderr)
             return 1
     if failed:
-        print(f"{len(failed)} of {len(pairs)} run(s) failed: {', '.join(failed)} (see {_rel(out / 'logs')})",
-              file=sys.stderr)
+        runs = [k for k in failed if not k.startswith("eval ")]
+        what = [f"{len(runs)} of {len(pairs)} run(s) failed"] if runs else []
+        what += [f"{len(failed) - len(runs)} evaluation(s) failed"] if len(failed) > len(runs) else []
+        print(f"{' and '.join(what)}: {', '.join(failed)} (see {_rel(out / 'logs')})", file=sys.stderr)
         return 1
     return 0
+
+
+def _evaluate(args, pairs: list[Pair], spec: dict, out: Path, env: dict, children: Children) -> list[str]:
+    """The held-out evaluations of the finished runs and of the base model (``cory.lab.heldout_runs``); the names
+    of those that failed."""
+    from tqdm.auto import tqdm
+
+    if args.no_eval:
+        return []
+    eval_args = shlex.split(args.eval_args)
+    why_not = heldout_runs.wanted(spec["task"], eval_args)
+    if why_not:
+        tqdm.write(f"no held-out evaluation: {why_not}")
+        return []
+    todo = heldout_runs.commands(spec["task"], [(p.key, p.run_dir) for p in pairs], out, eval_args, _rel,
+                                 args.task_file)
+    previous = {s: signal.signal(s, lambda signum, frame: children.stop(signum))
+                for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return [f"eval {name}" for name in heldout_runs.run_evaluations(todo, out, env, children, tqdm.write, REPO)]
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def main(argv: list[str] | None = None) -> None:

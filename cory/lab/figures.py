@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cory.lab.results import AGENT_NAMES, METHOD_NAMES, REWARD_RANGES, Experiment, Group, curve, setting_name
+from cory.lab.results import (AGENT_NAMES, METHOD_NAMES, REWARD_RANGES, Experiment, Group, curve, heldout_curve,
+                              setting_name)
 
 # key in metrics.jsonl after "<agent>/" -> (title, y-axis label; {reward} is the reward's unit)
 METRICS = {
@@ -20,10 +21,15 @@ METRICS = {
     "kl": ("KL to the reference model", "KL(π‖π₀), nats per response (sum over tokens)"),
     "combined_reward": ("combined reward r_c", "r_c = task reward − η·KL"),
     "response_length": ("response length", "response length (tokens)"),
+    "distinct_2": ("distinct-2 of the answers", "distinct-2 (unique word bigrams / bigrams), batch"),
+    "repeat4_share": ("answers repeating a token 4+ times in a row", "share of the batch's answers"),
 }
+DEGENERATION_METRICS = ("distinct_2", "repeat4_share")
 MAIN_FIGURE_METRICS = ("task_reward", "kl", "combined_reward", "response_length")
 REWARD_UNITS = {
     "vader": "VADER compound score, −1…1",
+    "vader-scaled": "3 × VADER compound score, −3…3",
+    "vader-gain": "VADER(query + answer) − VADER(query)",
     "distilbert-imdb": "distilbert-imdb positive logit",
     "correctness": "fraction of correct answers",
 }
@@ -63,8 +69,14 @@ def _axes(title: str, xlabel: str, ylabel: str, size=(7.5, 4.6)):
     return fig, ax
 
 
-def _reward_unit(exp: Experiment) -> str:
+def _reward_unit(exp: Experiment, scored: bool = False) -> str:
+    """The training reward's unit; ``scored``: the unit an evaluation scores in (a shaped reward's own)."""
     name = exp.any_config("reward_model")
+    if scored:
+        from cory.tasks import registered
+
+        spec = registered().get(exp.runs_json.get("task") or exp.any_config("task"))
+        name = spec.evaluation.scored_as.get(name, name) if spec is not None else name
     return REWARD_UNITS.get(name, str(name) if name else "task's reward")
 
 
@@ -73,6 +85,8 @@ def _bounds(exp: Experiment, metric: str) -> tuple[float | None, float | None]:
     not cut: its bounds depend on the KL.)"""
     if metric in ("kl", "response_length"):
         return 0.0, None
+    if metric in DEGENERATION_METRICS:
+        return 0.0, 1.0
     if metric == "task_reward":
         return REWARD_RANGES.get(exp.any_config("reward_model"), (None, None))
     return None, None
@@ -146,3 +160,39 @@ def plot_sweep(exp: Experiment, path: Path, points) -> None:
         ax.set_xscale("log")
     ax.legend(fontsize=8, loc="best")
     fig.savefig(path)
+
+
+def plot_heldout(exp: Experiment, path: Path, series: list[tuple[Group, str]], base: float | None) -> bool:
+    """Held-out task reward against iterations (the runs' own evaluations, eval.jsonl: mean ± std over seeds), or
+    each final model's evaluation (eval_<task>.json) as a point at the runs' end, with the base model's as a
+    grey line. False (and nothing drawn) when no run was evaluated."""
+    from cory.lab.learning import heldout_value
+
+    fig, ax = _axes(f"{setting_name(exp)}: held-out task reward (mean ± std over seeds)",
+                    "iterations completed", f"held-out task reward ({_reward_unit(exp, scored=True)})")
+    drawn = 0
+    for group, agent in series:
+        style = dict(color=colour(group.method), linestyle=LINESTYLES.get(agent, "-"))
+        c = heldout_curve(group, agent)
+        if c is not None and len(c.steps):
+            n = len(c.seeds)
+            ax.plot(c.steps, c.mean, marker="o", markersize=3, linewidth=1.8,
+                    label=f"{group.name(agent)} ({n} seed{'s' * (n != 1)})", **style)
+            if n >= 2:
+                ax.fill_between(c.steps, c.mean - c.std, c.mean + c.std, color=style["color"], alpha=0.15, linewidth=0)
+            drawn += 1
+            continue
+        finals = [(run.last_step, heldout_value(run.final_evaluation(agent))) for run in group.runs.values()]
+        finals = [(x + 1, y) for x, y in finals if x is not None and y is not None]
+        if finals:
+            xs, ys = np.array(finals, dtype=float).T
+            ax.errorbar([xs.mean()], [ys.mean()], yerr=[ys.std(ddof=1) if len(ys) > 1 else 0.0], marker="o",
+                        capsize=3, color=style["color"], label=f"{group.name(agent)}, final ({len(ys)} seeds)")
+            drawn += 1
+    if not drawn:
+        return False
+    if base is not None:
+        ax.axhline(base, color="#555555", linestyle=":", linewidth=1.5, label=f"base model ({base:.3g})")
+    ax.legend(fontsize=8, loc="best")
+    fig.savefig(path)
+    return True

@@ -73,6 +73,31 @@ class SeedRun:
     path: Path
     rows: list[dict]
     config: dict
+    heldout: list[dict] = field(default_factory=list)  # eval.jsonl: the run's own held-out evaluations
+
+    def heldout_series(self, agent: str, metric: str) -> dict[int, float]:
+        """completed iterations -> the held-out value of ``agent`` (eval.jsonl; iteration 0 is the base model)."""
+        out = {}
+        for row in self.heldout:
+            it, value = row.get("iterations"), finite(row.get(metric))
+            if row.get("agent") == agent and isinstance(it, int) and not isinstance(it, bool) and value is not None:
+                out[it] = value
+        return out
+
+    def final_evaluation(self, agent: str) -> dict | None:
+        """The held-out result of the run's final ``agent`` model: ``cory.lab.evaluate``'s eval_<task>.json
+        beside the run (training protocol), else the last row of its own eval.jsonl when that is at its end."""
+        for path in sorted(self.path.glob("eval_*.json")) if self.path is not None else ():
+            doc = _json(path)
+            if doc is None or (doc.get("settings") or {}).get("protocol", "training") != "training":
+                continue
+            for r in doc.get("results", []):
+                if isinstance(r, dict) and str(r.get("name", "")).split("/")[-1] == agent:
+                    return r
+        rows = [r for r in self.heldout if r.get("agent") == agent and isinstance(r.get("iterations"), int)]
+        last = max(rows, key=lambda r: r["iterations"], default=None)
+        end = self.last_step
+        return last if last is not None and end is not None and last["iterations"] == end + 1 else None
 
     def series(self, agent: str, metric: str) -> dict[int, float]:
         """step -> finite value; the last row wins when a step appears twice."""
@@ -179,12 +204,37 @@ class Experiment:
             shared = etas if shared is None else shared & etas
         return max(shared) if shared else None
 
+    def base_evaluation(self) -> dict | None:
+        """The base model's held-out result: the runner's eval_base_<task>.json (training protocol), else the
+        iteration-0 row of a run's own eval.jsonl (every run starts from the same base and prompts)."""
+        for path in sorted(self.path.glob("eval_*.json")):
+            doc = _json(path)
+            if doc is None or (doc.get("settings") or {}).get("protocol", "training") != "training":
+                continue
+            for r in doc.get("results", []):
+                if isinstance(r, dict) and r.get("name") == "base":
+                    return r
+        for g in self.groups.values():
+            for run in g.runs.values():
+                for row in run.heldout:
+                    if row.get("iterations") == 0:
+                        return row
+        return None
+
     def any_config(self, key: str):
         for g in self.groups.values():
             v = g.config_value(key)
             if v is not None:
                 return v
         return None
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def load_experiment(path: str | Path) -> Experiment:
@@ -222,7 +272,10 @@ def load_experiment(path: str | Path) -> Experiment:
                     config = yaml.safe_load((seed_dir / "config.yaml").read_text()) or {}
                 except yaml.YAMLError:
                     notes.append(f"`{label_dir.name}/{seed_dir.name}`: config.yaml unreadable.")
-            group.runs[int(m.group(1))] = SeedRun(int(m.group(1)), seed_dir, rows, config)
+            heldout, bad = read_jsonl_rows(seed_dir / "eval.jsonl")
+            if bad:
+                notes.append(f"`{label_dir.name}/{seed_dir.name}`: {bad} unreadable line(s) in eval.jsonl skipped.")
+            group.runs[int(m.group(1))] = SeedRun(int(m.group(1)), seed_dir, rows, config, heldout)
         if group.runs:
             groups[label_dir.name] = group
     return Experiment(root, groups, runs_json, notes)
@@ -297,6 +350,19 @@ def curve(group: Group, agent: str, metric: str) -> Curve | None:
     common = sorted(set.intersection(*(set(d) for d in present.values())))
     values = np.array([[d[step] for step in common] for d in present.values()], dtype=float)
     values = values.reshape(len(present), len(common))
+    return Curve(np.array(common, dtype=int), values, list(present),
+                 {s: len(d) for s, d in present.items()}, [s for s, d in per_seed.items() if not d])
+
+
+def heldout_curve(group: Group, agent: str, metric: str = "task_reward") -> Curve | None:
+    """``curve`` for the runs' own held-out evaluations (eval.jsonl), by completed iterations."""
+    per_seed = {s: r.heldout_series(agent, metric) for s, r in sorted(group.runs.items())}
+    present = {s: d for s, d in per_seed.items() if d}
+    if not present:
+        return None
+    common = sorted(set.intersection(*(set(d) for d in present.values())))
+    values = np.array([[d[i] for i in common] for d in present.values()], dtype=float).reshape(len(present),
+                                                                                              len(common))
     return Curve(np.array(common, dtype=int), values, list(present),
                  {s: len(d) for s, d in present.items()}, [s for s, d in per_seed.items() if not d])
 

@@ -22,6 +22,7 @@ from functools import cached_property
 
 import numpy as np
 
+from cory.lab.learning import baseline_learned
 from cory.lab.results import (LAST_N, METHOD_NAMES, REWARD_RANGES, Experiment, Final, Group, curve, final_value, fmt,
                           fmt_final)
 
@@ -495,12 +496,27 @@ def _negative(power_: float) -> str:
     return "no" if math.isfinite(power_) and power_ >= POWER_TARGET else "could not tell"
 
 
+NOT_LEARNED = "not tested (PPO did not learn)"
+
+
 def verdict(exp: Experiment) -> Verdict:
-    """Did the CORY agents reach similar task reward at lower KL than PPO (``VERDICT_RULE``)?"""
+    """First whether the baseline learned (``LEARNING_RULE``); only then, did the CORY agents reach similar task
+    reward at lower KL than PPO (``VERDICT_RULE``)?"""
     ppo, cory = exp.main_group("ppo"), exp.main_group("cory")
     if ppo is None or cory is None:
         missing = " and ".join(m for m, g in (("ppo", ppo), ("cory", cory)) if g is None)
         return Verdict("not decided", f"No finished comparison: no {missing} runs with metrics.")
+    learning = baseline_learned(exp, ppo)
+    if learning.learned is False:
+        return Verdict(NOT_LEARNED, f"**{NOT_LEARNED}** — {learning.text.split(' — ', 1)[1]} So the comparison "
+                       "below tests nothing: the final values are shown for the record, and none of their "
+                       "differences is a finding.")
+    v = _claim(exp, ppo, cory)
+    return Verdict(v.answer, f"{learning.text}\n\n{v.text}", v.power)
+
+
+def _claim(exp: Experiment, ppo: Group, cory: Group) -> Verdict:
+    """The paper's claim, tested once the baseline learned."""
     upto = _common_end([(ppo, "policy")] + [(cory, a) for a in cory.agents])
     if any(final_value(ppo, "policy", m, upto=upto) is None for m in COMPARED):
         return Verdict("not decided", "PPO's runs lack task_reward, kl or combined_reward metrics.")

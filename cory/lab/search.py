@@ -1,0 +1,197 @@
+"""A hyperparameter search's summary: which settings made the baseline (PPO) learn, by a criterion fixed before the
+runs (results/imdb_cpu_search/DESIGN.md).
+
+    python -m cory.lab.search results/imdb_cpu_search [--min_gain 0.3] [--max_minutes 60]
+
+Each sub-folder of the search is one setting, an experiment folder of the runner (``cory.lab.experiments``) whose
+runs evaluated themselves on held-out prompts (``eval_every``). A seed **meets the criterion** when, at some
+evaluation point after iteration 0, its held-out reward is at least ``min_gain`` above the base model's (the
+iteration-0 evaluation: the same prompts and sampling) with distinct-2 at least half the base model's (its
+answers still English), and its run took at most ``max_minutes``. SUMMARY.md and the figures are rebuilt from the
+committed metrics alone.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from cory.cli import OneLineParser
+from cory.errors import ReportError
+from cory.lab.results import Experiment, curve, fmt, load_experiment
+
+MIN_GAIN = 0.3      # held-out reward above the base model's
+MIN_DISTINCT = 0.5  # distinct-2 at least this share of the base model's
+MAX_MINUTES = 60.0  # per PPO run on the 2-core machine (one core per run)
+
+
+@dataclass
+class SeedResult:
+    seed: int
+    base: float                 # the base model's held-out reward (iteration 0)
+    points: dict[int, dict]     # iterations -> held-out row
+    minutes: float | None       # the run's wall time
+    meets: bool
+    best: tuple[int, float] | None  # (iterations, reward) of the best point that keeps its English
+
+    @property
+    def final(self) -> dict:
+        return self.points[max(self.points)]
+
+
+@dataclass
+class Setting:
+    name: str
+    changes: str
+    exp: Experiment
+    seeds: list[SeedResult]
+    seconds_per_iteration: float | None
+
+    @property
+    def meets(self) -> bool:
+        return bool(self.seeds) and all(s.meets for s in self.seeds)
+
+
+def _wall_minutes(exp: Experiment, key: str) -> float | None:
+    attempts = ((exp.runs_json.get("runs") or {}).get(key) or {}).get("attempts") or []
+    times = [a.get("wall_time_s") for a in attempts if isinstance(a.get("wall_time_s"), (int, float))]
+    return sum(times) / 60 if times else None
+
+
+def seed_result(exp: Experiment, label: str, seed: int, min_gain: float, max_minutes: float) -> SeedResult | None:
+    run = exp.groups[label].runs[seed]
+    points = {r["iterations"]: r for r in run.heldout if r.get("agent") == "policy" and isinstance(r.get("iterations"), int)}
+    if 0 not in points or len(points) < 2:
+        return None
+    base = points[0]
+    english = [(i, r["task_reward"]) for i, r in sorted(points.items())
+               if i > 0 and r["distinct_2"] >= MIN_DISTINCT * base["distinct_2"]]
+    best = max(english, key=lambda p: p[1], default=None)
+    minutes = _wall_minutes(exp, f"{label}/seed_{seed}")
+    meets = (best is not None and best[1] - base["task_reward"] >= min_gain
+             and (minutes is None or minutes <= max_minutes))
+    return SeedResult(seed, base["task_reward"], points, minutes, meets, best)
+
+
+def load_setting(folder: Path, base_set: dict, min_gain: float, max_minutes: float) -> Setting | None:
+    try:
+        exp = load_experiment(folder)
+    except ReportError:
+        return None
+    group = exp.groups.get("ppo")
+    if group is None:
+        return None
+    own = exp.runs_json.get("set") or {}
+    changed = {k: v for k, v in own.items() if base_set.get(k) != v}
+    steps = exp.runs_json.get("steps")
+    changes = ", ".join(f"{k} {v}" for k, v in changed.items()) or "—"
+    seeds = [r for s in sorted(group.runs) if (r := seed_result(exp, "ppo", s, min_gain, max_minutes)) is not None]
+    times = [row["time/iteration_s"] for run in group.runs.values() for row in run.rows
+             if isinstance(row.get("time/iteration_s"), (int, float)) and row.get("step", 0) > 0]
+    name = folder.name + (f" ({steps} it.)" if steps else "")
+    return Setting(name, changes, exp, seeds, float(np.median(times)) if times else None)
+
+
+def _mean(values) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "–"
+    return fmt(float(np.mean(values))) + (f" ± {fmt(float(np.std(values, ddof=1)))}" if len(values) > 1 else "")
+
+
+def summary_table(settings: list[Setting]) -> str:
+    points = sorted({i for s in settings for r in s.seeds for i in r.points if i > 0})
+    head = (["setting", "changes from `base`", "seeds", "s / iteration"] + [f"held-out reward at {i}" for i in points]
+            + ["best gain over base (English)", "final KL (held-out)", "final distinct-2", "minutes per run",
+               "meets the criterion"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in settings:
+        cells = [f"`{s.name}`", s.changes, str(len(s.seeds)), fmt(s.seconds_per_iteration) if s.seconds_per_iteration
+                 else "–"]
+        cells += [_mean([r.points[i]["task_reward"] for r in s.seeds if i in r.points]) for i in points]
+        cells += [_mean([r.best[1] - r.base if r.best else None for r in s.seeds]),
+                  _mean([r.final["kl"] for r in s.seeds]), _mean([r.final["distinct_2"] for r in s.seeds]),
+                  _mean([r.minutes for r in s.seeds]),
+                  f"{'**yes**' if s.meets else 'no'} ({sum(r.meets for r in s.seeds)} of {len(s.seeds)} seeds)"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(settings: list[Setting], path: Path, metric: str, ylabel: str, base: float | None) -> None:
+    from cory.lab.figures import _axes
+
+    fig, ax = _axes(f"IMDB, CPU search: held-out {metric.replace('_', ' ')} of PPO (mean over seeds)",
+                    "iterations completed", ylabel, size=(8.5, 5.2))
+    cmap = __import__("matplotlib").colormaps["tab20"]
+    for k, s in enumerate(settings):
+        steps = sorted(set.intersection(*(set(r.points) for r in s.seeds))) if s.seeds else []
+        if not steps:
+            continue
+        y = [np.mean([r.points[i][metric] for r in s.seeds]) for i in steps]
+        ax.plot(steps, y, marker="o", markersize=3, linewidth=2.2 if s.meets else 1.2, color=cmap(k % 20),
+                linestyle="-" if s.meets else "--", label=f"{s.name}{' ✓' if s.meets else ''}")
+    if base is not None:
+        ax.axhline(base, color="#555555", linestyle=":", linewidth=1.5, label=f"base model ({base:.3g})")
+    ax.legend(fontsize=7, loc="best", ncol=2)
+    fig.savefig(path)
+
+
+def build_summary(root: str | Path, min_gain: float = MIN_GAIN, max_minutes: float = MAX_MINUTES) -> Path:
+    root = Path(root)
+    if not root.is_dir():
+        raise ReportError(f"{root}: folder not found")
+    folders = sorted(p for p in root.iterdir() if (p / "runs").is_dir())
+    if not folders:
+        raise ReportError(f"{root}: no setting folders (sub-folders with runs/ written by cory.lab.experiments)")
+    base_set = {}
+    if (root / "base" / "runs.json").is_file():
+        base_set = load_experiment(root / "base").runs_json.get("set") or {}
+    settings = [s for f in folders if (s := load_setting(f, base_set, min_gain, max_minutes)) is not None]
+    # the longer runs last, each stage's settings in the order of their best held-out gain
+    settings.sort(key=lambda s: (s.exp.runs_json.get("steps") or 0,
+                                 -np.mean([r.best[1] - r.base for r in s.seeds if r.best] or [-9])))
+    bases = [r.base for s in settings for r in s.seeds]
+    base = float(np.mean(bases)) if bases else None
+    base_d2 = [r.points[0]["distinct_2"] for s in settings for r in s.seeds]
+    plot(settings, root / "fig_search_reward.png", "task_reward", "held-out task reward (VADER, −1…1)", base)
+    plot(settings, root / "fig_search_kl.png", "kl", "held-out KL(π‖π₀), nats per answer", None)
+    plot(settings, root / "fig_search_distinct_2.png", "distinct_2", "held-out distinct-2",
+         float(np.mean(base_d2)) if base_d2 else None)
+    met = [s.name for s in settings if s.meets]
+    md = ["# IMDB on a CPU: the search for a preset where PPO learns", "",
+          f"Generated by `python -m cory.lab.search {root.as_posix()}` from the metrics in its folders; the design "
+          "(grid, criterion, budget), fixed before the runs, is in [DESIGN.md](DESIGN.md).", "",
+          f"Criterion: for every seed, PPO's held-out reward at least {min_gain:g} above the base model's "
+          f"({fmt(base) if base is not None else 'n/a'}) at some evaluation point, with distinct-2 at least "
+          f"{MIN_DISTINCT:g} × the base model's there, within {max_minutes:g} minutes per run. "
+          + (f"**Met by: {', '.join(f'`{n}`' for n in met)}.**" if met else "**No setting met it.**"), "",
+          summary_table(settings), "",
+          "Held-out: the 110 built-in eval openings, 15-token answers sampled as in training, scored with plain VADER "
+          "(whatever the training reward's form); mean ± std over seeds. s / iteration: the median over the runs' "
+          "iterations (two runs at a time, one core each). Minutes per run: the run's wall time from `runs.json`, "
+          "its evaluations included.", "",
+          "![held-out reward](fig_search_reward.png)", "", "![held-out KL](fig_search_kl.png)", "",
+          "![held-out distinct-2](fig_search_distinct_2.png)", ""]
+    out = root / "SUMMARY.md"
+    out.write_text("\n".join(md))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = OneLineParser(ReportError, prog="python -m cory.lab.search", description=__doc__.split("\n\n")[0])
+    p.add_argument("folder")
+    p.add_argument("--min_gain", type=float, default=MIN_GAIN)
+    p.add_argument("--max_minutes", type=float, default=MAX_MINUTES)
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        print(f"summary: {build_summary(args.folder, args.min_gain, args.max_minutes)}")
+    except ReportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+if __name__ == "__main__":
+    main()
