@@ -1,0 +1,96 @@
+"""Record what training produces, to hold a change of the PPO step to the same numbers (issue 26).
+
+    python tests/record_step.py            # writes tests/data/step_record.json
+
+Runs, in this process, tiny PPO and CORY (3 iterations) and the embedded-model PPO and CORY at batch 8 (2
+iterations), and keeps each run's metrics rows (times and memory aside) and, per final model, the norm of its
+weight update and the update's projections onto fixed random directions (a 135M-weight update cannot be stored
+whole; a relative difference of the updates shows as the same relative difference of the projections).
+tests/test_step_record.py runs the same and compares.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+RECORD = REPO / "tests" / "data" / "step_record.json"
+DIRECTIONS = 8
+# (name, script, config, extra flags): explicit values, so the record does not follow later preset changes
+RUNS = [
+    ("tiny_ppo", "ppo", "configs/imdb/ppo_tiny.yaml", {"steps": 3}),
+    ("tiny_cory", "cory", "configs/imdb/cory_tiny.yaml", {"steps": 3}),
+    ("cpu_ppo", "ppo", "configs/imdb/ppo_cpu.yaml",
+     {"steps": 2, "batch_size": 8, "mini_batch_size": 8, "learning_rate": 1e-4, "reward_model": "vader"}),
+    ("cpu_cory", "cory", "configs/imdb/cory_cpu.yaml",
+     {"steps": 2, "batch_size": 8, "mini_batch_size": 8, "learning_rate": 1e-4, "reward_model": "vader"}),
+]
+
+
+def script_class(method: str, task: str = "imdb"):
+    """The training script's config class (its paper values), as a user edits it."""
+    import importlib
+
+    return importlib.import_module(f"{task}_train.{method}").Hyperparameters
+
+
+def projections(update: torch.Tensor, seed: int = 0) -> list[float]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(DIRECTIONS):
+        u = torch.randn(update.numel(), generator=g, dtype=torch.float32)
+        out.append(float((u / u.norm()).double() @ update.double()))
+    return out
+
+
+def flat(model) -> torch.Tensor:
+    return torch.cat([p.detach().float().flatten() for _, p in sorted(model.state_dict().items())])
+
+
+def record_run(method: str, config: str, over: dict, out: Path) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    from cory.assets import locate, model_spec
+    from cory.config import build, load_yaml
+    from cory.models import load_causal_lm
+    from cory.outputs import read_jsonl
+    from cory.train import prepare_run
+
+    values = load_yaml(REPO / config)
+    values.update(over, output_dir=str(out))
+    cfg = build(script_class(method), values)
+    prepare_run(cfg, method).fit()
+    rows = [{k: v for k, v in r.items() if not k.startswith(("time/", "memory/"))}
+            for r in read_jsonl(out / "metrics.jsonl")]
+    base = flat(load_causal_lm(locate(model_spec(cfg.model_name))))
+    models = {}
+    for agent in sorted(p.name for p in (out / "final").iterdir() if p.is_dir()):
+        update = flat(AutoModelForCausalLM.from_pretrained(out / "final" / agent)) - base
+        models[agent] = {"update_norm": float(update.norm()), "projections": projections(update)}
+    return {"rows": rows, "models": models}
+
+
+def main() -> None:
+    import subprocess
+
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    record = {"commit": commit, "runs": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, method, config, over in RUNS:
+            record["runs"][name] = record_run(method, config, over, Path(tmp) / name)
+            print(f"recorded {name}", file=sys.stderr)
+    RECORD.parent.mkdir(parents=True, exist_ok=True)
+    RECORD.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {RECORD}")
+
+
+if __name__ == "__main__":
+    main()
