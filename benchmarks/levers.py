@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     from cory.config import build, load_yaml
     from imdb_train.cory import Hyperparameters
     from cory.rollout import decode_and_clean, generation_kwargs, tokenize_prompts
-    from cory.speedups.windowed import WindowedPPOTrainer
+    from cory.ppo import AgentTrainer
     from cory.tasks import make_task
     from trl import PPOTrainer
 
@@ -214,14 +214,14 @@ def main(argv=None) -> int:
         def make_optimizer(self, policy):
             return None
 
-    def ours_but(reuse=True, pack=True, trl_adam=False, kl_in_rollout="auto"):
+    def ours_but(reuse=True, pack=True, trl_adam=False, kl_rows=False):
         class Variant(Agent):
             def trainer_class(self):
-                class Trainer(WindowedPPOTrainer):
-                    reuse_rollout = reuse
-                Trainer.pack = pack
-                Trainer.kl_in_rollout = kl_in_rollout
-                return Trainer, {"max_pass_tokens": self.cfg.max_pass_tokens}
+                from cory.speedups import passes
+                if kl_rows:  # the full KL a few rows at a time, as for large passes
+                    passes.KL_CHUNK_BYTES = 0
+                return AgentTrainer, {"max_pass_tokens": self.cfg.max_pass_tokens, "reuse_rollout": reuse,
+                                      "pack": pack}
 
             def make_optimizer(self, policy):
                 return None if trl_adam else super().make_optimizer(policy)
@@ -230,7 +230,7 @@ def main(argv=None) -> int:
     WindowOnly = ours_but(reuse=False, pack=False, trl_adam=True)
     WindowReuse = ours_but(pack=False, trl_adam=True)
     WindowReuseFused = ours_but(pack=False)
-    KLInRollout = ours_but(kl_in_rollout=True)
+    KLInRows = ours_but(kl_rows=True)
 
     def run_step(cls, role, autocast=False, profiled=False):
         from contextlib import nullcontext
@@ -261,8 +261,8 @@ def main(argv=None) -> int:
         for label, cls, autocast in (("trl stock", Stock, False), ("+ response window", WindowOnly, False),
                                      ("+ rollout pass reused", WindowReuse, False), ("+ fused Adam", WindowReuseFused, False),
                                      ("+ packed passes = ours", Agent, False),
-                                     ("ours, KL in the rollout pass", KLInRollout, False),
-                                     ("ours + bf16 autocast", Agent, True)):
+                                     ("ours + bf16 autocast", Agent, True),
+                                     ("ours, KL a few rows at a time (last: it stays set)", KLInRows, False)):
             elapsed, stats, params = min((run_step(cls, role, autocast) for _ in range(args.repeats)),
                                          key=lambda x: x[0])
             row = {"s": elapsed, "trl_timing": {k: float(v) for k, v in stats.items() if k.startswith("time/ppo")},

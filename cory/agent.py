@@ -14,10 +14,10 @@ import numpy as np
 import torch
 
 from cory import models, parallel
+from cory.ppo import AgentTrainer
 from cory.config import PPOArgs, trl_fields
 from cory.speedups.budget import trainable_state_bytes
 from cory.speedups.patches import frozen_models_not_wrapped
-from cory.speedups.windowed import WindowedPPOTrainer
 
 
 class ScoreNormalizer:
@@ -77,11 +77,11 @@ class Agent:
         self.normalizer = ScoreNormalizer()
 
     def trainer_class(self):
-        """(the PPOTrainer class, its extra arguments): ``cory.speedups``'s unless ``fast_ppo`` is off."""
+        """(the PPOTrainer class, its extra arguments): ``cory.ppo``'s step unless ``fast_ppo`` is off."""
         if not self.cfg.fast_ppo:
             from trl import PPOTrainer
             return PPOTrainer, {}
-        return WindowedPPOTrainer, {"max_pass_tokens": self.cfg.max_pass_tokens}
+        return AgentTrainer, {"max_pass_tokens": self.cfg.max_pass_tokens}
 
     def reserve_for_training(self, reserve_bytes: float) -> None:
         """The memory every agent's gradients and Adam moments will take, kept out of an ``auto`` pass budget."""

@@ -1,5 +1,5 @@
-"""Our PPO step (response window, rollout reuse, token budget per pass) against trl's stock PPOTrainer.step:
-the same statistics and the same weight update, up to float rounding, on the tiny model."""
+"""Our PPO step (cory.ppo: response window, rollout reuse, token budget per pass, packing) against trl's stock
+PPOTrainer.step: the same statistics and the same weight update, up to float rounding, on the tiny model."""
 import numpy as np
 import pytest
 import torch
@@ -25,27 +25,16 @@ class PaddedAgent(Agent):
     """Ours with right-padded passes instead of packed ones (models cory.speedups.packing cannot serve)."""
 
     def trainer_class(self):
-        from cory.speedups.windowed import WindowedPPOTrainer
-
-        class Padded(WindowedPPOTrainer):
-            pack = False
-        return Padded, {"max_pass_tokens": self.cfg.max_pass_tokens}
+        from cory.ppo import AgentTrainer
+        return AgentTrainer, {"max_pass_tokens": self.cfg.max_pass_tokens, "pack": False}
 
 
-def kl_agent(where: bool):
-    """Ours with the full-vocabulary KL taken in the rollout pass (True) or by trl from the window (False),
-    whatever the size rule of ``kl_in_rollout = "auto"`` would choose."""
-    class KLAgent(Agent):
-        def trainer_class(self):
-            from cory.speedups.windowed import WindowedPPOTrainer
+class NoReuseAgent(Agent):
+    """Ours with the rollout pass never reused as epoch 0's training pass."""
 
-            class Trainer(WindowedPPOTrainer):
-                kl_in_rollout = where
-            return Trainer, {"max_pass_tokens": self.cfg.max_pass_tokens}
-    return KLAgent
-
-
-KLInRolloutAgent, KLByTrlAgent = kl_agent(True), kl_agent(False)
+    def trainer_class(self):
+        from cory.ppo import AgentTrainer
+        return AgentTrainer, {"max_pass_tokens": self.cfg.max_pass_tokens, "reuse_rollout": False}
 
 
 def test_pass_plan_splits_by_tokens_and_covers_every_sample():
@@ -96,10 +85,10 @@ CASES = [
 
 
 @pytest.mark.parametrize("cls,over", [(Agent, o) for o in CASES] + [(PaddedAgent, o) for o in CASES[:2]]
-                         + [(KLInRolloutAgent, o) for o in CASES] + [(KLByTrlAgent, o) for o in CASES],
-                         ids=[f"packed{i}" for i in range(len(CASES))] + ["padded0", "padded1"]
-                         + [f"kl_in_rollout{i}" for i in range(len(CASES))]
-                         + [f"kl_by_trl{i}" for i in range(len(CASES))])
+                         + [(NoReuseAgent, o) for o in CASES[:1]]
+                         + [(Agent, dict(o, kl_penalty="kl")) for o in CASES[:2]],
+                         ids=[f"packed{i}" for i in range(len(CASES))] + ["padded0", "padded1", "no_reuse0"]
+                         + ["kl_estimate0", "kl_estimate1"])
 def test_our_step_matches_trl(setup, tmp_path, cls, over):
     before = torch.cat([p.detach().flatten() for p in setup[2].parameters()])
     stock_stats, stock_params = run_step(setup, StockAgent, tmp_path / "stock", **over)
@@ -111,20 +100,29 @@ def test_our_step_matches_trl(setup, tmp_path, cls, over):
     assert float((params - stock_params).norm() / update) < 1e-3
 
 
-def test_auto_takes_the_kl_in_the_rollout_pass_where_trls_tensors_are_large(setup, tmp_path, monkeypatch):
-    from cory.speedups import windowed
+def test_full_kl_in_chunks_of_rows_equals_the_whole(monkeypatch):
+    """Where a pass's log-softmaxes would be large the KL is taken a few rows at a time: the same numbers."""
+    from cory.speedups import passes
 
-    tok, reference, policy, queries, responses = setup
-    cfg = build(IMDB_PPO, {"model_name": "tiny", "reward_model": "vader", "batch_size": 4, "mini_batch_size": 4,
-                          "max_pass_tokens": 0, "output_dir": str(tmp_path)})
-    trainer = Agent("policy", cfg, policy, reference, tok).trainer
-    assert trainer.kl_in_rollout == "auto"
-    assert not trainer._takes_kl_in_rollout(queries, responses)  # a few KB: left to trl
-    monkeypatch.setattr(windowed, "KL_TENSORS_LIMIT", 0)
-    assert trainer._takes_kl_in_rollout(queries, responses)
-    monkeypatch.setattr(windowed, "KL_TENSORS_LIMIT", 2 ** 40)
-    trainer.max_pass_tokens = 16  # the batch in several passes: memory is what limits it
-    assert trainer._takes_kl_in_rollout(queries, responses)
+    g = torch.Generator().manual_seed(0)
+    logits, ref = torch.randn(9, 5, 31, generator=g), torch.randn(9, 5, 31, generator=g)
+    whole = passes.token_kl(logits, ref)
+    expected = torch.nn.functional.kl_div(torch.log_softmax(ref, -1), torch.log_softmax(logits, -1),
+                                          log_target=True, reduction="none").sum(-1)
+    assert torch.allclose(whole, expected, atol=1e-6)
+    monkeypatch.setattr(passes, "KL_CHUNK_BYTES", 0)
+    assert torch.equal(passes.token_kl(logits, ref), whole)
+
+
+def test_per_token_rewards_is_trls_rule():
+    """The score at the last response token, -eta * KL at every token: what trl's compute_rewards gives."""
+    from cory.ppo import per_token_rewards
+
+    kl = torch.tensor([[0.5, 0.25, 0.1], [0.2, 0.4, 0.0]])
+    masks = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    rewards, non_score = per_token_rewards(torch.tensor([1.0, -2.0]), kl, masks, 0.1)
+    assert torch.allclose(non_score, -0.1 * kl)
+    assert torch.allclose(rewards, torch.tensor([[-0.05, -0.025, -0.01 + 1.0], [-0.02, -0.04 - 2.0, 0.0]]))
 
 
 def test_packed_attention_is_plain_sdpa_outside_a_packed_pass():

@@ -1,10 +1,10 @@
 """Speed and memory tricks behind the paper's game, each optional (``fast_ppo: false`` turns the PPO ones off)
 and each giving the same results as trl's stock path up to float rounding (tests/test_ppo_passes.py):
 
-* ``windowed``: trl's PPOTrainer computing logits only on the response window, reusing the rollout pass as
-  epoch 0's training pass, and splitting a mini-batch into passes within ``max_pass_tokens``;
+* ``passes``: PPO's forward passes on the response window only, within ``max_pass_tokens`` (the pass planner),
+  packed, with the reference's log-probs and the full KL from the same pass (``cory.ppo`` calls them; its
+  ``reuse_rollout`` makes the rollout pass epoch 0's training pass);
 * ``packing``: padding-free forward passes (every sequence of a pass in one row);
-* ``passes``: the pass planner (which samples go into which forward pass);
 * ``budget``: ``max_pass_tokens: auto``, the token budget of one pass measured from the GPU's free memory;
 * ``patches``: glibc's allocator returning freed memory, and accelerate leaving frozen models unwrapped.
 

@@ -5,7 +5,7 @@ holds; the observer's prompts (the query and the pioneer's answer) make its pass
 pioneer's. On CUDA the budget is measured, not guessed: at an agent's first PPO step one forward and backward
 pass over a slice of the real batch gives the bytes per token; the budget is the free memory (less what the
 agents' gradients and Adam moments will still take, and a safety margin) divided by that. A mini-batch over
-the budget runs as several passes with the same gradient (``cory.speedups.windowed``), so a smaller card only
+the budget runs as several passes with the same gradient (``cory.ppo``), so a smaller card only
 takes more passes. On a CPU ``auto`` means no limit (0), as before.
 """
 from __future__ import annotations
