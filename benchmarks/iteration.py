@@ -213,15 +213,15 @@ def authors_exchange(run, folder: Path) -> float:
     """The released code's role exchange: both models to disk, then new PPOTrainers on the reloaded copies."""
     from cory import models
     from cory.assets import locate
-    from cory.game import AGENTS
+    from cory.method import CORY
 
     t0 = time.perf_counter()
     agent_cls = authors_agent_class()
-    for name in AGENTS:
+    for name in CORY.agents:
         run.agents[name].policy.save_pretrained(folder / name)
     run.agents.clear()
     gc.collect()
-    for name in AGENTS:
+    for name in CORY.agents:
         policy = models.load_policy(locate(str(folder / name)))
         run.agents[name] = agent_cls(name, authors_cfg(run.cfg), policy, run.reference, run.tokenizer)
     return time.perf_counter() - t0
@@ -319,17 +319,18 @@ def worker(args) -> dict:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from cory.game import AGENTS, cory_iteration, is_swap_step, ppo_iteration
+    from cory.game import cory_iteration, is_swap_step, ppo_iteration
+    from cory.method import CORY
     from cory.train import prepare_run
 
     variant = args.worker
     tmp = tempfile.mkdtemp(prefix=f"cory_bench_{variant}_")
     method, cfg = build_cfg(args, variant, os.path.join(tmp, "run"))
     t0 = time.perf_counter()
-    run = prepare_run(cfg, method)
+    run = prepare_run(cfg)
     if variant == "authors":
         agent_cls = authors_agent_class()
-        for name in AGENTS:
+        for name in CORY.agents:
             old = run.agents[name]
             run.agents[name] = agent_cls(name, authors_cfg(cfg), old.policy, run.reference, run.tokenizer)
             del old

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from cory import preflight
-from cory.config import (INVOCATION_FIELDS, REQUIRED, ConfigError, CoryArgs, _allowed, _field_types,
+from cory.config import (INVOCATION_FIELDS, REQUIRED, ConfigError, _allowed, _field_types,
                          build, field_help, load_yaml, metadata, to_dict, validate)
 from cory.errors import AssetError, RunError
 from cory.outputs import in_use
@@ -106,7 +106,7 @@ def parse(cls, argv: list[str] | None = None, prog: str | None = None, *, check:
         cfg = _resumed(cls, flags, base, config)
     else:
         # another task's preset changes another task's values: refuse it by its task before reading its values
-        _check_task(cls, flags.get("task", base.get("task")), "cory" if issubclass(cls, CoryArgs) else "ppo")
+        _check_task(cls, flags.get("task", base.get("task")), cls.method)
         cfg = build(cls, base, flags)
     if check:
         preflight.check_config(cfg)
@@ -132,8 +132,8 @@ def _resumed(cls, flags: dict, base: dict, config: str | None):
         raise ConfigError(f"resume: {saved_path} not found; is {run_dir} a run folder?")
     was, task = preflight.run_identity(run_dir)
     _check_task(cls, task, was)
-    if was == "ppo" and issubclass(cls, CoryArgs):  # a CORY script would find none of CORY's fields in it
-        raise ConfigError(f"resume: {run_dir} is a ppo run on {task}; continue it with {task}_train/ppo.py")
+    if was != cls.method:
+        raise ConfigError(f"resume: {run_dir} is a {was} run on {task}; continue it with {task}_train/{was}.py")
     saved = build_saved(cls, load_yaml(saved_path), saved_path)
     asked = build(cls, {**dataclasses.asdict(saved), **base, "resume": None},
                   {k: v for k, v in flags.items() if k not in ("resume", "output_dir")})
@@ -168,8 +168,9 @@ def build_saved(cls, saved: dict, path: Path):
 PRINT_CONFIG = "--print_config"
 
 
-def main(cls, method: str, argv: list[str] | None = None) -> None:
-    """Entry point of a training script: user mistakes print one line and exit 2, no traceback.
+def main(cls, argv: list[str] | None = None) -> None:
+    """Entry point of a training script (``cls``: its config class, which says its method): user mistakes print
+    one line and exit 2, no traceback.
 
     ``--print_config``: the resolved config, checked as far as a run checks it before loading a model, printed
     as YAML (``method`` and ``config``); this is how the experiment runner reads a script's values."""
@@ -181,13 +182,13 @@ def main(cls, method: str, argv: list[str] | None = None) -> None:
         print(f"error: {one_line(str(e))}", file=sys.stderr)
         raise SystemExit(2)
     if print_config:
-        print(yaml.safe_dump({"method": method, "config": to_dict(cfg)}, sort_keys=False), end="")
+        print(yaml.safe_dump({"method": cfg.method, "config": to_dict(cfg)}, sort_keys=False), end="")
         return
     # the training stack (torch, trl) loads only now, so that --help and --print_config answer at once
     from cory.train import train
 
     try:
-        out = train(cfg, method)
+        out = train(cfg)
     except (ConfigError, AssetError) as e:
         print(f"error: {one_line(str(e))}", file=sys.stderr)
         raise SystemExit(2)

@@ -48,6 +48,8 @@ class PPOArgs:
     the script a user edits. The defaults below are switches that are off (no LoRA, no top-k, no clipping)
     or the project's own engineering choices (precision, checkpoints, logging)."""
 
+    method = "ppo"  # the method these fields configure (cory.method.METHODS); a class attribute, not a field
+
     # ---- the run
     task: str = arg(REQUIRED, "the task: prompts, reward and data (a name registered with "
                     "cory.tasks.register_task)")
@@ -132,6 +134,8 @@ class PPOArgs:
 @dataclass
 class CoryArgs(PPOArgs):
     """CORY: two PPO agents, pioneer and observer, exchanging roles (arXiv 2410.06101)."""
+
+    method = "cory"
 
     swap_period: int = arg(REQUIRED, "iterations between role exchanges (the paper's T_REx); 0 = never (ablation)")
     other_reward_coef: float = arg(REQUIRED, "reward = own + coef * partner's: 1 collective (the paper), "
@@ -406,7 +410,7 @@ def validate(cfg: PPOArgs) -> None:
         raise ConfigError("dataset_path: required when dataset is local")
     if cfg.resume is not None and cfg.overwrite:
         raise ConfigError("overwrite: cannot be combined with resume")
-    if isinstance(cfg, CoryArgs) and cfg.swap_period < 0:
+    if cfg.method == "cory" and cfg.swap_period < 0:
         raise ConfigError(f"swap_period: must be >= 0 (0 = never exchange roles), got {cfg.swap_period}")
 
 

@@ -22,9 +22,8 @@ import numpy as np
 
 from cory import parallel
 from cory.errors import NonFinite
+from cory.method import CORY, PPO
 from cory.metrics import degeneration
-
-AGENTS = ("llm1", "llm2")
 
 
 # ----------------------------------------------------------------------------- the rules
@@ -32,8 +31,8 @@ AGENTS = ("llm1", "llm2")
 def pioneer_name(step: int, swap_period: int) -> str:
     """Who plays pioneer at iteration ``step`` (0-based): LLM1 first, roles flip every ``swap_period``."""
     if swap_period <= 0:
-        return "llm1"
-    return AGENTS[(step // swap_period) % 2]
+        return CORY.agents[0]
+    return CORY.agents[(step // swap_period) % 2]
 
 
 def is_swap_step(step: int, swap_period: int) -> bool:
@@ -115,21 +114,22 @@ def agent_metrics(prefix: str, task_rewards, train_rewards, stats: dict, answers
 
 def ppo_iteration(step: int, batch, agents: dict, rollout, cfg) -> tuple[dict | None, list[dict]]:
     """Single-agent PPO: answer, score, one PPO step on the task reward."""
-    policy, timer = agents["policy"], Timer()
+    (name,), timer = PPO.agents, Timer()
+    policy = agents[name]
     with timer("generate"):
         queries = rollout.prompts(batch)
         answers = rollout.answer(policy, queries)
     with timer("reward"):
         rewards = rollout.score(batch, answers.texts)
-    if not rewards_are_finite(step, "policy", rewards, cfg.on_nonfinite):
+    if not rewards_are_finite(step, name, rewards, cfg.on_nonfinite):
         return None, []
     kl_coef = policy.kl_coef  # the coefficient this step's penalty uses
     with timer("step"):
         stats = policy.step(queries, answers.ids, rewards)
-    check_loss(step, "policy", stats)
+    check_loss(step, name, stats)
 
-    row = agent_metrics("policy", rewards, rewards, stats, answers, kl_coef)
-    row.pop("policy/collective_reward")
+    row = agent_metrics(name, rewards, rewards, stats, answers, kl_coef)
+    row.pop(f"{name}/collective_reward")
     row.update(timer.seconds)
     samples = [{"step": step, "query": ex.query, "response": text, "reward": r}
                for ex, text, r in list(zip(batch, answers.texts, rewards))[: cfg.samples_per_step]]
@@ -144,7 +144,7 @@ def cory_iteration(step: int, batch, agents: dict, rollout, cfg) -> tuple[dict |
             for agent in agents.values():  # the authors' exchange reloads both trainers
                 agent.reset_optimizer_state()
     pioneer_is = pioneer_name(step, cfg.swap_period)
-    observer_is = "llm2" if pioneer_is == "llm1" else "llm1"
+    observer_is = next(a for a in CORY.agents if a != pioneer_is)
     pioneer, observer = agents[pioneer_is], agents[observer_is]
 
     # 1. the pioneer answers the query

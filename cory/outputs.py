@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from cory.config import ConfigError
+from cory.method import AGENT_NAMES
 from cory.tasks import registered
 
 CHECKPOINTS = "checkpoints"
@@ -21,7 +22,6 @@ LOCK = ".cory.lock"
 
 
 MANIFEST = "cory_run.json"
-AGENT_NAMES = ("policy", "llm1", "llm2")
 # What a run writes, down to each file: --overwrite deletes these and nothing else, and refuses when anything
 # else is there (a user's notes inside final/ are as much theirs as beside it).
 RUN_FILES = frozenset({"config.yaml", "metrics.jsonl", "samples.jsonl", "eval.jsonl", MANIFEST, ".config.yaml.tmp",

@@ -9,6 +9,7 @@ from pathlib import Path
 from cory.assets import ModelSpec, model_spec
 from cory.config import PPOArgs
 from cory.errors import AssetError, ConfigError
+from cory.method import method_of
 from cory.outputs import (check_checkpoint_file, check_output_dir, latest_checkpoint, load_checkpoint_file,
                           read_manifest)
 from cory.tasks import check_config as check_task
@@ -34,7 +35,7 @@ def check_config(cfg: PPOArgs) -> ModelSpec:
     return spec
 
 
-def check_run(cfg: PPOArgs, method: str) -> ModelSpec:
+def check_run(cfg: PPOArgs) -> ModelSpec:
     """All of the above, then what the run will write: its folder, what it may replace or continue, and the
     loggers it reports to (before the folder is created). Returns the model's spec."""
     spec = check_config(cfg)
@@ -48,7 +49,7 @@ def check_run(cfg: PPOArgs, method: str) -> ModelSpec:
             raise ConfigError("load_in_4bit: needs use_peft: true (4-bit weights cannot be trained directly)")
     check_output_dir(cfg.output_dir, resume=cfg.resume is not None, overwrite=cfg.overwrite)
     if cfg.resume is not None:
-        check_resumable(Path(cfg.output_dir), cfg, method)
+        check_resumable(Path(cfg.output_dir), cfg)
     if cfg.report_to == "wandb":
         check_wandb()
     if cfg.report_to == "tensorboard":
@@ -66,7 +67,7 @@ def check_context(cfg: PPOArgs, spec: ModelSpec) -> None:
     context = spec.context
     if context is None:
         return
-    cory = hasattr(cfg, "swap_period") and getattr(cfg, "knowledge_transfer", False)
+    cory = method_of(cfg).observer_reads_pioneer(cfg)
     answers = 2 if cory else 1
     room = task_spec(cfg.task).prompt_tokens  # the prompt's room beside the answers
     longest = (context - room) // answers
@@ -91,11 +92,12 @@ def run_identity(run_dir: Path) -> tuple[str, str | None]:
             manifest.get("task") or saved.get("task"))
 
 
-def check_resumable(run_dir: Path, cfg: PPOArgs, method: str) -> None:
+def check_resumable(run_dir: Path, cfg: PPOArgs) -> None:
     """The run in ``run_dir`` is one this script continues (same method and task), and its newest
     checkpoint's state can be read."""
+    method = method_of(cfg)
     was, task = run_identity(run_dir)
-    if was != method or (task and task != cfg.task):
+    if was != method.name or (task and task != cfg.task):
         raise ConfigError(f"resume: {run_dir} is a {was} run on {task}; continue it with {task}_train/{was}.py")
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None:
@@ -107,9 +109,9 @@ def check_resumable(run_dir: Path, cfg: PPOArgs, method: str) -> None:
     if state["step"] > cfg.steps:  # its weights have seen more iterations than the run would then say
         raise ConfigError(f"steps: {run_dir} has done {state['step']} iterations, more than --steps {cfg.steps}; a "
                           f"resumed run can only be extended (--steps {state['step']} or more)")
-    for name in ("policy",) if method == "ppo" else ("llm1", "llm2"):
+    for name in method.agents:
         if not (checkpoint / f"{name}.pt").is_file():
-            raise ConfigError(f"resume: {checkpoint} has no {name}.pt; is it a {method} run?")
+            raise ConfigError(f"resume: {checkpoint} has no {name}.pt; is it a {method.name} run?")
         check_checkpoint_file(checkpoint / f"{name}.pt")
 
 

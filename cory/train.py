@@ -1,6 +1,6 @@
 """A training run: load everything, play the game's iterations, log, checkpoint, resume, stop cleanly.
 
-``train(cfg, "ppo" | "cory")`` is what the training scripts call. The iterations themselves are in
+``train(cfg)`` is what the training scripts call (the config's class says which method it plays, ``cory.method``). The iterations themselves are in
 ``cory.game``; this module is the loop around them: metrics and samples (``cory.outputs``), atomic
 checkpoints every ``save_every`` iterations, ``--resume``, the stop signals (Ctrl-C, SIGTERM) that finish
 the iteration and save, non-finite rewards, and the final models.
@@ -28,6 +28,7 @@ from cory.assets import locate
 from cory.config import ConfigError, PPOArgs, to_dict
 from cory.errors import RunError
 from cory.heldout import PeriodicEvaluation
+from cory.method import AGENT_NAMES, Method, method_of
 from cory.outputs import RunDir, RunLock, latest_checkpoint, load_checkpoint_file
 from cory.rollout import Rollout
 from cory.speedups.patches import cuda_allocator_segments, return_freed_memory
@@ -39,7 +40,7 @@ __all__ = ["Run", "RunError", "prepare_run", "train"]
 @dataclass
 class Run:
     cfg: PPOArgs
-    method: str  # "ppo" | "cory"
+    method: Method  # cory.method.PPO | CORY
     agents: dict  # name -> cory.agent.Agent: {"policy"} for PPO, {"llm1", "llm2"} for CORY
     rollout: Rollout
     run_dir: RunDir
@@ -71,12 +72,12 @@ class Run:
         cfg, run_dir = self.cfg, self.run_dir
         resume = cfg.resume is not None
         run_dir.start(to_dict(cfg), resume_step=self.start_step if resume else None, overwrite=cfg.overwrite,
-                      method=self.method)
+                      method=self.method.name)
         logger = _Logger(cfg) if run_dir.enabled else None
         heldout = self.heldout_evaluation()
-        iteration = game.cory_iteration if self.method == "cory" else game.ppo_iteration
+        iteration = self.method.iteration
         bar = tqdm(range(self.start_step, cfg.steps), initial=self.start_step, total=cfg.steps,
-                   desc=f"{self.method} {cfg.task}", disable=not run_dir.enabled, dynamic_ncols=True)
+                   desc=f"{self.method.name} {cfg.task}", disable=not run_dir.enabled, dynamic_ncols=True)
         stop = _StopSignals(verbose=run_dir.enabled)
         try:
             with stop:
@@ -234,9 +235,10 @@ class Run:
                                f"process in {self.run_dir.path / 'final' / 'weight_digests.json'})")
 
 
-def prepare_run(cfg: PPOArgs, method: str) -> Run:
+def prepare_run(cfg: PPOArgs) -> Run:
     """Everything a run needs, loaded and (with ``resume``) restored; nothing is written yet."""
-    spec = preflight.check_run(cfg, method)  # the model name, resolved once for every loader below
+    method = method_of(cfg)
+    spec = preflight.check_run(cfg)  # the model name, resolved once for every loader below
     cuda_allocator_segments()
     rank, world = parallel.setup()
     lock = RunLock(cfg.output_dir).acquire() if rank == 0 else None
@@ -250,7 +252,7 @@ def prepare_run(cfg: PPOArgs, method: str) -> Run:
     return run
 
 
-def _load_run(cfg: PPOArgs, spec, method: str, rank: int, world: int) -> Run:
+def _load_run(cfg: PPOArgs, spec, method: Method, rank: int, world: int) -> Run:
     return_freed_memory()
     set_precision(cfg.precision)
 
@@ -258,7 +260,7 @@ def _load_run(cfg: PPOArgs, spec, method: str, rank: int, world: int) -> Run:
     spec = locate(spec)
     tokenizer = models.load_tokenizer(spec)
     task = make_task(cfg, tokenizer, rank=rank)
-    names = ["policy"] if method == "ppo" else list(game.AGENTS)
+    names = list(method.agents)
     # with LoRA both agents' adapters sit on one shared frozen base (single process only: DDP wants one
     # wrapper per set of weights)
     agents, reference = make_agents(cfg, spec, names, tokenizer, shared_base=world == 1)
@@ -277,9 +279,9 @@ def _load_run(cfg: PPOArgs, spec, method: str, rank: int, world: int) -> Run:
     return run
 
 
-def train(cfg: PPOArgs, method: str) -> Path:
+def train(cfg: PPOArgs) -> Path:
     """Run PPO (one agent) or CORY (two agents) as configured; returns the output folder."""
-    return prepare_run(cfg, method).fit()
+    return prepare_run(cfg).fit()
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -406,7 +408,7 @@ class _Logger:
 
 def _postfix(row: dict) -> dict:
     out = {}
-    for prefix in ("policy", "llm1", "llm2"):
+    for prefix in AGENT_NAMES:
         if f"{prefix}/task_reward" in row:
             out[f"{prefix[-1] if prefix != 'policy' else ''}r"] = f"{row[f'{prefix}/task_reward']:.3f}"
             out[f"{prefix[-1] if prefix != 'policy' else ''}kl"] = f"{row[f'{prefix}/kl']:.2f}"

@@ -52,4 +52,4 @@ class Hyperparameters(PPOArgs):
 
 
 if __name__ == "__main__":
-    main(Hyperparameters, method="ppo")
+    main(Hyperparameters)

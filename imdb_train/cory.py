@@ -34,4 +34,4 @@ class Hyperparameters(ppo.Hyperparameters, CoryArgs):
 
 
 if __name__ == "__main__":
-    main(Hyperparameters, method="cory")
+    main(Hyperparameters)

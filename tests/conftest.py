@@ -123,7 +123,7 @@ def rejected(task, method, argv, *, tripwire=True) -> str:
         if tripwire:
             mp.setattr(models, "load_tokenizer", _tripwire)
         try:
-            main(cls, method, [str(a) for a in argv])
+            main(cls, [str(a) for a in argv])
         except SystemExit as e:
             code = e.code
         except Loaded:

@@ -66,7 +66,7 @@ def record_run(method: str, config: str, over: dict, out: Path) -> dict:
     values = load_yaml(REPO / config)
     values.update(over, output_dir=str(out))
     cfg = build(script_class(method), values)
-    prepare_run(cfg, method).fit()
+    prepare_run(cfg).fit()
     rows = [{k: v for k, v in r.items() if not k.startswith(("time/", "memory/"))}
             for r in read_jsonl(out / "metrics.jsonl")]
     base = flat(load_causal_lm(locate(model_spec(cfg.model_name))))

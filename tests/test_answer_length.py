@@ -36,7 +36,7 @@ def always_eos(tmp_path_factory):
 def run(cls, name, tmp_path, model, **over):
     base = load_yaml(REPO / "configs" / "imdb" / f"{name}_tiny.yaml")
     base.update(output_dir=str(tmp_path / name), model_name=str(model), steps=2, save_every=10, **over)
-    return read_jsonl(train(build(cls, base), "cory" if cls is IMDB_CORY else "ppo") / "metrics.jsonl")
+    return read_jsonl(train(build(cls, base)) / "metrics.jsonl")
 
 
 @pytest.mark.parametrize("cls,name", [(IMDB_PPO, "ppo"), (IMDB_CORY, "cory")])

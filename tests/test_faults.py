@@ -115,7 +115,7 @@ def nan_reward_at(run, call, index):
 
 def test_nonfinite_reward_stops_after_saving_the_last_good_state(tmp_path):
     out = tmp_path / "run"
-    run = prepare_run(tiny(IMDB_CORY, "cory", out, steps=2, save_every=100), "cory")
+    run = prepare_run(tiny(IMDB_CORY, "cory", out, steps=2, save_every=100))
     # CORY scores pioneer then observer answers in one call: text 4 + 1 is the observer's text 1
     nan_reward_at(run, call=0, index=run.cfg.batch_size + 1)
     with pytest.raises(RunError, match=r"step 0: non-finite reward for llm2 \(text 1\).*step_000000"):
@@ -128,7 +128,7 @@ def test_nonfinite_reward_stops_after_saving_the_last_good_state(tmp_path):
 
 def test_nonfinite_reward_skip(tmp_path):
     out = tmp_path / "run"
-    run = prepare_run(tiny(IMDB_PPO, "ppo", out, steps=2, on_nonfinite="skip"), "ppo")
+    run = prepare_run(tiny(IMDB_PPO, "ppo", out, steps=2, on_nonfinite="skip"))
     nan_reward_at(run, call=0, index=3)
     with pytest.warns(UserWarning, match=r"step 0: non-finite reward for policy \(text 3\); batch skipped"):
         run.fit()
@@ -138,7 +138,7 @@ def test_nonfinite_reward_skip(tmp_path):
 
 def test_raising_reward_names_the_reward_and_the_text(tmp_path):
     out = tmp_path / "run"
-    run = prepare_run(tiny(IMDB_PPO, "ppo", out, steps=1), "ppo")
+    run = prepare_run(tiny(IMDB_PPO, "ppo", out, steps=1))
     position = run.task.state_dict()
     queries = [ex.query for ex in run.task.sample(run.cfg.batch_size)]
     run.task.load_state_dict(position)
@@ -172,7 +172,7 @@ class EndAtOnce(LogitsProcessor):
 
 def test_cory_answers_that_all_end_at_once(tmp_path):
     out = tmp_path / "run"
-    run = prepare_run(tiny(IMDB_CORY, "cory", out, steps=1, samples_per_step=4, allow_early_eos=True), "cory")
+    run = prepare_run(tiny(IMDB_CORY, "cory", out, steps=1, samples_per_step=4, allow_early_eos=True))
     run.rollout.gen_kwargs["logits_processor"] = LogitsProcessorList([EndAtOnce(run.tokenizer.eos_token_id, "every")])
     run.fit()
     [row] = read_jsonl(out / "metrics.jsonl")
@@ -185,7 +185,7 @@ def test_cory_answers_that_all_end_at_once(tmp_path):
 
 def test_ppo_some_answers_end_at_once(tmp_path):
     out = tmp_path / "run"
-    run = prepare_run(tiny(IMDB_PPO, "ppo", out, steps=1, samples_per_step=4, allow_early_eos=True), "ppo")
+    run = prepare_run(tiny(IMDB_PPO, "ppo", out, steps=1, samples_per_step=4, allow_early_eos=True))
     run.rollout.gen_kwargs["logits_processor"] = LogitsProcessorList([EndAtOnce(run.tokenizer.eos_token_id, "some")])
     run.fit()
     [row] = read_jsonl(out / "metrics.jsonl")
@@ -196,7 +196,7 @@ def test_ppo_some_answers_end_at_once(tmp_path):
 
 def test_a_full_disk_during_a_checkpoint_is_named_and_keeps_the_older_one(tmp_path):
     out = tmp_path / "run"
-    run = prepare_run(tiny(IMDB_PPO, "ppo", out, steps=2, save_every=1), "ppo")
+    run = prepare_run(tiny(IMDB_PPO, "ppo", out, steps=2, save_every=1))
     save = run.run_dir.save_checkpoint
 
     def disk_full_from_step_2(step, write, keep):

@@ -73,8 +73,8 @@ def test_auto_budget_under_a_small_memory_figure_gives_the_same_run(tmp_path, mo
 def test_resume_on_cuda_equals_uninterrupted(tmp_path, method, cls):
     from cory.train import prepare_run
 
-    straight = prepare_run(tiny(cls, method, tmp_path / "a", steps=4, save_every=2, precision="fp32"), method).fit()
-    prepare_run(tiny(cls, method, tmp_path / "b", steps=2, precision="fp32"), method).fit()
+    straight = prepare_run(tiny(cls, method, tmp_path / "a", steps=4, save_every=2, precision="fp32")).fit()
+    prepare_run(tiny(cls, method, tmp_path / "b", steps=2, precision="fp32")).fit()
     p = run_script(f"imdb_train/{method}.py", "--resume", tmp_path / "b", "--steps", "4")
     assert p.returncode == 0, p.stderr[-3000:]
     assert_same(read_jsonl(straight / "metrics.jsonl"), read_jsonl(tmp_path / "b" / "metrics.jsonl"))

@@ -88,8 +88,8 @@ def test_shaped_rewards_are_named_values_off_in_the_paper_presets(name):
 
 @pytest.mark.parametrize("method,cls", [("ppo", IMDB_PPO), ("cory", IMDB_CORY)])
 def test_eval_every_scores_each_agent_and_leaves_training_alone(tmp_path, method, cls):
-    plain = prepare_run(tiny(cls, method, tmp_path / "a", steps=3), method).fit()
-    evaluated = prepare_run(tiny(cls, method, tmp_path / "b", steps=3, eval_every=2), method).fit()
+    plain = prepare_run(tiny(cls, method, tmp_path / "a", steps=3)).fit()
+    evaluated = prepare_run(tiny(cls, method, tmp_path / "b", steps=3, eval_every=2)).fit()
     assert not (plain / "eval.jsonl").exists()
     rows = read_jsonl(evaluated / "eval.jsonl")
     agents = ["policy"] if method == "ppo" else ["llm1", "llm2"]
@@ -110,7 +110,7 @@ def test_eval_every_matches_the_evaluation_of_the_saved_model(tmp_path):
     """The run's last held-out row is what `python -m cory.lab.evaluate` reports for its final model."""
     from cory.lab.evaluate import main as evaluate
 
-    out = prepare_run(tiny(IMDB_PPO, "ppo", tmp_path, steps=2, eval_every=2), "ppo").fit()
+    out = prepare_run(tiny(IMDB_PPO, "ppo", tmp_path, steps=2, eval_every=2)).fit()
     last = read_jsonl(out / "eval.jsonl")[-1]
     doc = evaluate(["--task", "imdb", "--model", str(out), "--no_base", "--json", str(tmp_path / "e.json")])
     saved = doc["results"][0]
@@ -123,12 +123,12 @@ def test_a_resumed_run_keeps_the_evaluations_up_to_its_checkpoint(tmp_path, kept
     import shutil
 
     cfg = tiny(IMDB_PPO, "ppo", tmp_path, steps=2, eval_every=1, save_every=1, keep_checkpoints=kept)
-    out = prepare_run(cfg, "ppo").fit()
+    out = prepare_run(cfg).fit()
     # cut off after its checkpoint at 1 (or before any, restarting from 0) with later evaluations logged: the
     # resumed run redoes them, once each
     shutil.rmtree(out / "checkpoints" / "step_000002")
     resumed = tiny(IMDB_PPO, "ppo", tmp_path, steps=2, eval_every=1, resume=str(out))
-    run = prepare_run(resumed, "ppo")
+    run = prepare_run(resumed)
     assert run.start_step == restart
     run.fit()
     assert [r["iterations"] for r in read_jsonl(out / "eval.jsonl")] == [0, 1, 2]
@@ -143,10 +143,10 @@ def test_eval_every_refusals_are_one_line():
 
 
 def test_resuming_a_run_drops_the_evaluation_of_the_model_it_replaces(tmp_path):
-    out = prepare_run(tiny(IMDB_PPO, "ppo", tmp_path, steps=2), "ppo").fit()
+    out = prepare_run(tiny(IMDB_PPO, "ppo", tmp_path, steps=2)).fit()
     (out / "eval_imdb.json").write_text("{}")
     (out / "eval_gsm8k_authors.json").write_text("{}")
     (out / "notes.txt").write_text("mine")
-    prepare_run(tiny(IMDB_PPO, "ppo", tmp_path, steps=3, resume=str(out)), "ppo").fit()
+    prepare_run(tiny(IMDB_PPO, "ppo", tmp_path, steps=3, resume=str(out))).fit()
     assert not (out / "eval_imdb.json").exists() and not (out / "eval_gsm8k_authors.json").exists()
     assert (out / "notes.txt").read_text() == "mine"

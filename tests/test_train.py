@@ -89,7 +89,7 @@ def test_bad_input_exits_2_before_loading(tmp_path):
 
 def test_agents_keep_their_own_state_across_exchanges(tmp_path):
     cfg = tiny(IMDB_CORY, "cory", tmp_path, steps=4, swap_period=1)
-    run = prepare_run(cfg, "cory")
+    run = prepare_run(cfg)
     ref_before = {n: p.clone() for n, p in run.reference.named_parameters()}
     run.fit()
     # every iteration each agent takes ppo_epochs * batch/mini_batch optimizer steps, whatever its role
@@ -108,7 +108,7 @@ def test_agents_keep_their_own_state_across_exchanges(tmp_path):
 
 def test_reset_on_swap_restarts_optimizer_state(tmp_path):
     cfg = tiny(IMDB_CORY, "cory", tmp_path, steps=3, swap_period=2, reset_on_swap=True)
-    run = prepare_run(cfg, "cory")
+    run = prepare_run(cfg)
     run.fit()
     per_iter = cfg.ppo_epochs * cfg.batch_size // cfg.mini_batch_size
     for agent in run.agents.values():
@@ -120,9 +120,9 @@ def test_reset_on_swap_restarts_optimizer_state(tmp_path):
 @pytest.mark.parametrize("method,cls", [("cory", IMDB_CORY), ("ppo", IMDB_PPO)])
 def test_resume_equals_uninterrupted(tmp_path, method, cls):
     straight = tiny(cls, method, tmp_path / "a", steps=4, save_every=2)
-    prepare_run(straight, method).fit()
+    prepare_run(straight).fit()
     first = tiny(cls, method, tmp_path / "b", steps=2)
-    prepare_run(first, method).fit()
+    prepare_run(first).fit()
     out = tmp_path / "b" / "run"
     # the resumed process starts from the saved config with a longer horizon
     p = run_script(f"imdb_train/{method}.py", "--resume", out, "--steps", "4")
@@ -145,7 +145,7 @@ def test_lora_agents_share_one_frozen_base(tmp_path):
     base = load_yaml(REPO / "configs" / "gsm8k" / "cory_tiny.yaml")
     base.update(output_dir=str(tmp_path / "run"), steps=2, swap_period=1, dataset="generated")
     cfg = build(GSM8K_CORY, base)
-    run = prepare_run(cfg, "cory")
+    run = prepare_run(cfg)
     a1, a2 = run.agents["llm1"], run.agents["llm2"]
     shared = a1.policy.pretrained_model
     assert shared is a2.policy.pretrained_model and run.reference is None  # no copy, no separate reference
@@ -167,7 +167,7 @@ def test_lora_agents_share_one_frozen_base(tmp_path):
 
 
 def test_every_row_reports_its_peak_memory(tmp_path):
-    rows = read_jsonl(prepare_run(tiny(IMDB_PPO, "ppo", tmp_path, steps=2), "ppo").fit() / "metrics.jsonl")
+    rows = read_jsonl(prepare_run(tiny(IMDB_PPO, "ppo", tmp_path, steps=2)).fit() / "metrics.jsonl")
     if torch.cuda.is_available():  # the allocator's peak: the tiny model's tensors, a few MiB
         assert all(0 < r["memory/peak_gib"] < 80 for r in rows)
     else:  # the process's peak resident memory during the iteration (models, trl and torch: well over 100 MiB)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cory.lab.results import (AGENT_NAMES, METHOD_NAMES, REWARD_RANGES, Experiment, Group, curve, heldout_curve,
-                              setting_name)
+from cory.lab.results import (AGENT_NAMES, LLM1, LLM2, METHOD_NAMES, POLICY, REWARD_RANGES, curve, Experiment, Group,
+                              heldout_curve, setting_name)
 
 # key in metrics.jsonl after "<agent>/" -> (title, y-axis label; {reward} is the reward's unit)
 METRICS = {
@@ -44,7 +44,7 @@ PALETTE = {
     "cory_authors": "#17becf",
 }
 _SPARE_COLOURS = ("#e377c2", "#7f7f7f", "#bcbd22", "#843c39", "#5254a3")
-LINESTYLES = {"policy": "-", "llm1": "-", "llm2": "--"}
+LINESTYLES = {POLICY: "-", LLM1: "-", LLM2: "--"}
 
 
 def colour(method: str) -> str:
@@ -114,7 +114,7 @@ def plot_metric(exp: Experiment, path: Path, metric: str, series: list[tuple[Gro
         if not is_ref and n >= 2:
             lo, hi = _bounds(exp, metric)
             ax.fill_between(c.steps, np.clip(c.mean - c.std, lo, hi), np.clip(c.mean + c.std, lo, hi),
-                            color=colour(group.method), alpha=0.12 if agent == "llm2" else 0.2, linewidth=0)
+                            color=colour(group.method), alpha=0.12 if agent == LLM2 else 0.2, linewidth=0)
         drawn += 1
         if not is_ref and c.trimmed:
             lengths = ", ".join(f"seed {s}: {k}" for s, k in c.lengths.items())
@@ -147,7 +147,7 @@ def plot_sweep(exp: Experiment, path: Path, points) -> None:
             xs = [kl_by_seed[s] for s in r.seeds if s in kl_by_seed]
             ys = [v for s, v in zip(r.seeds, r.per_seed) if s in kl_by_seed]
             ax.scatter(xs, ys, s=10, color=colour(method), alpha=0.35, linewidths=0,
-                       marker="o" if agent != "llm2" else "^")
+                       marker="o" if agent != LLM2 else "^")
             kls += xs
         ax.errorbar(x, y, xerr=xerr, yerr=yerr, color=colour(method), linestyle=LINESTYLES.get(agent, "-"),
                     marker="o", markersize=6, capsize=2, linewidth=1.5, label=f"{name} (mean ± std per η)")

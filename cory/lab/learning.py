@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cory.lab.results import LAST_N, Experiment, Group, curve, fmt
+from cory.lab.results import POLICY, LAST_N, Experiment, Group, curve, fmt
 
 ALPHA = 0.05
 # the reward an evaluation reports: reward tasks' task_reward, else pass@k tasks' accuracy
@@ -80,7 +80,7 @@ def _gains(exp: Experiment, group: Group, agent: str) -> tuple[str, np.ndarray, 
         last - first, float(first.mean()), float(last.mean()), 0.0
 
 
-def baseline_learned(exp: Experiment, group: Group, agent: str = "policy") -> Learning:
+def baseline_learned(exp: Experiment, group: Group, agent: str = POLICY) -> Learning:
     """Whether ``group`` (PPO) learned its task, by ``LEARNING_RULE``."""
     from scipy.special import stdtr, stdtrit
 

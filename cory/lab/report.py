@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from cory.lab.figures import DEGENERATION_METRICS, MAIN_FIGURE_METRICS, METRICS, plot_heldout, plot_metric, plot_sweep
-from cory.lab.results import (ABLATION_METHODS, CONFOUND_METHODS, LAST_N, MAIN_METHODS, METHOD_NAMES, Experiment, Group,
-                          ReportError, curve, final_value, finite, fmt, fmt_final, load_experiment, setting_name,
-                          sweep_points)
+from cory.lab.results import (ABLATION_METHODS, CONFOUND_METHODS, LAST_N, LLM1, LLM2, MAIN_METHODS, METHOD_NAMES,
+                              curve, Experiment, final_value, finite, fmt, fmt_final, Group, load_experiment,
+                              ReportError, setting_name, sweep_points)
 from cory.lab.learning import LEARNING_RULE, heldout_value
 from cory.lab.verdict import FRONTIER_RULE, NOT_LEARNED, VERDICT_RULE, ablation_lines, frontier, verdict
 from cory.outputs import read_jsonl_rows
@@ -83,7 +83,7 @@ def _sample_lines(r: dict) -> list[str]:
     if "response" in r:
         return [f"  [r={_reward(r.get('reward'))}] {_one_line(r.get('query', ''))} ⟶ {_one_line(r['response'])}"]
     pio = r.get("pioneer", "pioneer")
-    obs = {"llm1": "llm2", "llm2": "llm1"}.get(pio, "observer")
+    obs = {LLM1: LLM2, LLM2: LLM1}.get(pio, "observer")
     return [f"  [{pio.upper()} pioneer r={_reward(r.get('pioneer_reward'))}] "
             f"{_one_line(r.get('query', ''))} ⟶ {_one_line(r.get('pioneer_response', ''))}",
             f"  [{obs.upper()} observer r={_reward(r.get('observer_reward'))}] "

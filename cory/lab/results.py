@@ -27,10 +27,13 @@ import numpy as np
 import yaml
 
 from cory.errors import ReportError
+from cory.method import CORY, PPO
 from cory.outputs import read_jsonl_rows
 
 LAST_N = 10
-AGENT_NAMES = {"policy": "", "llm1": "-LLM1", "llm2": "-LLM2"}
+POLICY = PPO.agents[0]
+LLM1, LLM2 = CORY.agents
+AGENT_NAMES = {POLICY: "", LLM1: "-LLM1", LLM2: "-LLM2"}
 METHOD_NAMES = {
     "ppo": "PPO",
     "cory": "CORY",
@@ -137,9 +140,9 @@ class Group:
     @property
     def agents(self) -> list[str]:
         keys = {k.split("/", 1)[0] for r in self.runs.values() for row in r.rows for k in row if "/" in k}
-        if "llm1" in keys or "llm2" in keys:
-            return [a for a in ("llm1", "llm2") if a in keys]
-        return ["policy"] if "policy" in keys else []
+        if LLM1 in keys or LLM2 in keys:
+            return [a for a in CORY.agents if a in keys]
+        return [POLICY] if POLICY in keys else []
 
     @property
     def config_eta(self) -> float | None:

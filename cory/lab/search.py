@@ -21,7 +21,7 @@ import numpy as np
 
 from cory.cli import OneLineParser
 from cory.errors import ReportError
-from cory.lab.results import Experiment, curve, fmt, load_experiment
+from cory.lab.results import POLICY, Experiment, curve, fmt, load_experiment
 
 MIN_GAIN = 0.3      # held-out reward above the base model's
 MIN_DISTINCT = 0.5  # distinct-2 at least this share of the base model's
@@ -63,7 +63,7 @@ def _wall_minutes(exp: Experiment, key: str) -> float | None:
 
 def seed_result(exp: Experiment, label: str, seed: int, min_gain: float, max_minutes: float) -> SeedResult | None:
     run = exp.groups[label].runs[seed]
-    points = {r["iterations"]: r for r in run.heldout if r.get("agent") == "policy" and isinstance(r.get("iterations"), int)}
+    points = {r["iterations"]: r for r in run.heldout if r.get("agent") == POLICY and isinstance(r.get("iterations"), int)}
     if 0 not in points or len(points) < 2:
         return None
     base = points[0]

@@ -23,8 +23,8 @@ from functools import cached_property
 import numpy as np
 
 from cory.lab.learning import baseline_learned
-from cory.lab.results import (LAST_N, METHOD_NAMES, REWARD_RANGES, Experiment, Final, Group, curve, final_value, fmt,
-                          fmt_final)
+from cory.lab.results import (LAST_N, LLM1, LLM2, METHOD_NAMES, POLICY, REWARD_RANGES, curve, Experiment, Final,
+                              final_value, fmt, fmt_final, Group)
 
 ALPHA = 0.05         # family-wise level of each verdict
 MIN_SEEDS = 3        # fewer seeds per method: the numbers are shown, no verdict
@@ -197,7 +197,7 @@ def _first_draw(group: Group, seed: int) -> tuple[int, float | None, float | Non
         return None
     row = min(rows, key=lambda r: r["step"])
     agents = group.agents
-    agent = row.get("pioneer") if row.get("pioneer") in agents else (agents[0] if agents else "policy")
+    agent = row.get("pioneer") if row.get("pioneer") in agents else (agents[0] if agents else POLICY)
     return row["step"], row.get(f"{agent}/task_reward"), row.get(f"{agent}/response_length")
 
 
@@ -412,7 +412,7 @@ def _common_end(series: list[tuple[Group, str]]) -> int | None:
 def compare(base: Group, other: Group, upto: int | None | str = "auto") -> tuple[list[Comparison], list[str]]:
     """Each agent of ``other`` against ``base``'s first agent, over the iterations up to ``upto`` ("auto": the
     last one all of them reached), Holm-corrected over the agents; returns (comparisons, names lacking metrics)."""
-    base_agent = base.agents[0] if base.agents else "policy"
+    base_agent = base.agents[0] if base.agents else POLICY
     if upto == "auto":
         upto = _common_end([(base, base_agent)] + [(other, a) for a in other.agents])
     ref = {m: final_value(base, base_agent, m, upto=upto) for m in COMPARED}
@@ -517,8 +517,8 @@ def verdict(exp: Experiment) -> Verdict:
 
 def _claim(exp: Experiment, ppo: Group, cory: Group) -> Verdict:
     """The paper's claim, tested once the baseline learned."""
-    upto = _common_end([(ppo, "policy")] + [(cory, a) for a in cory.agents])
-    if any(final_value(ppo, "policy", m, upto=upto) is None for m in COMPARED):
+    upto = _common_end([(ppo, POLICY)] + [(cory, a) for a in cory.agents])
+    if any(final_value(ppo, POLICY, m, upto=upto) is None for m in COMPARED):
         return Verdict("not decided", "PPO's runs lack task_reward, kl or combined_reward metrics.")
     comps, missing = compare(ppo, cory, upto)
     lines = [c.line() for c in comps] + [_not_compared(name) for name in missing]
@@ -561,13 +561,13 @@ def _claim(exp: Experiment, ppo: Group, cory: Group) -> Verdict:
             f"CORY {n_cory} seed{'s' * (n_cory != 1)}); tests {pair.why}; similar-reward "
             f"{comps[0].margin.text('PPO') if comps[0].margin else 'margin: n/a'}.")
     if any(c is not None and len(c.steps) and c.steps[-1] > end
-           for g, a in [(ppo, "policy")] + [(cory, a) for a in cory.agents] for c in [curve(g, a, "task_reward")]):
+           for g, a in [(ppo, POLICY)] + [(cory, a) for a in cory.agents] for c in [curve(g, a, "task_reward")]):
         head += (f" The runs did not all reach the same iteration: they are compared up to iteration {end}, "
                  "the last one all of them logged.")
-    tr = _trend_line([(ppo, "policy")] + [(cory, a) for a in cory.agents], (first, end))
+    tr = _trend_line([(ppo, POLICY)] + [(cory, a) for a in cory.agents], (first, end))
     if tr:
         lines.append(tr)
-    kl = curve(ppo, "policy", "kl")
+    kl = curve(ppo, POLICY, "kl")
     if kl is not None and len(kl.steps) >= 2:
         k = min(LAST_N, len(kl.steps) // 2) or 1
         lines.append(f"- For scale: PPO's KL went from {fmt(kl.mean[:k].mean())} (first {k} iterations) "
@@ -741,9 +741,9 @@ def frontier(exp: Experiment) -> Frontier | None:
     tests, lines, short = [], [], []
     for eta in etas:
         p, c = ppo_at[eta], cory_at[eta]
-        upto = _common_end([(p, "policy")] + [(c, a) for a in c.agents])
-        base = _score(p, "policy", eta, upto)
-        kl = final_value(p, "policy", "kl", upto=upto)
+        upto = _common_end([(p, POLICY)] + [(c, a) for a in c.agents])
+        base = _score(p, POLICY, eta, upto)
+        kl = final_value(p, POLICY, "kl", upto=upto)
         if base is None or kl is None:
             continue
         pair = pairing(p, c)

@@ -14,6 +14,7 @@ from typing import Callable
 
 from cory.assets import model_spec
 from cory.config import ConfigError
+from cory.method import method_of
 from cory.tasks.base import (PASS_AT_K, REWARD_METRICS, TRAINING_PROTOCOL, Evaluation, Example, SamplingProtocol, Task,
                              TaskBase)
 
@@ -130,7 +131,7 @@ def _make_gsm8k(cfg, tokenizer, seed):
     task = Gsm8kTask(source=cfg.dataset, dataset_path=cfg.dataset_path, seed=seed)
     context = model_spec(cfg.model_name).context  # from the disk alone, as the checks before a run read it
     if context is not None:  # before the models load: a question too long for them fails only when drawn
-        observer = hasattr(cfg, "swap_period") and cfg.knowledge_transfer  # it reads the pioneer's answer too
+        observer = method_of(cfg).observer_reads_pioneer(cfg)  # the observer reads the pioneer's answer too
         task.check_fits(tokenizer, context, cfg.response_length_max * (2 if observer else 1), model=cfg.model_name,
                         prompt=(lambda ex: task.observer_prompt(ex, "")) if observer else None)
     return task
