@@ -260,6 +260,10 @@ def _load_run(cfg: PPOArgs, spec, method: Method, rank: int, world: int) -> Run:
     spec = locate(spec)
     tokenizer = models.load_tokenizer(spec)
     task = make_task(cfg, tokenizer, rank=rank)
+    if spec.context is not None and hasattr(task, "check_fits"):  # a prompt too long fails only when drawn
+        observer = method.observer_reads_pioneer(cfg)  # the observer's prompt holds the pioneer's answer too
+        task.check_fits(tokenizer, spec.context, cfg.response_length_max * (2 if observer else 1),
+                        model=cfg.model_name, prompt=(lambda ex: task.observer_prompt(ex, "")) if observer else None)
     names = list(method.agents)
     # with LoRA both agents' adapters sit on one shared frozen base (single process only: DDP wants one
     # wrapper per set of weights)

@@ -29,7 +29,9 @@ from typing import Sequence
 
 from cory.assets import check_hub_asset, quiet
 from cory.errors import ConfigError
-from cory.tasks.base import Example, TaskBase
+from cory.tasks.base import (PASS_AT_K, TRAINING_PROTOCOL, Evaluation, Example, SamplingProtocol,
+                             TaskBase)
+from cory.tasks.registry import register_task
 
 logger = logging.getLogger(__name__)
 
@@ -598,3 +600,62 @@ class Gsm8kTask(TaskBase):
         self._epoch = int(state["epoch"])
         self._pos = int(state["position"])
         self._perm = self._permutation(self._epoch)
+
+
+# --------------------------------------------------------------------------- registration
+
+
+def _make(cfg, tokenizer, seed):
+    return Gsm8kTask(source=cfg.dataset, dataset_path=cfg.dataset_path, seed=seed)
+
+
+def _check(cfg, splits=("train", "test")) -> None:
+    if cfg.dataset_path is not None:
+        if cfg.dataset not in ("local", "auto"):
+            raise ConfigError(f"dataset_path: dataset {cfg.dataset} does not read it; use --dataset local "
+                              "(or auto) to read the files in it")
+        if splits == ("test",) and not (Path(cfg.dataset_path) / "test.jsonl").is_file():
+            raise ConfigError(f"dataset_path: {cfg.dataset_path}: no test.jsonl there (expected GSM8K's release "
+                              "files)")
+        check_local_files(cfg.dataset_path, splits)
+
+
+def _make_eval(cfg, tokenizer):
+    return Gsm8kTask(source=cfg.dataset, dataset_path=cfg.dataset_path, with_train=False)
+
+
+def _note(task) -> str | None:
+    if task.source == "generated":
+        return "generated GSM8K-style stand-in problems, NOT GSM8K (pass --dataset_path for the real test set)"
+    return None
+
+
+# GSM8K's two ways to evaluate: as training samples and reads answers, or as the authors' GSM8K evaluation behind
+# the paper's pass@1 of 18% (arXiv 2410.06101; their team's gsm8k_utils/gsm8k_eval.py): top_k 10, top_p 0.7,
+# temperature 1, repetition penalty 1.1, never stopping early (they pass eos_token_id=-1; masking EOS until the
+# limit is the nearest transformers setting), their prompt variant and their answer extraction
+GSM8K_PROTOCOLS = {
+    "training": SamplingProtocol(TRAINING_PROTOCOL.sampling, reading="ending at EOS or a new 'Question:'; '####', "
+                                 "else 'answer is', else the last number",
+                                 description="Protocol _training_: answers sampled as in training (top_k 0, top_p 1, "
+                                             "no repetition penalty), ended at EOS or a new \"Question:\", read by "
+                                             "the training reward's extraction."),
+    "authors": SamplingProtocol({"top_k": 10, "top_p": 0.7, "temperature": 1.0, "repetition_penalty": 1.1},
+                                stop_early=False, prompt=lambda ex: build_authors_prompt(ex.query),
+                                score=lambda examples, answers: [authors_correct(a, ex.meta["solution"])
+                                                                 for a, ex in zip(answers, examples)],
+                                reading="never stopping early; the authors' prompt; 'the answer is' else the last "
+                                        "number, as strings",
+                                description="Protocol _authors_: the authors' GSM8K evaluation (top_k 10, top_p 0.7, "
+                                            "repetition penalty 1.1, no early stop, their prompt, \"the answer is\" "
+                                            "else the last number, compared as strings), the one behind the paper's "
+                                            "pass@1 of 18%."),
+}
+
+
+# evaluation: pass@k of 256-token answers to all 1,319 test questions, whose one-shot prompt needs the longer budget
+register_task("gsm8k", _make, datasets=("auto", "hub", "local", "generated"), rewards=("correctness",),
+              check=_check, prompt_tokens=384,
+              evaluation=Evaluation(PASS_AT_K, answer_tokens=256, make=_make_eval,
+                                    check=lambda cfg: _check(cfg, ("test",)), note=_note,
+                                    protocols=GSM8K_PROTOCOLS))

@@ -31,7 +31,8 @@ import numpy as np
 
 from cory.assets import check_hub_asset, model_config
 from cory.errors import AssetError, ConfigError
-from cory.tasks.base import Example, TaskBase
+from cory.tasks.base import REWARD_METRICS, Evaluation, Example, TaskBase
+from cory.tasks.registry import register_task
 
 logger = logging.getLogger(__name__)
 
@@ -409,3 +410,24 @@ class ImdbTask(TaskBase):
         self._batches = int(state.get("batches", 0))
         self._perm_rng.bit_generator.state = copy.deepcopy(state["perm_rng"])
         self._len_rng.bit_generator.state = copy.deepcopy(state["len_rng"])
+
+
+# --------------------------------------------------------------------------- registration
+
+
+def _make(cfg, tokenizer, seed):
+    return ImdbTask(tokenizer, source=cfg.dataset, seed=seed, reward=make_reward(cfg.reward_model))
+
+
+def _check(cfg) -> None:
+    check_reward_model(cfg.reward_model)
+    if cfg.dataset_path is not None:
+        raise ConfigError("dataset_path: imdb reads no data files (its prompts come from the hub or the built-in "
+                          "openings); drop --dataset_path")
+
+
+# evaluation: reward, KL and diversity of 15-token answers to the paper's batch of 256 held-out openings (the
+# built-in eval openings are fewer, 110), scored with plain VADER when training used a shaped form of it
+register_task("imdb", _make, datasets=SOURCES, check=_check, prompt_tokens=64,
+              evaluation=Evaluation(REWARD_METRICS, answer_tokens=15, limit=256, reward="vader",
+                                    scored_as={"vader-scaled": "vader", "vader-gain": "vader"}))

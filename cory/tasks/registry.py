@@ -1,0 +1,95 @@
+"""The registry of tasks: ``register_task(name, make, ...)`` makes ``task: name`` mean a ``Task``; training, the
+checks before a run, ``cory.lab.evaluate`` and the experiment runner ask it, and know no task by name."""
+from __future__ import annotations
+
+import runpy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from cory.config import ConfigError
+from cory.method import method_of
+from cory.tasks.base import Evaluation
+
+
+@dataclass
+class TaskSpec:
+    make: Callable  # (cfg, tokenizer, seed) -> Task
+    datasets: tuple[str, ...] = ("auto",)  # the values ``dataset`` may take
+    rewards: tuple[str, ...] = ()  # the values ``reward_model`` may take; () = any
+    check: Callable | None = None  # (cfg) -> None, raising ConfigError: what else to check before loading
+    prompt_tokens: int = 64  # room kept for the prompt beside the longest answer (the model's context check)
+    evaluation: Evaluation = field(default_factory=Evaluation)
+
+
+_REGISTRY: dict[str, TaskSpec] = {}
+
+
+def register_task(name: str, make: Callable, *, datasets=("auto",), rewards=(), check=None, prompt_tokens: int = 64,
+                  evaluation: Evaluation | None = None) -> None:
+    """Make ``task: name`` mean ``make(cfg, tokenizer, seed)``, a ``Task``; ``datasets`` and ``rewards`` are the
+    values the config's ``dataset`` and ``reward_model`` may take (no ``rewards``: any); ``prompt_tokens``: the
+    room its prompts need beside an answer; ``evaluation``: how ``cory.lab.evaluate`` scores it (default: mean
+    reward, KL and distinct-n of 15-token answers)."""
+    _REGISTRY[name] = TaskSpec(make, tuple(datasets), tuple(rewards), check, prompt_tokens,
+                               evaluation or Evaluation())
+
+
+def registered() -> dict[str, TaskSpec]:
+    return dict(_REGISTRY)
+
+
+def task_spec(name: str) -> TaskSpec:
+    """The registration of task ``name`` (ConfigError, one line, naming the registered ones)."""
+    if name not in _REGISTRY:
+        raise ConfigError(f"task: {name!r} is not one of {', '.join(_REGISTRY)} (or a task registered with "
+                          "cory.tasks.register_task)")
+    return _REGISTRY[name]
+
+
+def make_task(cfg, tokenizer, rank: int = 0) -> Task:
+    """The task a config names; data-parallel ranks draw different batches."""
+    return task_spec(cfg.task).make(cfg, tokenizer, cfg.seed + 1000 * rank)
+
+
+def make_eval_task(cfg, tokenizer) -> Task:
+    """The task whose ``eval_examples`` an evaluation scores (``cfg`` names task, dataset, dataset_path and
+    reward_model)."""
+    spec = task_spec(cfg.task)
+    if spec.evaluation.make is not None:
+        return spec.evaluation.make(cfg, tokenizer)
+    return spec.make(cfg, tokenizer, 0)
+
+
+def _check_values(cfg, spec: TaskSpec) -> None:
+    if cfg.dataset not in spec.datasets:
+        raise ConfigError(f"dataset: {cfg.dataset!r} is not one of {', '.join(spec.datasets)}")
+    if spec.rewards and cfg.reward_model not in spec.rewards:
+        raise ConfigError(f"reward_model: {cfg.reward_model!r} is not allowed for {cfg.task}; allowed: "
+                          f"{', '.join(spec.rewards)}")
+
+
+def check_config(cfg) -> None:
+    """The task, reward and data a config names, checked before any model loads (ConfigError, one line)."""
+    spec = task_spec(cfg.task)
+    _check_values(cfg, spec)
+    if spec.check is not None:
+        spec.check(cfg)
+
+
+def check_eval_config(cfg) -> None:
+    """``check_config`` for an evaluation, which reads the held-out data alone."""
+    spec = task_spec(cfg.task)
+    _check_values(cfg, spec)
+    check = spec.evaluation.check or spec.check
+    if check is not None:
+        check(cfg)
+
+
+def load_task_file(path: str | Path) -> None:
+    """Run a user's one-file task (docs/adding_a_task.md) as a module, so that its ``register_task`` calls
+    take effect; its ``if __name__ == "__main__"`` part (the training) does not run."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"task_file: {path} not found")
+    runpy.run_path(str(path), run_name="cory_task_file")
