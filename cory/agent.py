@@ -12,6 +12,8 @@ import warnings
 
 import numpy as np
 import torch
+from trl import PPOConfig, PPOTrainer
+from trl.trainer.utils import AdaptiveKLController, FixedKLController
 
 from cory import models, parallel
 from cory.ppo import AgentTrainer
@@ -53,8 +55,6 @@ class ScoreNormalizer:
 
 def ppo_config(cfg: PPOArgs):
     """trl's PPOConfig from the fields that share its names (``cory.config`` marks them)."""
-    from trl import PPOConfig
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         return PPOConfig(exp_name="cory", log_with=None, remove_unused_columns=False, **trl_fields(cfg))
@@ -79,7 +79,6 @@ class Agent:
     def trainer_class(self):
         """(the PPOTrainer class, its extra arguments): ``cory.ppo``'s step unless ``fast_ppo`` is off."""
         if not self.cfg.fast_ppo:
-            from trl import PPOTrainer
             return PPOTrainer, {}
         return AgentTrainer, {"max_pass_tokens": self.cfg.max_pass_tokens}
 
@@ -146,8 +145,6 @@ class Agent:
 
     def reset_optimizer_state(self) -> None:
         """The authors' exchange reloads fresh PPOTrainers: new Adam moments, KL coefficient and score stats."""
-        from trl.trainer.utils import AdaptiveKLController, FixedKLController
-
         self.trainer.optimizer.state.clear()
         cfg = self.cfg
         self.trainer.kl_ctl = (AdaptiveKLController(cfg.init_kl_coef, cfg.target, cfg.horizon)

@@ -189,6 +189,14 @@ def check_hub_asset(
 
 # --------------------------------------------------------------------------- model specs
 
+def check_4bit() -> None:
+    """4-bit weights can load here: a CUDA GPU and bitsandbytes (the one place this is checked)."""
+    import torch  # only asked when a config wants 4-bit weights; a CPU machine's checks stay torch-free
+
+    if not torch.cuda.is_available() or importlib.util.find_spec("bitsandbytes") is None:
+        raise AssetError("load_in_4bit: needs a CUDA GPU and bitsandbytes; set load_in_4bit: false on CPU")
+
+
 def is_valid_model_spec(spec: str) -> bool:
     """Cheap shape check (nothing is loaded or downloaded); see MODEL_SPECS_HELP."""
     if not isinstance(spec, str) or not spec.strip():

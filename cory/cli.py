@@ -1,7 +1,6 @@
 """The command line shared by the training scripts: ``--config FILE.yaml`` then ``--field value``."""
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import sys
@@ -10,9 +9,9 @@ from pathlib import Path
 import yaml
 
 from cory import preflight
-from cory.config import (INVOCATION_FIELDS, REQUIRED, ConfigError, _allowed, _field_types,
-                         build, field_help, load_yaml, metadata, to_dict, validate)
-from cory.errors import AssetError, RunError
+from cory.config import (INVOCATION_FIELDS, REQUIRED, _allowed, _field_types, build, field_help, load_yaml, metadata,
+                         to_dict, validate)
+from cory.errors import AssetError, ConfigError, RunError, Stopped
 from cory.outputs import in_use
 from cory.tasks import registered
 
@@ -47,18 +46,6 @@ def _help(cls, prog: str) -> str:
         if meta["help"]:
             lines.append(f"      {meta['help']}")
     return "\n".join(lines)
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse for the lab's commands (``cory.lab.evaluate``, ``cory.lab.experiments``): a mistake raises the
-    command's own one-line ``error`` with argparse's message, instead of printing argparse's usage block."""
-
-    def __init__(self, error: type[Exception], **kwargs):
-        super().__init__(**kwargs)
-        self._error = error
-
-    def error(self, message: str):
-        raise self._error(message)
 
 
 def split_flags(cls, argv: list[str]) -> tuple[str | None, dict[str, str]]:
@@ -130,10 +117,8 @@ def _resumed(cls, flags: dict, base: dict, config: str | None):
     saved_path = run_dir / "config.yaml"
     if not saved_path.is_file():
         raise ConfigError(f"resume: {saved_path} not found; is {run_dir} a run folder?")
-    was, task = preflight.run_identity(run_dir)
-    _check_task(cls, task, was)
-    if was != cls.method:
-        raise ConfigError(f"resume: {run_dir} is a {was} run on {task}; continue it with {task}_train/{was}.py")
+    script_task = cls.__dataclass_fields__["task"].default
+    preflight.check_identity(run_dir, cls.method, None if script_task is REQUIRED else script_task)
     saved = build_saved(cls, load_yaml(saved_path), saved_path)
     asked = build(cls, {**dataclasses.asdict(saved), **base, "resume": None},
                   {k: v for k, v in flags.items() if k not in ("resume", "output_dir")})
@@ -166,6 +151,7 @@ def build_saved(cls, saved: dict, path: Path):
 
 
 PRINT_CONFIG = "--print_config"
+CONFIG_MARKER = "# cory --print_config"
 
 
 def main(cls, argv: list[str] | None = None) -> None:
@@ -182,6 +168,9 @@ def main(cls, argv: list[str] | None = None) -> None:
         print(f"error: {one_line(str(e))}", file=sys.stderr)
         raise SystemExit(2)
     if print_config:
+        # after a marker line, so that whatever the script printed before (a task file that prints at import) is
+        # not read as the config
+        print(CONFIG_MARKER)
         print(yaml.safe_dump({"method": cfg.method, "config": to_dict(cfg)}, sort_keys=False), end="")
         return
     # the training stack (torch, trl) loads only now, so that --help and --print_config answer at once
@@ -195,6 +184,10 @@ def main(cls, argv: list[str] | None = None) -> None:
     except RunError as e:
         print(f"error: {one_line(str(e))}", file=sys.stderr)
         raise SystemExit(1)
+    except Stopped as e:  # a stop signal: what was saved, and how to go on
+        if os.environ.get("RANK", "0") == "0":
+            print(str(e), file=sys.stderr)
+        raise SystemExit(e.exit_status)
     if os.environ.get("RANK", "0") == "0":  # data-parallel runs: the main process reports
         print(f"done: metrics in {out / 'metrics.jsonl'}, samples in {out / 'samples.jsonl'}, "
               f"models in {out / 'final'}")

@@ -235,7 +235,12 @@ class _Loader(yaml.SafeLoader):
 
     def construct_mapping(self, node, deep=False):
         seen = {}
-        for key_node, _ in node.value:
+        # a merge key (<<: *anchor) brings another mapping's keys, which the mapping's own keys may override: only
+        # its own keys are checked for repeats, and the merge is then resolved as YAML defines it
+        own = [(k, v) for k, v in node.value if k.tag != "tag:yaml.org,2002:merge"]
+        if len(own) != len(node.value):
+            self.flatten_mapping(node)
+        for key_node, _ in own:
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
             if isinstance(key, typing.Hashable) and key in seen:
@@ -385,6 +390,12 @@ def validate(cfg: PPOArgs) -> None:
         raise ConfigError(f"top_p: must be in (0, 1], got {cfg.top_p}")
     if cfg.init_kl_coef < 0:
         raise ConfigError(f"init_kl_coef: must be >= 0, got {cfg.init_kl_coef}")
+    # trl's adaptive controller multiplies eta by 1 + clip(KL / target - 1, -0.2, 0.2) x batch / horizon after each
+    # step: with horizon <= 0.2 x batch the factor can reach 0 or below and the KL penalty turn into a bonus
+    if cfg.adap_kl_ctrl and cfg.horizon <= 0.2 * cfg.batch_size:
+        raise ConfigError(f"horizon: {cfg.horizon:g} with batch_size {cfg.batch_size} lets the adaptive KL "
+                          f"controller make eta zero or negative (it needs horizon > 0.2 x batch_size = "
+                          f"{0.2 * cfg.batch_size:g}; the paper's is 10000), or set adap_kl_ctrl: false")
     for name in ("gamma", "lam"):
         if not 0 <= getattr(cfg, name) <= 1:
             raise ConfigError(f"{name}: must be in [0, 1], got {getattr(cfg, name)}")

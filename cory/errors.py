@@ -1,9 +1,10 @@
 """The project's errors, in one place. Each message is one line a user can act on; the entry points print it as
 ``error: ...`` and exit with status 2 (a mistake in what was asked) or 1 (a run that cannot go on).
 
-This module imports nothing: every layer can raise these, and the modules that raise one also export it
-(``from cory.config import ConfigError`` still works).
+Every layer can raise these and imports them from here (no other module re-exports them). ``OneLineParser`` is
+the lab commands' argparse that turns a usage mistake into the command's own one-line error.
 """
+import argparse
 
 
 class ConfigError(ValueError):
@@ -26,6 +27,15 @@ class NonFinite(Exception):
         self.what = what
 
 
+class Stopped(Exception):
+    """A run stopped by a signal (Ctrl-C, SIGTERM): the message says what was saved; ``exit_status`` is the
+    shell's 128 + the signal's number (130 for Ctrl-C), which the entry points exit with."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_status = 128 + int(signum)
+
+
 class EvalError(ValueError):
     """A user mistake on ``cory.lab.evaluate``'s command line; the message is one line."""
 
@@ -36,3 +46,15 @@ class ExperimentError(Exception):
 
 class ReportError(Exception):
     """The folder is not an experiment folder; the message is one line."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse for the lab's commands (``cory.lab.evaluate``, ``cory.lab.experiments``, ...): a mistake raises the
+    command's own one-line ``error`` with argparse's message, instead of printing argparse's usage block."""
+
+    def __init__(self, error: type[Exception], **kwargs):
+        super().__init__(**kwargs)
+        self._error = error
+
+    def error(self, message: str):
+        raise self._error(message)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from cory.metrics import degeneration
-from cory.rollout import tokenize_prompts
+from cory.rollout import checked_scores, tokenize_prompts
 from cory.tasks.base import TRAINING_SAMPLING
 
 BATCH_SIZE = 32  # sequences per generate() call, unless told otherwise
@@ -115,35 +115,35 @@ def sample(model, tokenizer, prompts: Sequence[Sequence[int]], max_new_tokens: i
 
 
 def evaluate_reward(model, reference, tokenizer, task, examples, *, max_new_tokens: int, batch_size: int,
-                    seed: int, label: str = "", allow_early_eos: bool = False, progress: bool = True) -> dict:
+                    seed: int, reward_name: str, label: str = "", allow_early_eos: bool = False,
+                    progress: bool = True) -> dict:
     """Task reward, KL to ``reference``, distinct-1/2, the share of answers repeating a token 4+ times in a row and
     the length of ``model``'s answers to ``examples``, answered from the pioneer's prompt alone."""
     torch.manual_seed(seed)
-    texts, tokens, rewards, kls, lengths = [], [], [], [], []
-    bar = tqdm(total=len(examples), desc=label, unit="prompt", dynamic_ncols=True, leave=False, file=sys.stderr,
-               disable=not progress)
+    texts, tokens, rewards, kls = [], [], [], []
     stop = dict(stop_strings=[task.stop], tokenizer=tokenizer) if task.stop else {}
-    for start in range(0, len(examples), batch_size):
-        chunk = examples[start:start + batch_size]
-        # the pioneer's prompt (IMDB: the review opening alone, at the tokens the task drew)
-        prompts = [ids.tolist() for ids in tokenize_prompts(tokenizer, chunk)]
-        responses = sample(model, tokenizer, prompts, max_new_tokens,
-                           stop if allow_early_eos else {"min_new_tokens": max_new_tokens})
-        answers = [task.clean_response(tokenizer.decode(r, skip_special_tokens=True)) for r in responses]
-        rewards += task.score(chunk, answers)
-        kls += sequence_kl(model, reference, prompts, responses, tokenizer.pad_token_id)
-        lengths += [len(r) for r in responses]
-        texts += answers
-        tokens += responses
-        bar.update(len(chunk))
-    bar.close()
+    extra = stop if allow_early_eos else {"min_new_tokens": max_new_tokens}
+    # closed on an error too, so that the error's one line is not glued to a progress bar
+    with tqdm(total=len(examples), desc=label, unit="prompt", dynamic_ncols=True, leave=False, file=sys.stderr,
+              disable=not progress) as bar:
+        for start in range(0, len(examples), batch_size):
+            chunk = examples[start:start + batch_size]
+            # the pioneer's prompt (IMDB: the review opening alone, at the tokens the task drew)
+            prompts = [ids.tolist() for ids in tokenize_prompts(tokenizer, chunk)]
+            responses = sample(model, tokenizer, prompts, max_new_tokens, extra)
+            answers = [task.clean_response(tokenizer.decode(r, skip_special_tokens=True)) for r in responses]
+            rewards += checked_scores(task, chunk, answers, reward_name)
+            kls += sequence_kl(model, reference, prompts, responses, tokenizer.pad_token_id)
+            texts += answers
+            tokens += responses
+            bar.update(len(chunk))
     return {
         "task_reward": float(sum(rewards) / len(rewards)),
         # the spread of one answer's reward: the mean's sampling error is reward_sd / sqrt(n_prompts)
         "reward_sd": float(torch.tensor(rewards, dtype=torch.float64).std()) if len(rewards) > 1 else 0.0,
         "kl": float(sum(kls) / len(kls)),
         **degeneration(texts, tokens),
-        "response_length": float(sum(lengths) / len(lengths)),
+        "response_length": float(sum(len(r) for r in tokens) / len(tokens)),
         "n_prompts": len(examples),
         "samples": [{"query": ex.query, "response": t, "reward": r}
                     for ex, t, r in list(zip(examples, texts, rewards))[:5]],
@@ -169,6 +169,7 @@ class PeriodicEvaluation:
         evaluation = task_spec(cfg.task).evaluation
         reward = evaluation.scored_as.get(cfg.reward_model, cfg.reward_model)
         self.task = make_eval_task(dataclasses.replace(cfg, reward_model=reward), tokenizer)
+        self.reward = reward
         self.examples = self.task.eval_examples(evaluation.limit)
         self.tokenizer, self.reference = tokenizer, reference
         self.max_new_tokens = evaluation.answer_tokens
@@ -186,7 +187,8 @@ class PeriodicEvaluation:
             with torch.random.fork_rng(devices=devices):
                 result = evaluate_reward(model, self.reference, self.tokenizer, self.task, self.examples,
                                          max_new_tokens=self.max_new_tokens, batch_size=self.batch_size,
-                                         seed=self.SEED, allow_early_eos=self.allow_early_eos, progress=False)
+                                         seed=self.SEED, reward_name=self.reward,
+                                         allow_early_eos=self.allow_early_eos, progress=False)
             model.train(was_training)
             result.pop("samples")
             rows.append({"iterations": iterations, "agent": name, **result})

@@ -11,20 +11,18 @@ import re
 import resource
 import sys
 
+import torch
+
 GIB = 1024 ** 3
 
 
 def _cuda() -> bool:
-    import torch
-
     return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
 def reset_peak() -> None:
     """Start a new stretch: the next ``peak_gib()`` covers only what happens from here on."""
     if _cuda():
-        import torch
-
         torch.cuda.reset_peak_memory_stats()
         return
     try:
@@ -37,8 +35,6 @@ def reset_peak() -> None:
 def peak_gib() -> float:
     """The peak since the last ``reset_peak()`` (CUDA: allocated tensors; CPU: resident memory)."""
     if _cuda():
-        import torch
-
         return torch.cuda.max_memory_allocated() / GIB
     try:
         with open("/proc/self/status") as f:

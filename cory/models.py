@@ -8,11 +8,14 @@ fails in seconds), instead of a name each loader would resolve again.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 from pathlib import Path
 
-from cory.assets import (GPT2_VOCAB, RANDOM, RANDOM_PREFIX, RANDOM_SHAPES, AssetError, ModelSpec, gpt2_tokenizer,
-                         quiet)
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, GPT2Config, LlamaConfig
+from trl import AutoModelForCausalLMWithValueHead
+
+from cory.assets import (GPT2_VOCAB, RANDOM, RANDOM_PREFIX, RANDOM_SHAPES, AssetError, ModelSpec, check_4bit,
+                         gpt2_tokenizer, quiet)
 
 
 def load_tokenizer(spec: ModelSpec):
@@ -22,8 +25,6 @@ def load_tokenizer(spec: ModelSpec):
     left-padded sequence would be scored at shifted positions (its KL and log-probs drift from
     what was sampled); trl's batched generate switches to left padding on its own.
     """
-    from transformers import AutoTokenizer
-
     if spec.kind == RANDOM:
         tokenizer = gpt2_tokenizer()
     else:
@@ -63,18 +64,7 @@ def lora_target_modules(model) -> list[str] | str:
     return list(targets) if targets else "all-linear"
 
 
-def _check_4bit() -> None:
-    import torch
-
-    if not torch.cuda.is_available() or importlib.util.find_spec("bitsandbytes") is None:
-        raise AssetError(
-            "load_in_4bit needs a CUDA GPU and bitsandbytes; set load_in_4bit: false on CPU"
-        )
-
-
 def _dtype(torch_dtype):
-    import torch
-
     if torch_dtype is None:
         # PPO keeps Adam state in the parameters' dtype: a hub checkpoint stored in fp16 would
         # train badly (and slowly on CPU), so default to float32 unless asked otherwise.
@@ -85,16 +75,11 @@ def _dtype(torch_dtype):
 
 
 def _load_causal_lm(spec: ModelSpec, *, dtype, load_in_4bit: bool = False):
-    from transformers import AutoModelForCausalLM
-
     if spec.kind == RANDOM:
         return _random_causal_lm(spec, dtype)
 
     kwargs = {"dtype": dtype}
     if load_in_4bit:
-        import torch
-        from transformers import BitsAndBytesConfig
-
         compute = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         kwargs.update(
             dtype=compute,
@@ -115,8 +100,6 @@ def load_causal_lm(spec: ModelSpec, dtype=None):
 
 def random_config(spec: ModelSpec):
     """The transformers config of a ``random:NAME`` stand-in (GPT-2 tokenizer's vocabulary and special ids)."""
-    from transformers import GPT2Config, LlamaConfig
-
     kind, shape = RANDOM_SHAPES[spec.name[len(RANDOM_PREFIX):]]
     eos = GPT2_VOCAB - 1
     ids = dict(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
@@ -128,9 +111,6 @@ def random_config(spec: ModelSpec):
 def _random_causal_lm(spec: ModelSpec, dtype):
     """A ``random:NAME`` stand-in, built where it will run (the GPU when there is one) from a fixed seed, so
     the reference and every agent start from the same weights, as copies of one checkpoint would."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.random.fork_rng(devices=[torch.cuda.current_device()] if device == "cuda" else []):
         torch.manual_seed(0)
@@ -161,7 +141,7 @@ def _restore_value_head(model, path: str) -> None:
     weights = Path(path) / "model.safetensors"
     if not weights.is_file():
         return
-    from safetensors import safe_open
+    from safetensors import safe_open  # only for a folder saved with its weights in one safetensors file
 
     with safe_open(str(weights), framework="pt") as f:
         keys = [k for k in f.keys() if k.startswith("v_head.")]
@@ -188,11 +168,9 @@ def load_policy(
     GSM8K setting) needs CUDA + bitsandbytes and adapters. ``torch_dtype`` None means float32.
     """
     if load_in_4bit:
-        _check_4bit()
+        check_4bit()
         if not use_peft:
             raise AssetError("load_in_4bit needs use_peft: true (4-bit weights cannot be trained directly)")
-    from trl import AutoModelForCausalLMWithValueHead
-
     with quiet():
         # Load the base model ourselves and hand trl the object: given a string, trl 0.11.4
         # first asks the hub for an adapter_config.json, which we avoid offline, and we need
@@ -200,7 +178,7 @@ def load_policy(
         base = _load_causal_lm(spec, dtype=_dtype(torch_dtype), load_in_4bit=load_in_4bit)
         peft_config = None
         if use_peft:
-            from peft import LoraConfig
+            from peft import LoraConfig  # LoRA runs only: the full-weight runs never need peft
 
             peft_config = LoraConfig(
                 task_type="CAUSAL_LM",
@@ -226,8 +204,7 @@ def load_policies(spec: ModelSpec, names: list[str], *, use_peft: bool = False, 
     """
     if not use_peft or len(names) == 1 or not shared_base:
         return {name: load_policy(spec, use_peft=use_peft, **kwargs) for name in names}
-    from peft import PeftModel
-    from trl import AutoModelForCausalLMWithValueHead
+    from peft import PeftModel  # LoRA runs only (see above)
 
     first = load_policy(spec, use_peft=True, **kwargs)
     peft_model: PeftModel = first.pretrained_model
@@ -265,9 +242,6 @@ def load_reference(spec: ModelSpec, policy=None, *, use_peft: bool = False):
     """
     if use_peft or getattr(policy, "is_peft_model", False):
         return None
-    import torch
-    from trl import AutoModelForCausalLMWithValueHead
-
     dtype, device = torch.float32, None
     if policy is not None:
         first = next(policy.pretrained_model.parameters())

@@ -1,4 +1,8 @@
-"""A run's folder: resolved config, metrics and samples (JSON lines), atomic checkpoints."""
+"""A run's folder: resolved config, metrics and samples (JSON lines), atomic checkpoints.
+
+The checks made before any model loads (``cory.preflight``, the command line's ``--help`` and ``--print_config``)
+read run folders through this module, so torch is imported only inside the functions that save or load
+checkpoints: those checks stay quick and torch-free."""
 from __future__ import annotations
 
 import contextlib
@@ -12,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from cory.config import ConfigError
+from cory.errors import ConfigError
 from cory.method import AGENT_NAMES
 from cory.tasks import registered
 
@@ -133,8 +137,9 @@ def check_writable(path: Path, name: str = "output_dir") -> None:
         raise ConfigError(f"{name}: cannot write in {folder} (permission denied); choose another place")
 
 
-def check_output_dir(output_dir: str, *, resume: bool, overwrite: bool) -> None:
-    """Refuse to touch an existing run unless asked to, and anything but a run at all; writes nothing."""
+def check_output_dir(output_dir: str, *, resume: bool, overwrite: bool, method: str = "", task: str = "") -> None:
+    """Refuse to touch an existing run unless asked to, and anything but a run at all; writes nothing. ``method``
+    and ``task``: this run's, so that a folder holding another method's run gets advice that works."""
     path = Path(output_dir)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"output_dir: {output_dir} exists and is not a folder")
@@ -147,6 +152,11 @@ def check_output_dir(output_dir: str, *, resume: bool, overwrite: bool) -> None:
     if not path.is_dir() or all(p.name == LOCK for p in path.iterdir()):  # a lock alone: a run that never began
         return
     if not overwrite:
+        there = read_manifest(path) or {}
+        if method and there.get("method") and (there["method"], there.get("task")) != (method, task):
+            raise ConfigError(f"output_dir: {output_dir} holds a {there['method']} run on {there.get('task')}; "
+                              f"continue it with {there.get('task')}_train/{there['method']}.py --resume "
+                              f"{output_dir}, or choose another output_dir (--overwrite replaces it)")
         raise ConfigError(f"output_dir: {output_dir} already holds files; pass --resume {output_dir} to continue "
                           f"the run there or --overwrite to replace it")
     # --overwrite deletes only what a run of this project wrote, in a folder that says it is one
@@ -272,6 +282,28 @@ def check_checkpoint_file(path: Path) -> None:
                           "which could run any code, so it is not loaded; resume only runs you trust")
 
 
+def check_saveable(obj, what: str) -> None:
+    """``obj`` goes into a checkpoint and comes back through ``load_checkpoint_file``: saved once to a temporary
+    file and read with the same check, before a run trains, so that its checkpoints do not turn out unreadable at
+    the resume. A ConfigError names ``what`` and the object the loader would refuse."""
+    import torch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "probe.pt"
+        try:
+            torch.save(obj, path)
+        except Exception as e:  # noqa: BLE001 - anything pickle refuses, said in one line
+            raise ConfigError(f"{what} cannot be saved in a checkpoint ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''}); return plain values") from None
+        found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    allowed = {f"{g.__module__}.{g.__name__}" for g in _numpy_globals()}
+    code = sorted(set(found) - allowed)
+    if code:
+        raise ConfigError(f"{what} holds a {code[0]}, which the checkpoint loader refuses (it loads data only: "
+                          "numbers, strings, lists, dicts, tensors, numpy arrays), so the run could never be "
+                          "resumed; return plain values")
+
+
 def load_checkpoint_file(path: Path):
     """A checkpoint file's contents, loaded as data only (``torch.load(weights_only=True)``)."""
     import torch
@@ -285,12 +317,12 @@ def load_checkpoint_file(path: Path):
                           "from an older checkpoint, or start again with --overwrite") from None
 
 
-def _clean(value):
+def json_safe(value):
     """JSON-safe scalars: numpy/torch numbers to float, non-finite to None (JSON has no NaN)."""
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [json_safe(v) for v in value]
     if hasattr(value, "item"):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
@@ -352,7 +384,7 @@ class RunDir:
             return
         with open(path, "a") as f:
             for row in rows:
-                f.write(json.dumps(_clean(row)) + "\n")
+                f.write(json.dumps(json_safe(row)) + "\n")
             f.flush()
             os.fsync(f.fileno())
 
@@ -398,32 +430,29 @@ def _truncate_jsonl(path: Path, first_dropped_step: int, key: str = "step") -> N
     _atomic_write(path, "".join(line + "\n" for line in kept))
 
 
-def read_jsonl_rows(path: str | os.PathLike) -> tuple[list[dict], int]:
-    """The rows of a JSON-lines file that parse (a kill can cut the last line), and how many lines did not; a
-    missing file has none. What the experiment runner and the reports read a run's metrics with."""
+class Rows(list):
+    """The rows of a JSON-lines file, with ``unreadable``: how many of its lines did not parse as a JSON object."""
+
+    unreadable: int = 0
+
+
+def read_jsonl(path: str | os.PathLike) -> Rows:
+    """The rows of a JSON-lines file (a missing file has none). A line that does not parse, e.g. the last line of a
+    run killed mid-write, is skipped and counted in ``rows.unreadable``. The one reader of the project's
+    metrics, samples and evaluations."""
     path = Path(path)
-    rows, bad = [], 0
+    rows = Rows()
     if not path.is_file():
-        return rows, bad
+        return rows
     for line in path.read_text(errors="replace").splitlines():
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
-            bad += 1
-            continue
+            row = None
         if isinstance(row, dict):
             rows.append(row)
         else:
-            bad += 1
-    return rows, bad
-
-
-def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    """Every row of a JSON-lines file this project wrote whole (a line that does not parse is an error)."""
-    rows = []
-    for line in Path(path).read_text().splitlines():
-        if line.strip():
-            rows.append(json.loads(line))
+            rows.unreadable += 1
     return rows

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cory.assets import ModelSpec, model_spec
-from cory.config import PPOArgs
+from cory.assets import ModelSpec, check_4bit, model_spec
+from cory.config import INVOCATION_FIELDS, PPOArgs, on_resume_fields, to_dict
 from cory.errors import AssetError, ConfigError
 from cory.method import method_of
 from cory.outputs import (check_checkpoint_file, check_output_dir, latest_checkpoint, load_checkpoint_file,
@@ -40,14 +40,11 @@ def check_run(cfg: PPOArgs) -> ModelSpec:
     loggers it reports to (before the folder is created). Returns the model's spec."""
     spec = check_config(cfg)
     if cfg.load_in_4bit:
-        import importlib.util
-
-        import torch
-        if not torch.cuda.is_available() or importlib.util.find_spec("bitsandbytes") is None:
-            raise ConfigError("load_in_4bit: needs a CUDA GPU and bitsandbytes; set load_in_4bit: false on CPU")
+        check_4bit()
         if not cfg.use_peft:
             raise ConfigError("load_in_4bit: needs use_peft: true (4-bit weights cannot be trained directly)")
-    check_output_dir(cfg.output_dir, resume=cfg.resume is not None, overwrite=cfg.overwrite)
+    check_output_dir(cfg.output_dir, resume=cfg.resume is not None, overwrite=cfg.overwrite, method=cfg.method,
+                     task=cfg.task)
     if cfg.resume is not None:
         check_resumable(Path(cfg.output_dir), cfg)
     if cfg.report_to == "wandb":
@@ -92,13 +89,20 @@ def run_identity(run_dir: Path) -> tuple[str, str | None]:
             manifest.get("task") or saved.get("task"))
 
 
+def check_identity(run_dir: Path, method: str, task: str | None) -> None:
+    """The run in ``run_dir`` is one that ``method``'s script of ``task`` continues (None: any task); else one line
+    naming the script that does."""
+    was, was_task = run_identity(run_dir)
+    if was != method or (task and was_task and was_task != task):
+        raise ConfigError(f"resume: {run_dir} is a {was} run on the {was_task} task; continue it with "
+                          f"{was_task}_train/{was}.py")
+
+
 def check_resumable(run_dir: Path, cfg: PPOArgs) -> None:
     """The run in ``run_dir`` is one this script continues (same method and task), and its newest
     checkpoint's state can be read."""
     method = method_of(cfg)
-    was, task = run_identity(run_dir)
-    if was != method.name or (task and task != cfg.task):
-        raise ConfigError(f"resume: {run_dir} is a {was} run on {task}; continue it with {task}_train/{was}.py")
+    check_identity(run_dir, method.name, cfg.task)
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None:
         return
@@ -109,10 +113,26 @@ def check_resumable(run_dir: Path, cfg: PPOArgs) -> None:
     if state["step"] > cfg.steps:  # its weights have seen more iterations than the run would then say
         raise ConfigError(f"steps: {run_dir} has done {state['step']} iterations, more than --steps {cfg.steps}; a "
                           f"resumed run can only be extended (--steps {state['step']} or more)")
+    check_trained_config(checkpoint, state.get("config"), cfg)
     for name in method.agents:
         if not (checkpoint / f"{name}.pt").is_file():
             raise ConfigError(f"resume: {checkpoint} has no {name}.pt; is it a {method.name} run?")
         check_checkpoint_file(checkpoint / f"{name}.pt")
+
+
+def check_trained_config(checkpoint: Path, trained: dict | None, cfg: PPOArgs) -> None:
+    """The run's config (its config.yaml and this command's allowed changes) agrees with the one its checkpoint
+    was trained with in every field that changes what a run learns; a hand-edited config.yaml would otherwise be
+    recorded while the optimizer kept the old values. Checkpoints written before they recorded it pass."""
+    if not isinstance(trained, dict):
+        return
+    may_change = set(on_resume_fields(type(cfg))) | set(INVOCATION_FIELDS)
+    for name, value in to_dict(cfg).items():
+        if name in may_change or name not in trained or trained[name] == value:
+            continue
+        raise ConfigError(f"resume: {cfg.output_dir}/config.yaml says {name} {value!r}, but its checkpoint "
+                          f"{checkpoint.name} was trained with {trained[name]!r}; a resumed run keeps its training "
+                          f"settings: put {name} back in config.yaml, or start again with --overwrite")
 
 
 def check_wandb() -> None:

@@ -2,6 +2,7 @@
 cleaning them, and the task reward."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,13 +32,29 @@ def generation_kwargs(cfg: PPOArgs, tokenizer, task) -> dict:
 class Rollout:
     """The task, the tokenizer and the sampling settings, with the stream of response lengths."""
 
-    def __init__(self, cfg: PPOArgs, task, tokenizer, length_rng: np.random.Generator):
+    def __init__(self, cfg: PPOArgs, task, tokenizer, length_rng: np.random.Generator, context: int | None = None):
         self.cfg, self.task, self.tokenizer, self.length_rng = cfg, task, tokenizer, length_rng
+        self.context = context  # the model's positions, when known: a prompt and its answer must fit them
         self.gen_kwargs = generation_kwargs(cfg, tokenizer, task)
 
     def prompts(self, examples, texts: list[str] | None = None) -> list[torch.Tensor]:
-        """Prompt tensors of ``texts``, by default the pioneer's prompt of each example."""
-        return tokenize_prompts(self.tokenizer, examples, texts)
+        """Prompt tensors of ``texts`` (the observer's prompts), by default the pioneer's prompt of each example;
+        a RunError (one line, naming the task) for a prompt that is not a string or would not fit the model."""
+        if texts is not None:
+            wrong = [t for t in texts if not isinstance(t, str)]
+            if len(texts) != len(examples) or wrong:
+                got = f"a {type(wrong[0]).__name__} ({str(wrong[0])[:40]!r})" if wrong else f"{len(texts)} prompts"
+                raise RunError(f"task {self.cfg.task}: observer_prompt() returned {got}; it must return the "
+                               "observer's prompt as a string, one per example")
+        prompts = tokenize_prompts(self.tokenizer, examples, texts)
+        longest = max(range(len(prompts)), key=lambda i: len(prompts[i]), default=None)
+        if self.context is not None and longest is not None and \
+                len(prompts[longest]) + self.cfg.response_length_max > self.context:
+            raise RunError(f"task {self.cfg.task}: a prompt of {len(prompts[longest])} tokens "
+                           f"({examples[longest].query[:40]!r}...) with answers of up to {self.cfg.response_length_max} "
+                           f"tokens does not fit {self.cfg.model_name}'s context of {self.context} tokens; shorten "
+                           "the task's prompts or lower response_length_max")
+        return prompts
 
     def response_length(self) -> int:
         return int(self.length_rng.integers(self.cfg.response_length_min, self.cfg.response_length_max + 1))
@@ -93,16 +110,28 @@ def decode_and_clean(task, tokenizer, responses: list[torch.Tensor]) -> tuple[li
     return texts, kept_ids
 
 
-def score_batch(task, examples, responses: list[str], reward_name: str) -> list[float]:
-    """The task's scores, or a RunError naming the reward (the config's ``reward_model``) and the text it
-    failed on."""
+def checked_scores(task, examples, responses: list[str], reward_name: str, score=None) -> list[float]:
+    """``score_batch``, and every score finite (for an evaluation: there is no batch to skip), else a RunError
+    naming the reward and the text."""
+    scores = score_batch(task, examples, responses, reward_name, score)
+    bad = [i for i, x in enumerate(scores) if not math.isfinite(x)]
+    if bad:
+        raise RunError(f"reward {reward_name} returned a non-finite score ({scores[bad[0]]}) on text {bad[0]} "
+                       f"({responses[bad[0]][:60]!r}); it must return a finite number for every answer")
+    return scores
+
+
+def score_batch(task, examples, responses: list[str], reward_name: str, score=None) -> list[float]:
+    """The task's scores (or ``score(examples, responses)``'s), or a RunError naming the reward (the config's
+    ``reward_model``) and the text it failed on, or the count it got wrong."""
     name = reward_name
+    score = score or task.score
     try:
-        scores = _scores(task, examples, responses)
+        scores = [float(x) for x in score(examples, responses)]
     except Exception as e:  # a reward model's failure must say what it was scoring
         index = getattr(e, "index", None)
         if index is None:
-            index = _first_failing_text(task, examples, responses)
+            index = _first_failing_text(score, examples, responses)
         where = f" on text {index} ({responses[index][:60]!r})" if index is not None else ""
         first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise RunError(f"reward {name} failed{where}: {type(e).__name__}: {first_line}") from e
@@ -111,15 +140,11 @@ def score_batch(task, examples, responses: list[str], reward_name: str) -> list[
     return scores
 
 
-def _scores(task, examples, responses) -> list[float]:
-    return [float(s) for s in task.score(examples, responses)]
-
-
-def _first_failing_text(task, examples, responses) -> int | None:
+def _first_failing_text(score, examples, responses) -> int | None:
     """The index of the first text the reward fails on alone: the batch failed, so find which text did."""
     for i, (example, response) in enumerate(zip(examples, responses)):
         try:
-            _scores(task, [example], [response])
+            [float(x) for x in score([example], [response])]
         except Exception:
             return i
     return None

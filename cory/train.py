@@ -25,11 +25,11 @@ import torch
 from cory import game, memory, models, parallel, preflight
 from cory.agent import make_agents, set_precision
 from cory.assets import locate
-from cory.config import ConfigError, PPOArgs, to_dict
-from cory.errors import RunError
+from cory.config import INVOCATION_FIELDS, PPOArgs, to_dict
+from cory.errors import ConfigError, NonFinite, RunError, Stopped
 from cory.heldout import PeriodicEvaluation
 from cory.method import AGENT_NAMES, Method, method_of
-from cory.outputs import RunDir, RunLock, latest_checkpoint, load_checkpoint_file
+from cory.outputs import RunDir, RunLock, check_saveable, latest_checkpoint, load_checkpoint_file
 from cory.rollout import Rollout
 from cory.speedups.patches import cuda_allocator_segments, return_freed_memory
 from cory.tasks import make_task
@@ -60,75 +60,96 @@ class Run:
 
     # -- the loop --------------------------------------------------------------------------------
     def fit(self) -> Path:
+        """Play the iterations from ``start_step`` to ``cfg.steps``; between two iterations come the held-out
+        evaluations, the checkpoints and a requested stop (``between_iterations``)."""
+        cfg = self.cfg
+        self.run_dir.start(to_dict(cfg), resume_step=self.start_step if cfg.resume is not None else None,
+                           overwrite=cfg.overwrite, method=self.method.name)
+        self.heldout = self.heldout_evaluation()
+        self.stop, self.logger = _StopSignals(verbose=self.run_dir.enabled), _Logger(cfg, self.run_dir.enabled)
+        self.logged = 0  # iterations this invocation logged (a skipped batch logs none)
+        self.iteration = getattr(game, self.method.iteration)
         try:
-            return self._fit()
+            with self.stop, self.logger:
+                if self.start_step == 0:
+                    self.evaluate(0)  # the base model, before any update
+                for step in self.progress():
+                    self.log(step, *self.play(step))
+                    self.between_iterations(step + 1)
+                self.finish()
+        except KeyboardInterrupt:
+            raise self.stopped_at_once() from None
         finally:
             if self.lock is not None:
                 self.lock.release()
+        return Path(cfg.output_dir)
 
-    def _fit(self) -> Path:
+    def play(self, step: int) -> tuple[dict | None, list[dict], float]:
+        """One iteration of the game on the next batch: (metrics row or None for a skipped batch, samples, start)."""
+        t0 = time.perf_counter()
+        memory.reset_peak()
+        self.iteration_start = self.sampler_state()
+        batch = self.task.sample(self.cfg.batch_size)
+        if len(batch) != self.cfg.batch_size:
+            raise RunError(f"task {self.cfg.task}: sample({self.cfg.batch_size}) returned {len(batch)} examples "
+                           f"({self.method.name} run); a task's sample(n) returns exactly n")
+        try:
+            row, samples = self.iteration(step, batch, self.agents, self.rollout, self.cfg)
+        except NonFinite as e:
+            raise self.stopped_by(e, step) from None
+        return row, samples, t0
+
+    def log(self, step: int, row: dict | None, samples: list[dict], t0: float) -> None:
+        if row is None:  # a batch skipped for non-finite rewards
+            return
+        row = {"step": step, **row, "time/iteration_s": time.perf_counter() - t0,
+               "memory/peak_gib": memory.peak_gib(), "world_size": self.world_size}
+        row = parallel.mean_over_processes(row)
+        self.run_dir.log_metrics(row)
+        self.run_dir.log_samples(samples)
+        self.logger.log(row, step)
+        self.bar.set_postfix(_postfix(row))
+        self.logged += 1
+
+    def between_iterations(self, done: int) -> None:
+        """After ``done`` iterations: the held-out evaluation, a stop that was asked for (saved first, so the
+        checkpoint is a state the run really passed through), the periodic checkpoint."""
+        cfg = self.cfg
+        if cfg.eval_every and (done % cfg.eval_every == 0 or done == cfg.steps):
+            self.evaluate(done)
+        if done < cfg.steps and parallel.any_process(self.stop.requested):
+            self.save(done)
+            self.bar.close()
+            raise Stopped(f"{self.stop.why}: checkpoint of {done} iterations saved in {cfg.output_dir}; continue "
+                          f"with --resume {cfg.output_dir}", self.stop.signum)
+        if done % cfg.save_every == 0 and done < cfg.steps:
+            self.save(done)
+
+    def finish(self) -> None:
+        self.bar.close()
+        if not self.logged and self.start_step < self.cfg.steps:
+            raise RunError(f"every one of the {self.cfg.steps - self.start_step} iterations was skipped for non-finite "
+                           f"rewards (on_nonfinite: skip): nothing was trained, no final models written; "
+                           f"metrics: none in {self.cfg.output_dir}")
+        self.save(self.cfg.steps)
+        self.save_final()
+
+    def stopped_at_once(self) -> Stopped:
+        """A second signal: the current iteration is half done, so nothing new is saved."""
+        self.bar.close()
+        last = latest_checkpoint(self.run_dir.path) if self.run_dir.enabled else None
+        advice = (f"the last checkpoint is {last}; continue with --resume {self.cfg.output_dir}" if last else
+                  f"no checkpoint yet; start again with --resume {self.cfg.output_dir} (it restarts from "
+                  "iteration 0) or --overwrite")
+        return Stopped(f"interrupted: nothing saved; {advice}", self.stop.again or signal.SIGINT)
+
+    def progress(self):
         from tqdm.auto import tqdm
 
-        cfg, run_dir = self.cfg, self.run_dir
-        resume = cfg.resume is not None
-        run_dir.start(to_dict(cfg), resume_step=self.start_step if resume else None, overwrite=cfg.overwrite,
-                      method=self.method.name)
-        logger = _Logger(cfg) if run_dir.enabled else None
-        heldout = self.heldout_evaluation()
-        iteration = self.method.iteration
-        bar = tqdm(range(self.start_step, cfg.steps), initial=self.start_step, total=cfg.steps,
-                   desc=f"{self.method.name} {cfg.task}", disable=not run_dir.enabled, dynamic_ncols=True)
-        stop = _StopSignals(verbose=run_dir.enabled)
-        try:
-            with stop:
-                if self.start_step == 0:
-                    self.evaluate(heldout, 0)  # the base model, before any update
-                for step in bar:
-                    t0 = time.perf_counter()
-                    memory.reset_peak()
-                    self.iteration_start = self.sampler_state()
-                    batch = self.task.sample(cfg.batch_size)
-                    try:
-                        row, samples = iteration(step, batch, self.agents, self.rollout, cfg)
-                    except game.NonFinite as e:
-                        raise self.stopped_by(e, step) from None
-                    if row is not None:  # None: a batch skipped for non-finite rewards
-                        row = {"step": step, **row, "time/iteration_s": time.perf_counter() - t0,
-                               "memory/peak_gib": memory.peak_gib(), "world_size": self.world_size}
-                        row = parallel.mean_over_processes(row)
-                        run_dir.log_metrics(row)
-                        run_dir.log_samples(samples)
-                        if logger is not None:
-                            logger.log(row, step)
-                        bar.set_postfix(_postfix(row))
-                    done = step + 1
-                    if cfg.eval_every and (done % cfg.eval_every == 0 or done == cfg.steps):
-                        self.evaluate(heldout, done)
-                    if done < cfg.steps and parallel.any_process(stop.requested):
-                        self.save(done)
-                        bar.close()
-                        if run_dir.enabled:
-                            print(f"{stop.why}: checkpoint of {done} iterations saved in {cfg.output_dir}; "
-                                  f"continue with --resume {cfg.output_dir}", file=sys.stderr)
-                        raise SystemExit(130 if stop.signum == signal.SIGINT else 128 + stop.signum)
-                    if done % cfg.save_every == 0 and done < cfg.steps:
-                        self.save(done)
-                bar.close()
-                self.save(cfg.steps)
-                self.save_final()
-        except KeyboardInterrupt:
-            # a second signal: the current iteration is half done, so nothing new is saved
-            bar.close()
-            if run_dir.enabled:
-                last = latest_checkpoint(run_dir.path)
-                advice = (f"the last checkpoint is {last}; continue with --resume {cfg.output_dir}" if last else
-                          f"no checkpoint yet; start again with --resume {cfg.output_dir} (it restarts from "
-                          "iteration 0) or --overwrite")
-                print(f"interrupted: nothing saved; {advice}", file=sys.stderr)
-            raise SystemExit(128 + (stop.again or signal.SIGINT))
-        if logger is not None:
-            logger.close()
-        return Path(cfg.output_dir)
+        self.bar = tqdm(range(self.start_step, self.cfg.steps), initial=self.start_step, total=self.cfg.steps,
+                        desc=f"{self.method.name} {self.cfg.task}", disable=not self.run_dir.enabled,
+                        dynamic_ncols=True)
+        return self.bar
 
     def heldout_evaluation(self) -> PeriodicEvaluation | None:
         """The run's own held-out evaluation (``eval_every``), from the main process only, else None."""
@@ -136,13 +157,12 @@ class Run:
             return None
         return PeriodicEvaluation(self.cfg, self.tokenizer, self.reference.pretrained_model)
 
-    def evaluate(self, heldout: PeriodicEvaluation | None, done: int) -> None:
-        if heldout is None:
-            return
-        self.run_dir.log_eval(heldout({name: agent.policy.pretrained_model for name, agent in self.agents.items()},
-                                      done))
+    def evaluate(self, done: int) -> None:
+        if self.heldout is not None:
+            models = {name: agent.policy.pretrained_model for name, agent in self.agents.items()}
+            self.run_dir.log_eval(self.heldout(models, done))
 
-    def stopped_by(self, e: game.NonFinite, step: int) -> RunError:
+    def stopped_by(self, e: NonFinite, step: int) -> RunError:
         if e.what == "reward":
             # no agent has taken this iteration's PPO step yet: save the state the iteration started from
             self.save(step, self.iteration_start)
@@ -165,7 +185,9 @@ class Run:
         """
         samplers = parallel.gather_objects(sampler or self.sampler_state())
         files = {f"{name}.pt": agent.state_dict() for name, agent in self.agents.items()}
-        files["state.pt"] = {"step": step, **samplers[0], "other_ranks": samplers[1:]}
+        # the config the weights were trained with, so that a resume can tell a hand-edited config.yaml
+        files["state.pt"] = {"step": step, **samplers[0], "other_ranks": samplers[1:],
+                             "config": {k: v for k, v in to_dict(self.cfg).items() if k not in INVOCATION_FIELDS}}
 
         def write(folder: Path):
             for name, content in files.items():
@@ -264,13 +286,14 @@ def _load_run(cfg: PPOArgs, spec, method: Method, rank: int, world: int) -> Run:
         observer = method.observer_reads_pioneer(cfg)  # the observer's prompt holds the pioneer's answer too
         task.check_fits(tokenizer, spec.context, cfg.response_length_max * (2 if observer else 1),
                         model=cfg.model_name, prompt=(lambda ex: task.observer_prompt(ex, "")) if observer else None)
+    check_saveable(task.state_dict(), f"task {cfg.task}: state_dict()")  # every checkpoint holds it
     names = list(method.agents)
     # with LoRA both agents' adapters sit on one shared frozen base (single process only: DDP wants one
     # wrapper per set of weights)
     agents, reference = make_agents(cfg, spec, names, tokenizer, shared_base=world == 1)
 
     run = Run(cfg=cfg, method=method, agents=agents, reference=reference,
-              rollout=Rollout(cfg, task, tokenizer, np.random.default_rng(cfg.seed)),
+              rollout=Rollout(cfg, task, tokenizer, np.random.default_rng(cfg.seed), spec.context),
               run_dir=RunDir(cfg.output_dir, enabled=rank == 0), world_size=world)
     # trl seeds every RNG when it builds a trainer; seed again so the run depends on cfg.seed alone
     torch.manual_seed(cfg.seed + rank)
@@ -382,17 +405,24 @@ class _StopSignals:
 
 class _Logger:
     """The metrics rows, also to ``report_to``'s logger, which writes inside the run folder (wandb/ or
-    tensorboard/), never in the current one."""
+    tensorboard/), never in the current one; open while the loop runs, in the main process."""
 
-    def __init__(self, cfg: PPOArgs):
+    def __init__(self, cfg: PPOArgs, enabled: bool):
+        self.cfg, self.enabled = cfg, enabled
         self.wandb = self.tensorboard = None
-        if cfg.report_to == "wandb":
-            import wandb
+
+    def __enter__(self):
+        cfg = self.cfg
+        if self.enabled and cfg.report_to == "wandb":
+            import wandb  # optional: only runs that report to wandb need it installed
+
             self.wandb = wandb.init(project="cory", config=to_dict(cfg), name=Path(cfg.output_dir).name,
                                     resume="allow", dir=cfg.output_dir)
-        elif cfg.report_to == "tensorboard":
-            from torch.utils.tensorboard import SummaryWriter
+        elif self.enabled and cfg.report_to == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter  # optional: needs the tensorboard package
+
             self.tensorboard = SummaryWriter(log_dir=str(Path(cfg.output_dir) / "tensorboard"))
+        return self
 
     def log(self, row: dict, step: int) -> None:
         numbers = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -403,11 +433,12 @@ class _Logger:
                 self.tensorboard.add_scalar(key, value, step)
             self.tensorboard.flush()  # a killed run keeps what it logged
 
-    def close(self) -> None:
+    def __exit__(self, *exc):
         if self.wandb is not None:
             self.wandb.finish()
         if self.tensorboard is not None:
             self.tensorboard.close()
+        return False
 
 
 def _postfix(row: dict) -> dict:

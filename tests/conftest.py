@@ -55,6 +55,23 @@ def run_script(script: str, *args: str, timeout: int = 900, cwd: Path = REPO):
                           text=True, timeout=timeout, cwd=cwd)
 
 
+def trained(script: str, out: Path, *args) -> list[dict]:
+    """Run a training script into ``out`` (it must succeed) and return its metrics rows, each checked for the
+    paper's r_c = task reward - eta * KL of every agent it logs."""
+    import pytest as _pytest
+
+    from cory.outputs import read_jsonl
+
+    p = run_script(script, *args, "--output_dir", out)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = read_jsonl(out / "metrics.jsonl")
+    for r in rows:
+        for agent in {k.split("/")[0] for k in r if k.endswith("/combined_reward")}:
+            assert r[f"{agent}/combined_reward"] == _pytest.approx(
+                r[f"{agent}/task_reward"] - r[f"{agent}/kl_coef"] * r[f"{agent}/kl"]), (r["step"], agent)
+    return rows
+
+
 def start_script(script: str, *args):
     """A training script started as a user would, left running (a Popen with its output captured)."""
     import subprocess
@@ -97,6 +114,32 @@ def ppo_batch():
     queries = [torch.tensor(tok(q)["input_ids"]) for q, _ in texts]
     responses = [torch.tensor(tok(r)["input_ids"]) for _, r in texts]
     return tok, reference, policy, queries, responses
+
+
+@pytest.fixture(scope="module")
+def ppo_step(ppo_batch):
+    """``ppo_step(tmp_path, cls=Agent, **config) -> (agent, stats, weights)``: one PPO step of a fresh agent of
+    class ``cls`` on ``ppo_batch`` (tiny model, batch 4, 2 epochs, lr 1e-3, eta 0.2 unless ``config`` says
+    otherwise), with numpy's mini-batch shuffling seeded; ``weights`` is every parameter, flattened."""
+    import copy
+
+    import numpy as np
+    import torch
+
+    from cory.agent import Agent
+    from cory.config import build
+
+    tok, reference, policy, queries, responses = ppo_batch
+
+    def step(tmp_path, cls=Agent, **over):
+        cfg = build(IMDB_PPO, {"model_name": "tiny", "reward_model": "vader", "batch_size": 4, "mini_batch_size": 4,
+                              "ppo_epochs": 2, "init_kl_coef": 0.2, "learning_rate": 1e-3,
+                              "output_dir": str(tmp_path), **over})
+        agent = cls("policy", cfg, copy.deepcopy(policy), reference, tok)
+        np.random.seed(0)  # trl shuffles mini-batches with numpy
+        stats = agent.step(queries, responses, [1.0, -0.5, 0.25, 2.0])
+        return agent, stats, torch.cat([p.detach().flatten() for p in agent.policy.parameters()])
+    return step
 
 
 # ----------------------------------------------------------------------------- the training scripts' user mistakes

@@ -126,7 +126,7 @@ def test_reference_is_frozen_fresh_copy(tmp_cache):
 def test_load_in_4bit_on_cpu_fails_before_loading(tmp_cache):
     if torch.cuda.is_available():
         pytest.skip("has CUDA")
-    with pytest.raises(AssetError, match="load_in_4bit needs a CUDA GPU"):
+    with pytest.raises(AssetError, match="load_in_4bit: needs a CUDA GPU"):
         models.load_policy(assets.model_spec("tiny"), use_peft=True, load_in_4bit=True)  # resolved, not built
     assert not tmp_cache.exists()  # nothing was built or loaded
 

@@ -5,7 +5,8 @@ import pytest
 
 from conftest import script_hyperparameters
 from cory.cli import parse
-from cory.config import ConfigError, CoryArgs, PPOArgs, build
+from cory.config import CoryArgs, PPOArgs, build
+from cory.errors import ConfigError
 
 # the fields' checks, run on a real script's values (cory.config itself states no paper value)
 IMDB_PPO = script_hyperparameters("imdb", "ppo")

@@ -8,7 +8,8 @@ import pytest
 
 from conftest import REPO
 from cory.lab import experiments
-from cory.lab.experiments import _parser, command, pair_state, plan
+from cory.lab.experiments import _parser, plan
+from cory.lab.runs import command, pair_state
 from cory.outputs import read_jsonl
 
 

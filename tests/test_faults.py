@@ -170,13 +170,20 @@ class EndAtOnce(LogitsProcessor):
         return scores
 
 
-def test_cory_answers_that_all_end_at_once(tmp_path):
+def ending_at_once(cls, method, tmp_path, which):
+    """One iteration of a tiny run whose sampler ends ``which`` ("every" or "some") answer with EOS at once:
+    (its metrics row, its samples)."""
     out = tmp_path / "run"
-    run = prepare_run(tiny(IMDB_CORY, "cory", out, steps=1, samples_per_step=4, allow_early_eos=True))
-    run.rollout.gen_kwargs["logits_processor"] = LogitsProcessorList([EndAtOnce(run.tokenizer.eos_token_id, "every")])
+    run = prepare_run(tiny(cls, method, out, steps=1, samples_per_step=4, allow_early_eos=True))
+    run.rollout.gen_kwargs["logits_processor"] = LogitsProcessorList([EndAtOnce(run.tokenizer.eos_token_id, which)])
     run.fit()
     [row] = read_jsonl(out / "metrics.jsonl")
-    for s in read_jsonl(out / "samples.jsonl"):  # the observer reads an empty pioneer answer
+    return row, read_jsonl(out / "samples.jsonl")
+
+
+def test_cory_answers_that_all_end_at_once(tmp_path):
+    row, samples = ending_at_once(IMDB_CORY, "cory", tmp_path, "every")
+    for s in samples:  # the observer reads an empty pioneer answer
         assert s["pioneer_response"] == s["observer_response"] == ""
     for agent in ("llm1", "llm2"):
         assert math.isfinite(row[f"{agent}/kl"]) and math.isfinite(row[f"{agent}/policy_loss"])
@@ -184,12 +191,8 @@ def test_cory_answers_that_all_end_at_once(tmp_path):
 
 
 def test_ppo_some_answers_end_at_once(tmp_path):
-    out = tmp_path / "run"
-    run = prepare_run(tiny(IMDB_PPO, "ppo", out, steps=1, samples_per_step=4, allow_early_eos=True))
-    run.rollout.gen_kwargs["logits_processor"] = LogitsProcessorList([EndAtOnce(run.tokenizer.eos_token_id, "some")])
-    run.fit()
-    [row] = read_jsonl(out / "metrics.jsonl")
-    assert [s["response"] == "" for s in read_jsonl(out / "samples.jsonl")] == [True, False, True, False]
+    row, samples = ending_at_once(IMDB_PPO, "ppo", tmp_path, "some")
+    assert [s["response"] == "" for s in samples] == [True, False, True, False]
     assert math.isfinite(row["policy/kl"]) and math.isfinite(row["policy/policy_loss"])
     assert 1 < row["policy/response_length"] < 8  # rows of 1 token beside rows of 4 to 8
 

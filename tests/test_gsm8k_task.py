@@ -21,14 +21,10 @@ from cory.tasks.gsm8k import (
     Gsm8kTask,
     build_observer_prompt,
     build_prompt,
-    correctness_reward,
-    extract_answer,
     load_gsm8k,
-    normalize_number,
-    reference_answer,
     resolve_source,
-    trim_at_stop,
 )
+from cory.tasks.gsm8k_answers import correctness_reward, extract_answer, normalize_number, reference_answer, trim_at_stop
 
 GSM8K_DIR = Path(
     os.environ.get("CORY_GSM8K_DIR")
@@ -253,7 +249,7 @@ def test_load_local_errors(tmp_path):
     assert load_gsm8k("train", source="local", dataset_path=tmp_path) == [
         {"question": "q?", "answer": "a\n#### 1"}
     ]
-    from cory.config import ConfigError
+    from cory.errors import ConfigError
     with pytest.raises(ConfigError, match="test.jsonl not found"):
         load_gsm8k("test", source="local", dataset_path=tmp_path)
     (tmp_path / "test.jsonl").write_text('{"question": "q?"}\n', encoding="utf-8")
@@ -476,13 +472,14 @@ def test_task_load_state_rejects_other_data():
     ("no digits at all", None, None),
 ])
 def test_answer_extraction_authors_and_training_rules(text, authors, training):
-    from cory.tasks.gsm8k import authors_extract
+    from cory.tasks.gsm8k_answers import authors_extract
     assert authors_extract(text) == authors
     assert extract_answer(text) == training
 
 
 def test_authors_scoring_and_prompt():
-    from cory.tasks.gsm8k import authors_correct, authors_reference, build_authors_prompt
+    from cory.tasks.gsm8k import build_authors_prompt
+    from cory.tasks.gsm8k_answers import authors_correct, authors_reference
     solution = "He had 1,000 then 200 more.\n#### 1,200"
     assert authors_reference(solution) == "1200"
     assert authors_correct("The answer is 1,200.", solution) == 1.0

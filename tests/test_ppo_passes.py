@@ -1,13 +1,10 @@
 """Our PPO step (cory.ppo: response window, rollout reuse, token budget per pass, packing) against trl's stock
 PPOTrainer.step: the same statistics and the same weight update, up to float rounding, on the tiny model."""
-import numpy as np
 import pytest
 import torch
 
-from conftest import IMDB_PPO
 from cory import models
 from cory.assets import locate
-from cory.config import build
 from cory.agent import Agent
 from cory.speedups.passes import pass_plan
 
@@ -61,18 +58,12 @@ def setup(ppo_batch):
     return ppo_batch
 
 
-def run_step(setup, cls, tmp_path, **over):
-    import copy
-
-    tok, reference, policy, queries, responses = setup
-    cfg = build(IMDB_PPO, {"model_name": "tiny", "reward_model": "vader", "batch_size": 4, "mini_batch_size": 4,
-                          "ppo_epochs": 2, "init_kl_coef": 0.2, "learning_rate": 1e-3,
-                          "output_dir": str(tmp_path), **over})
-    agent = cls("policy", cfg, copy.deepcopy(policy), reference, tok)
-    np.random.seed(0)  # trl shuffles mini-batches with numpy
-    stats = agent.step(queries, responses, [1.0, -0.5, 0.25, 2.0])
-    params = torch.cat([p.detach().flatten() for p in agent.policy.parameters()])
-    return stats, params
+@pytest.fixture
+def run_step(ppo_step):
+    def run(cls, tmp_path, **over):
+        _, stats, params = ppo_step(tmp_path, cls, **over)
+        return stats, params
+    return run
 
 
 CASES = [
@@ -89,10 +80,10 @@ CASES = [
                          + [(Agent, dict(o, kl_penalty="kl")) for o in CASES[:2]],
                          ids=[f"packed{i}" for i in range(len(CASES))] + ["padded0", "padded1", "no_reuse0"]
                          + ["kl_estimate0", "kl_estimate1"])
-def test_our_step_matches_trl(setup, tmp_path, cls, over):
+def test_our_step_matches_trl(setup, run_step, tmp_path, cls, over):
     before = torch.cat([p.detach().flatten() for p in setup[2].parameters()])
-    stock_stats, stock_params = run_step(setup, StockAgent, tmp_path / "stock", **over)
-    stats, params = run_step(setup, cls, tmp_path / "ours", **over)
+    stock_stats, stock_params = run_step(StockAgent, tmp_path / "stock", **over)
+    stats, params = run_step(cls, tmp_path / "ours", **over)
     for key in STATS:
         assert float(stats[key]) == pytest.approx(float(stock_stats[key]), rel=2e-4, abs=1e-5), key
     update = (stock_params - before).norm()
@@ -146,11 +137,11 @@ def test_packed_attention_is_plain_sdpa_outside_a_packed_pass():
     assert torch.allclose(packed.reshape(plain.shape), plain, atol=1e-4)
 
 
-def test_budget_does_not_change_the_step(setup, tmp_path):
+def test_budget_does_not_change_the_step(setup, run_step, tmp_path):
     before = torch.cat([p.detach().flatten() for p in setup[2].parameters()])
-    one_stats, one_params = run_step(setup, Agent, tmp_path / "one")
+    one_stats, one_params = run_step(Agent, tmp_path / "one")
     for budget in (12, 30, 45):
-        stats, params = run_step(setup, Agent, tmp_path / f"b{budget}", max_pass_tokens=budget)
+        stats, params = run_step(Agent, tmp_path / f"b{budget}", max_pass_tokens=budget)
         for key in STATS:
             assert float(stats[key]) == pytest.approx(float(one_stats[key]), rel=1e-4, abs=1e-6), (budget, key)
         # Adam divides by the gradient's running scale: compare updates, not single weights

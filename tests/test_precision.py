@@ -1,12 +1,12 @@
 """Compute precision: bf16 (autocast, float32 weights and Adam state) stays close to fp32 on a PPO step;
 TF32 is a CUDA switch that changes nothing on a CPU."""
-import numpy as np
 import pytest
 import torch
 
 from conftest import IMDB_PPO
 from cory.agent import Agent, set_precision
-from cory.config import ConfigError, build
+from cory.config import build
+from cory.errors import ConfigError
 
 STATS = ("objective/kl", "ppo/loss/policy", "ppo/loss/value", "ppo/returns/mean", "objective/entropy")
 
@@ -16,29 +16,23 @@ def setup(ppo_batch):
     return ppo_batch
 
 
-def step(setup, tmp_path, precision, **over):
-    import copy
-
-    tok, reference, policy, queries, responses = setup
-    cfg = build(IMDB_PPO, {"model_name": "tiny", "reward_model": "vader", "batch_size": 4, "mini_batch_size": 4,
-                          "ppo_epochs": 2, "init_kl_coef": 0.2, "learning_rate": 1e-3, "precision": precision,
-                          "output_dir": str(tmp_path), **over})
-    agent = Agent("policy", cfg, copy.deepcopy(policy), reference, tok)
-    np.random.seed(0)
-    stats = agent.step(queries, responses, [1.0, -0.5, 0.25, 2.0])
-    params = torch.cat([p.detach().flatten() for p in agent.policy.parameters()])
-    dtypes = {p.dtype for p in agent.policy.parameters()}
-    state = {t.dtype for s in agent.trainer.optimizer.state.values() for t in s.values() if t.dim()}
-    return stats, params, dtypes, state
+@pytest.fixture
+def step(ppo_step):
+    def run(tmp_path, precision, **over):
+        agent, stats, params = ppo_step(tmp_path, precision=precision, **over)
+        dtypes = {p.dtype for p in agent.policy.parameters()}
+        state = {t.dtype for s in agent.trainer.optimizer.state.values() for t in s.values() if t.dim()}
+        return stats, params, dtypes, state
+    return run
 
 
 @pytest.mark.parametrize("over", [{}, {"max_pass_tokens": 30}, {"fast_ppo": False}])
-def test_bf16_step_is_close_to_fp32(setup, tmp_path, over):
+def test_bf16_step_is_close_to_fp32(setup, step, tmp_path, over):
     """Tolerance: the statistics within 2% (bf16 keeps 8 bits of mantissa; log-probabilities and the KL are
     taken in float32), the weight update pointing the same way (cosine > 0.95) with the same size (within 10%)."""
     before = torch.cat([p.detach().flatten() for p in setup[2].parameters()])
-    s32, p32, _, _ = step(setup, tmp_path / "fp32", "fp32", **over)
-    s16, p16, dtypes, state = step(setup, tmp_path / "bf16", "bf16", **over)
+    s32, p32, _, _ = step(tmp_path / "fp32", "fp32", **over)
+    s16, p16, dtypes, state = step(tmp_path / "bf16", "bf16", **over)
     assert dtypes == {torch.float32} and state <= {torch.float32}  # master weights and Adam stay float32
     for key in STATS:
         assert float(s16[key]) == pytest.approx(float(s32[key]), rel=0.02, abs=2e-3), key

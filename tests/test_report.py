@@ -11,7 +11,8 @@ from conftest import REPO
 from cory.lab import results
 from cory.lab.report import build_report
 from cory.lab.results import curve, final_value, load_experiment, pooled_std
-from cory.lab.verdict import Diff, difference, p_value, verdict
+from cory.lab.stats import Diff, difference, p_value
+from cory.lab.verdict import verdict
 
 ETA = 0.2
 

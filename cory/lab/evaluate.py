@@ -32,14 +32,13 @@ from tqdm.auto import tqdm
 
 from cory.assets import (MODEL_SPECS_HELP, SMOLLM2_SPEC, TINY_SPEC, check_hub_asset, is_valid_model_spec, locate,
                          model_spec)
-from cory.cli import OneLineParser
 from cory.config import load_yaml
-from cory.errors import AssetError, ConfigError, EvalError
+from cory.errors import AssetError, ConfigError, EvalError, OneLineParser, RunError
 from cory.models import load_causal_lm, load_tokenizer
-from cory.outputs import check_writable
+from cory.outputs import check_writable, json_safe
 from cory.heldout import BATCH_SIZE, evaluate_reward, sample
 from cory.lab.passk import mean_pass_at_k
-from cory.rollout import decode_and_clean, tokenize_prompts
+from cory.rollout import checked_scores, decode_and_clean, tokenize_prompts
 from cory.tasks import (PASS_AT_K, REWARD_METRICS, TRAINING_PROTOCOL, SamplingProtocol, check_eval_config,
                         load_task_file, make_eval_task, registered, task_spec)
 
@@ -268,78 +267,17 @@ def plan(argv: Sequence[str] | None) -> Plan:
     runs = list(dict.fromkeys(e.run_dir.resolve() for e in entries if e.run_dir is not None))
     configs = {run: _run_config(run) for run in runs}
     same_task = [c for c in configs.values() if c.get("task", args.task) == args.task]
+    inherited = same_task[0] if same_task else {}  # what the (first) run read and was scored with
 
-    # reference: the flag, else the runs' base model, else a spec model is its own base
-    reference = args.reference
-    if reference is not None:
-        if _is_builtin_spec(reference):
-            pass
-        elif not Path(reference).expanduser().is_dir():
-            _hub_id_or_error(reference, "--reference")
-        elif not (Path(reference).expanduser() / "config.json").is_file():
-            raise EvalError(f"--reference {reference}: not a model folder (no config.json)")
-        else:
-            _check_causal_lm(Path(reference).expanduser(), f"--reference {reference}")
-    else:
-        bases = {str(c["model_name"]) for c in configs.values() if c.get("model_name")}
-        if len(bases) > 1:
-            raise EvalError(f"the runs start from different base models ({', '.join(sorted(bases))}); "
-                            "pass --reference SPEC or evaluate them separately")
-        if bases:
-            reference = bases.pop()
-        elif len(entries) == 1 and entries[0].run_dir is None and not Path(entries[0].spec).is_dir():
-            reference = entries[0].spec
-    needs_reference = not passk or not args.no_base  # the KL column of a reward task needs it
-    if reference is None and needs_reference:
-        why = "the KL reference" if not passk else "the 'base' row (or pass --no_base)"
-        raise EvalError(f"--reference: needed for {why}; no run config.yaml found at DIR/../../config.yaml")
-
-    rows = [] if args.no_base else [ModelEntry("base", reference)]
-    rows += [e for e in entries if args.no_base or e.spec != reference]
-    labels: dict[str, int] = {}
-    for e in rows:  # the same folder name in two runs must stay two rows
-        labels[e.label] = labels.get(e.label, 0) + 1
-        if labels[e.label] > 1:
-            e.label = f"{e.label}#{labels[e.label]}"
-
-    inherited = same_task[0] if same_task else {}
-    dataset = args.dataset
-    dataset_path = args.dataset_path
-    if dataset is None and dataset_path is None and inherited.get("dataset"):
-        dataset = inherited["dataset"]
-        path = inherited.get("dataset_path")
-        if path and Path(path).is_dir():
-            dataset_path = path
-        elif dataset == "local":
-            raise EvalError(f"the run read its data from {path}, which is not found here; pass --dataset_path DIR")
-    dataset = dataset or ("local" if dataset_path else "auto")
-    if dataset not in spec.datasets:
-        raise EvalError(f"--dataset {dataset!r} is not one of {', '.join(spec.datasets)} for {args.task}")
-    run_reward = inherited.get("reward_model")
-    if spec.rewards and run_reward not in spec.rewards:
-        run_reward = None  # a config without a task field, of another task's run
-    run_reward = evaluation.scored_as.get(run_reward, run_reward)  # a shaped training reward: the one it shapes
-    reward = (args.reward or run_reward or evaluation.reward
-              or (spec.rewards[0] if len(spec.rewards) == 1 else None))
-    if reward is None:
-        raise EvalError(f"--reward: needed ({args.task} takes any reward and no run's config.yaml names one)")
-
+    reference = _reference(args, entries, configs, passk)
+    rows = _rows(args, entries, reference)
+    dataset, dataset_path = _data(args, spec, inherited)
+    reward = _reward(args, spec, inherited)
     allow_early_eos = True  # pass@k: an answer ends where the model stops
     if not passk:
         allow_early_eos = (args.allow_early_eos == "true" if args.allow_early_eos is not None
                            else bool(inherited.get("allow_early_eos", False)))
-
-    n = ks = None
-    if passk:
-        n = args.n or 16
-        if n > MAX_SAMPLES:
-            raise EvalError(f"--n: at most {MAX_SAMPLES} samples per question, got {n} (each is a generation of up to "
-                            "--max_new_tokens tokens, for every question and model)")
-        ks = args.k or [k for k in DEFAULT_KS if k <= n]
-        too_big = [k for k in ks if k > n]
-        if too_big:
-            raise EvalError(f"--k {too_big[0]} is larger than --n {n}: pass@k needs at least k samples per question")
-
+    n, ks = _samples(args) if passk else (None, None)
     protocol = args.protocol or "training"
     if protocol not in evaluation.protocols:
         raise EvalError(f"--protocol: {protocol!r} is not one of {', '.join(evaluation.protocols)} for --task "
@@ -365,6 +303,88 @@ def plan(argv: Sequence[str] | None) -> Plan:
     return p
 
 
+def _reference(args, entries: list[ModelEntry], configs: dict, passk: bool) -> str | None:
+    """The base model: the flag, else the runs' base model, else a model given as a spec is its own base."""
+    reference = args.reference
+    if reference is not None:
+        if _is_builtin_spec(reference):
+            pass
+        elif not Path(reference).expanduser().is_dir():
+            _hub_id_or_error(reference, "--reference")
+        elif not (Path(reference).expanduser() / "config.json").is_file():
+            raise EvalError(f"--reference {reference}: not a model folder (no config.json)")
+        else:
+            _check_causal_lm(Path(reference).expanduser(), f"--reference {reference}")
+        return reference
+    bases = {str(c["model_name"]) for c in configs.values() if c.get("model_name")}
+    if len(bases) > 1:
+        raise EvalError(f"the runs start from different base models ({', '.join(sorted(bases))}); "
+                        "pass --reference SPEC or evaluate them separately")
+    if bases:
+        reference = bases.pop()
+    elif len(entries) == 1 and entries[0].run_dir is None and not Path(entries[0].spec).is_dir():
+        reference = entries[0].spec
+    if reference is None and (not passk or not args.no_base):  # a reward task's KL column needs it, a base row too
+        why = "the KL reference" if not passk else "the 'base' row (or pass --no_base)"
+        raise EvalError(f"--reference: needed for {why}; no run config.yaml found at DIR/../../config.yaml")
+    return reference
+
+
+def _rows(args, entries: list[ModelEntry], reference: str | None) -> list[ModelEntry]:
+    """The models to evaluate, the base model first (unless --no_base), each under a label of its own."""
+    rows = [] if args.no_base else [ModelEntry("base", reference)]
+    rows += [e for e in entries if args.no_base or e.spec != reference]
+    labels: dict[str, int] = {}
+    for e in rows:  # the same folder name in two runs must stay two rows
+        labels[e.label] = labels.get(e.label, 0) + 1
+        if labels[e.label] > 1:
+            e.label = f"{e.label}#{labels[e.label]}"
+    return rows
+
+
+def _data(args, spec, inherited: dict) -> tuple[str, str | None]:
+    """(dataset, dataset_path): the flags, else the run's."""
+    dataset, dataset_path = args.dataset, args.dataset_path
+    if dataset is None and dataset_path is None and inherited.get("dataset"):
+        dataset = inherited["dataset"]
+        path = inherited.get("dataset_path")
+        if path and Path(path).is_dir():
+            dataset_path = path
+        elif dataset == "local":
+            raise EvalError(f"the run read its data from {path}, which is not found here; pass --dataset_path DIR")
+    dataset = dataset or ("local" if dataset_path else "auto")
+    if dataset not in spec.datasets:
+        raise EvalError(f"--dataset {dataset!r} is not one of {', '.join(spec.datasets)} for {args.task}")
+    return dataset, dataset_path
+
+
+def _reward(args, spec, inherited: dict) -> str:
+    """The reward to score with: the flag, else the run's (a shaped training reward: the one it shapes), else the
+    task's evaluation reward."""
+    run_reward = inherited.get("reward_model")
+    if spec.rewards and run_reward not in spec.rewards:
+        run_reward = None  # a config without a task field, of another task's run
+    run_reward = spec.evaluation.scored_as.get(run_reward, run_reward)
+    reward = (args.reward or run_reward or spec.evaluation.reward
+              or (spec.rewards[0] if len(spec.rewards) == 1 else None))
+    if reward is None:
+        raise EvalError(f"--reward: needed ({args.task} takes any reward and no run's config.yaml names one)")
+    return reward
+
+
+def _samples(args) -> tuple[int, list[int]]:
+    """(n, ks) of a pass@k evaluation."""
+    n = args.n or 16
+    if n > MAX_SAMPLES:
+        raise EvalError(f"--n: at most {MAX_SAMPLES} samples per question, got {n} (each is a generation of up to "
+                        "--max_new_tokens tokens, for every question and model)")
+    ks = args.k or [k for k in DEFAULT_KS if k <= n]
+    too_big = [k for k in ks if k > n]
+    if too_big:
+        raise EvalError(f"--k {too_big[0]} is larger than --n {n}: pass@k needs at least k samples per question")
+    return n, ks
+
+
 # ----------------------------------------------------------------------------- evaluation
 
 def _progress(total: int, label: str):
@@ -376,7 +396,7 @@ def _same_vocabulary(tok_a, tok_b) -> bool:
 
 
 def evaluate_pass_at_k(model, tokenizer, task, examples, *, n: int, ks: Sequence[int], max_new_tokens: int,
-                       batch_size: int, seed: int, label: str = "",
+                       batch_size: int, seed: int, reward_name: str, label: str = "",
                        protocol: SamplingProtocol = TRAINING_PROTOCOL) -> dict:
     """pass@k (unbiased, from ``n`` samples per question, of a 0/1 reward), accuracy, and the share of answers
     cut by the token limit, for ``model`` answering ``examples`` from the pioneer's prompt alone, sampled and read
@@ -388,38 +408,37 @@ def evaluate_pass_at_k(model, tokenizer, task, examples, *, n: int, ks: Sequence
         stop = {"min_new_tokens": max_new_tokens}  # every answer runs to the limit
     per_call = max(1, batch_size // n)  # whole questions per step; a question's n samples stay together
     correct, lengths, at_limit, samples = [], [], 0, []
-    bar = _progress(len(examples), label)
-    for start in range(0, len(examples), per_call):
-        chunk = examples[start:start + per_call]
-        texts = None if protocol.prompt is None else [protocol.prompt(ex) for ex in chunk]
-        prompts = [ids.tolist() for ids in tokenize_prompts(tokenizer, chunk, texts)]
-        if n <= batch_size:  # each prompt read once, its n answers sampled from the shared prompt cache
-            raw = sample(model, tokenizer, prompts, max_new_tokens, stop, repeats=n, sampling=protocol.sampling)
-        else:
-            flat = [p for p in prompts for _ in range(n)]
-            raw = []
-            for i in range(0, len(flat), batch_size):
-                raw += sample(model, tokenizer, flat[i:i + batch_size], max_new_tokens, stop,
-                              sampling=protocol.sampling)
-        repeated = [ex for ex in chunk for _ in range(n)]
-        if protocol.score is not None:  # the protocol reads the whole answer, uncut
-            answers, kept = [tokenizer.decode(r, skip_special_tokens=True) for r in raw], raw
-            scores = protocol.score(repeated, answers)
-        else:
-            # the trainer's own cleaning (GSM8K: cut at a model-started "Question:"), keeping the matching tokens
-            answers, kept = decode_and_clean(task, tokenizer, [torch.tensor(r, dtype=torch.long) for r in raw])
-            scores = task.score(repeated, answers)
-        for j, ex in enumerate(chunk):
-            correct.append(int(sum(scores[j * n:(j + 1) * n])))
-            if len(samples) < 3:
-                samples.append({"question": ex.query, "reference": ex.reference, "response": answers[j * n],
-                                "correct": scores[j * n]})
-        for r, ids in zip(raw, kept):
-            lengths.append(len(ids))
-            ran_out = len(r) >= max_new_tokens and tokenizer.eos_token_id not in r
-            at_limit += int(ran_out and len(ids) == len(r))  # ended neither by EOS nor by a new "Question:"
-        bar.update(len(chunk))
-    bar.close()
+    with _progress(len(examples), label) as bar:  # closed on an error too (its one line stays clean)
+        for start in range(0, len(examples), per_call):
+            chunk = examples[start:start + per_call]
+            texts = None if protocol.prompt is None else [protocol.prompt(ex) for ex in chunk]
+            prompts = [ids.tolist() for ids in tokenize_prompts(tokenizer, chunk, texts)]
+            if n <= batch_size:  # each prompt read once, its n answers sampled from the shared prompt cache
+                raw = sample(model, tokenizer, prompts, max_new_tokens, stop, repeats=n, sampling=protocol.sampling)
+            else:
+                flat = [p for p in prompts for _ in range(n)]
+                raw = []
+                for i in range(0, len(flat), batch_size):
+                    raw += sample(model, tokenizer, flat[i:i + batch_size], max_new_tokens, stop,
+                                  sampling=protocol.sampling)
+            repeated = [ex for ex in chunk for _ in range(n)]
+            if protocol.score is not None:  # the protocol reads the whole answer, uncut
+                answers, kept = [tokenizer.decode(r, skip_special_tokens=True) for r in raw], raw
+                scores = checked_scores(task, repeated, answers, reward_name, protocol.score)
+            else:
+                # the trainer's own cleaning (GSM8K: cut at a model-started "Question:"), keeping the matching tokens
+                answers, kept = decode_and_clean(task, tokenizer, [torch.tensor(r, dtype=torch.long) for r in raw])
+                scores = checked_scores(task, repeated, answers, reward_name)
+            for j, ex in enumerate(chunk):
+                correct.append(int(sum(scores[j * n:(j + 1) * n])))
+                if len(samples) < 3:
+                    samples.append({"question": ex.query, "reference": ex.reference, "response": answers[j * n],
+                                    "correct": scores[j * n]})
+            for r, ids in zip(raw, kept):
+                lengths.append(len(ids))
+                ran_out = len(r) >= max_new_tokens and tokenizer.eos_token_id not in r
+                at_limit += int(ran_out and len(ids) == len(r))  # ended neither by EOS nor by a new "Question:"
+            bar.update(len(chunk))
     result = {f"pass@{k}": v for k, v in mean_pass_at_k(correct, n, ks).items()}
     total = len(examples) * n
     result.update(accuracy=sum(correct) / total, hit_limit=at_limit / total,
@@ -481,7 +500,7 @@ def run(p: Plan) -> dict:
         for entry in p.rows:
             model = reference if entry.spec == p.reference else load_model(entry.spec, p.dtype)
             res = evaluate_reward(model, reference, tokenizer, task, examples, max_new_tokens=p.max_new_tokens,
-                                  batch_size=p.batch_size, seed=p.seed, label=entry.label,
+                                  batch_size=p.batch_size, seed=p.seed, reward_name=p.reward, label=entry.label,
                                   allow_early_eos=p.allow_early_eos)
             results.append({"name": entry.label, "model": entry.spec, **res})
             del model
@@ -500,7 +519,7 @@ def run(p: Plan) -> dict:
             model = load_model(entry.spec, p.dtype)
             res = evaluate_pass_at_k(model, tokenizer, task, examples, n=p.n, ks=p.ks,
                                      max_new_tokens=p.max_new_tokens, batch_size=p.batch_size, seed=p.seed,
-                                     label=entry.label, protocol=protocol)
+                                     reward_name=p.reward, label=entry.label, protocol=protocol)
             results.append({"name": entry.label, "model": entry.spec, **res})
             del model
         columns = [(f"pass@{k}", f"pass@{k}", ".4f") for k in p.ks]
@@ -516,7 +535,7 @@ def run(p: Plan) -> dict:
     if p.json_path is not None:
         p.json_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.json_path.with_name(p.json_path.name + ".tmp")
-        tmp.write_text(json.dumps(doc, indent=2) + "\n")
+        tmp.write_text(json.dumps(json_safe(doc), indent=2, allow_nan=False) + "\n")  # strict JSON: no NaN
         os.replace(tmp, p.json_path)
         print(f"results: {p.json_path}")
     return doc
@@ -531,6 +550,12 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
     except (EvalError, ConfigError, AssetError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
+    except RunError as e:  # a reward that fails on the answers, or returns a wrong count or a non-finite score
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1)
+    except KeyboardInterrupt:
+        print("interrupted: nothing written", file=sys.stderr)
+        raise SystemExit(130)
 
 
 if __name__ == "__main__":

@@ -28,8 +28,6 @@ and ``OUT/REPORT.md``.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import datetime as _dt
 import json
 import math
 import os
@@ -37,8 +35,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,14 +42,14 @@ from pathlib import Path
 import yaml
 
 from cory.assets import check_hub_asset
-from cory.cli import OneLineParser
+from cory.cli import CONFIG_MARKER
 from cory.config import CoryArgs, PPOArgs, load_yaml, on_resume_fields
-from cory.errors import AssetError, ConfigError, ExperimentError, ReportError
+from cory.errors import AssetError, ConfigError, ExperimentError, OneLineParser, ReportError
 from cory.lab import heldout_runs
 from cory.lab.report import build_report
-from cory.outputs import LOCK, RunLock, latest_checkpoint, read_jsonl_rows
+from cory.lab.runs import REPO, Children, Pair, Record, execute, git_state, mismatch, now, pair_state, rel
+from cory.outputs import MANIFEST, RunLock
 
-REPO = Path(__file__).resolve().parents[2]
 
 # method -> (script, flags that make the method); ppo_2x gets its --model_name at plan time
 METHODS: dict[str, tuple[str, list[str]]] = {
@@ -77,28 +73,6 @@ RUNNER_FIELDS = ("task", "seed", "steps", "output_dir", "resume", "overwrite")
 # fields that do not change what a run learns (those a resume may change): a finished run made with other
 # values still counts
 BOOKKEEPING_FIELDS = on_resume_fields(PPOArgs)
-
-
-@dataclass
-class Pair:
-    method: str
-    seed: int
-    kl_coef: float | None
-    script: str         # repo-relative (absolute when outside the repository)
-    preset: str | None  # repo-relative; None: the script's own values
-    flags: list[str]    # --set overrides, eta, then the method's own flags (later flags win)
-    run_dir: Path       # absolute
-    steps: int
-    intended: dict      # field -> value this command asks for (to compare with a run already there)
-    script_args: tuple = ()  # a one-file task's method argument: FILE ppo|cory
-
-    @property
-    def label(self) -> str:
-        return self.method if self.kl_coef is None else f"{self.method}_kl{self.kl_coef:g}"
-
-    @property
-    def key(self) -> str:
-        return f"{self.label}/seed_{self.seed}"
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -185,7 +159,11 @@ def task_scripts(args: argparse.Namespace) -> Scripts:
         path = Path(args.task_file).expanduser().resolve()
         if not path.is_file():
             raise ExperimentError(f"--task_file: {args.task_file} not found")
-        return Scripts({m: [_rel(path), m] for m in ("ppo", "cory")}, None)
+        try:
+            compile(path.read_text(), str(path), "exec")
+        except SyntaxError as e:
+            raise ExperimentError(f"--task_file: {args.task_file} line {e.lineno}: {e.msg}") from None
+        return Scripts({m: [rel(path), m] for m in ("ppo", "cory")}, None)
     tasks = sorted(d.name.removesuffix("_train") for d in REPO.glob("*_train") if (d / "ppo.py").is_file())
     if args.task not in tasks:
         raise ExperimentError(f"--task: {args.task!r} is not one of {', '.join(tasks)} (the <task>_train folders "
@@ -193,29 +171,29 @@ def task_scripts(args: argparse.Namespace) -> Scripts:
     return Scripts({m: [f"{args.task}_train/{m}.py"] for m in ("ppo", "cory")}, REPO / "configs" / args.task)
 
 
-def script_config(command: list[str], flags: list[str], what: str) -> dict:
+def script_config(script: list[str], flags: list[str], what: str) -> dict:
     """The config a training script resolves from ``flags``, checked as it checks it before loading a model:
     the runner asks the script itself (``--print_config``) rather than rebuilding its values."""
-    p = subprocess.run([sys.executable, *command, *flags, "--print_config"], cwd=REPO, capture_output=True,
+    p = subprocess.run([sys.executable, *script, *flags, "--print_config"], cwd=REPO, capture_output=True,
                        text=True, timeout=300, stdin=subprocess.DEVNULL)
     if p.returncode != 0:
         last = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
         raise ExperimentError(f"{what}: {last.removeprefix('error: ')}")
-    return yaml.safe_load(p.stdout)["config"]
+    _, marker, printed = p.stdout.partition(CONFIG_MARKER + "\n")
+    try:
+        config = yaml.safe_load(printed)["config"] if marker else None
+    except (yaml.YAMLError, TypeError, KeyError):
+        config = None
+    if not isinstance(config, dict):
+        raise ExperimentError(f"{what}: `python {' '.join(script)} --print_config` printed no config; a task file "
+                              "must end with `if __name__ == \"__main__\": main(...)` (docs/adding_a_task.md)")
+    return config
 
 
 def plan(args: argparse.Namespace) -> tuple[list[Pair], dict]:
     """Every run this command asks for, each validated by its training script; writes nothing."""
     scripts = task_scripts(args)
-    preset = args.preset or ("cpu" if scripts.configs is not None else None)
-    if preset is not None and scripts.configs is None:
-        raise ExperimentError("--preset: a task file's runs take the file's own values (change them with --set)")
-    if preset is not None:
-        configs = scripts.configs
-        presets = sorted(p.stem.split("_", 1)[1] for p in configs.glob("ppo_*.yaml"))
-        if preset not in presets:
-            raise ExperimentError(f"--preset: {preset!r} is not one of {', '.join(presets) or 'none'} "
-                                  f"({_rel(configs)}/ppo_<preset>.yaml)")
+    preset = _preset(args, scripts)
     methods = _split(args.methods, "methods")
     for m in methods:
         if m not in METHODS:
@@ -223,31 +201,16 @@ def plan(args: argparse.Namespace) -> tuple[list[Pair], dict]:
     seeds = [_int(s, "seeds", 0) for s in _split(args.seeds, "seeds")]
     steps = None if args.steps is None else _int(args.steps, "steps", 1)
     jobs = _int(args.jobs, "jobs", 1)
-    kl_coefs: list[float | None] = [None]
-    if args.kl_coefs is not None:
-        kl_coefs = []
-        for t in _split(args.kl_coefs, "kl_coefs"):
-            try:
-                v = float(t)
-            except ValueError:
-                raise ExperimentError(f"--kl_coefs: expected numbers, got {t!r}") from None
-            if not math.isfinite(v) or v < 0:
-                raise ExperimentError(f"--kl_coefs: must be finite and >= 0, got {t}")
-            if v not in kl_coefs:
-                kl_coefs.append(v)
+    kl_coefs = _kl_coefs(args)
     sets = _overrides(args.set)
     if "init_kl_coef" in sets and args.kl_coefs is not None:
         raise ExperimentError("--set init_kl_coef: conflicts with --kl_coefs, which sets it per run")
-    if not args.out.strip():  # "" would resolve to the current folder and fill it with the experiment
-        raise ExperimentError(f"--out: must name the experiment folder, got {args.out!r}")
-    out = Path(args.out).expanduser().resolve()
-    if out.exists() and not out.is_dir():
-        raise ExperimentError(f"--out: {args.out} exists and is not a folder")
+    out = _out(args)
 
     # each script's own values with the preset: its fields, and the base every run's flags change
     scripts_used = list(dict.fromkeys(METHODS[m][0] for m in methods))
-    preset_files = {s: None if preset is None else configs / f"{s}_{preset}.yaml" for s in scripts_used}
-    preset_flags = {s: [] if f is None else ["--config", _rel(f)] for s, f in preset_files.items()}
+    preset_files = {s: None if preset is None else scripts.configs / f"{s}_{preset}.yaml" for s in scripts_used}
+    preset_flags = {s: [] if f is None else ["--config", rel(f)] for s, f in preset_files.items()}
     bases = {s: script_config(scripts.commands[s], preset_flags[s], f"{s} script") for s in scripts_used}
     known = set().union(*bases.values())
     for key in sets:
@@ -283,12 +246,54 @@ def plan(args: argparse.Namespace) -> tuple[list[Pair], dict]:
             for seed in seeds:
                 label = method if eta is None else f"{method}_kl{eta:g}"
                 pairs.append(Pair(method, seed, eta, command_[0],
-                                  None if preset_files[script_name] is None else _rel(preset_files[script_name]),
+                                  None if preset_files[script_name] is None else rel(preset_files[script_name]),
                                   all_flags, out / "runs" / label / f"seed_{seed}", cfg["steps"],
                                   {**intended, "seed": seed}, tuple(command_[1:])))
     spec = {"task": task, "preset": preset, "methods": methods, "seeds": seeds, "steps": steps,
             "kl_coefs": None if args.kl_coefs is None else kl_coefs, "set": sets, "jobs": jobs, "out": out}
     return pairs, spec
+
+
+def _preset(args, scripts: Scripts) -> str | None:
+    preset = args.preset or ("cpu" if scripts.configs is not None else None)
+    if preset is not None and scripts.configs is None:
+        raise ExperimentError("--preset: a task file's runs take the file's own values (change them with --set)")
+    if preset is not None:
+        presets = sorted(p.stem.split("_", 1)[1] for p in scripts.configs.glob("ppo_*.yaml"))
+        if preset not in presets:
+            raise ExperimentError(f"--preset: {preset!r} is not one of {', '.join(presets) or 'none'} "
+                                  f"({rel(scripts.configs)}/ppo_<preset>.yaml)")
+    return preset
+
+
+def _kl_coefs(args) -> list[float | None]:
+    """The η sweep's values, or [None]: the preset's own η."""
+    if args.kl_coefs is None:
+        return [None]
+    kl_coefs = []
+    for t in _split(args.kl_coefs, "kl_coefs"):
+        try:
+            v = float(t)
+        except ValueError:
+            raise ExperimentError(f"--kl_coefs: expected numbers, got {t!r}") from None
+        if not math.isfinite(v) or v < 0:
+            raise ExperimentError(f"--kl_coefs: must be finite and >= 0, got {t}")
+        if v not in kl_coefs:
+            kl_coefs.append(v)
+    return kl_coefs
+
+
+def _out(args) -> Path:
+    """The experiment folder: a folder or nothing yet, and not a training run's own folder."""
+    if not args.out.strip():  # "" would resolve to the current folder and fill it with the experiment
+        raise ExperimentError(f"--out: must name the experiment folder, got {args.out!r}")
+    out = Path(args.out).expanduser().resolve()
+    if out.exists() and not out.is_dir():
+        raise ExperimentError(f"--out: {args.out} exists and is not a folder")
+    if (out / MANIFEST).is_file():
+        raise ExperimentError(f"--out: {args.out} is a training run's folder, not an experiment folder; choose "
+                              "another --out")
+    return out
 
 
 def _larger_model(args, model: str) -> str:
@@ -307,217 +312,6 @@ def _larger_model(args, model: str) -> str:
     return bigger
 
 
-# ----------------------------------------------------------------------------- what is already there
-
-def _logged_steps(run_dir: Path) -> set[int]:
-    rows, _ = read_jsonl_rows(run_dir / "metrics.jsonl")  # a line cut by a kill is skipped
-    return {row["step"] for row in rows if isinstance(row.get("step"), int)}
-
-
-def _saved_config(run_dir: Path) -> dict | None:
-    try:
-        return load_yaml(run_dir / "config.yaml") if (run_dir / "config.yaml").is_file() else None
-    except ConfigError:
-        return None
-
-
-def pair_state(pair: Pair) -> tuple[str, str]:
-    """("new" | "finished" | "resume" | "overwrite", why) for a run folder, from what it holds."""
-    d = pair.run_dir
-    if not d.is_dir() or all(p.name == LOCK for p in d.iterdir()):
-        return "new", "not started"
-    saved = _saved_config(d)
-    logged = _logged_steps(d)
-    saved_steps = saved.get("steps") if saved else None
-    if saved and saved_steps == pair.steps and (d / "final").is_dir() and pair.steps - 1 in logged:
-        return "finished", f"finished ({pair.steps} iterations)"
-    ckpt = latest_checkpoint(d)
-    if saved and saved_steps == pair.steps and set(range(pair.steps)) <= logged and ckpt is None:
-        # every iteration's metrics and no weights at all: a committed results folder (git keeps no weights),
-        # whose metrics are the result - rerunning would only overwrite them
-        return "finished", f"finished ({pair.steps} iterations; weights not kept)"
-    if saved is None or ckpt is None:
-        return "overwrite", "cut off before its first checkpoint"
-    done = int(ckpt.name.split("_")[-1])
-    if done > pair.steps:
-        return "overwrite", f"its checkpoint is past --steps {pair.steps}"
-    # a resumed run redoes the iterations after the checkpoint; rows missing before it would stay missing
-    if done > (max(logged) + 1 if logged else 0):
-        return "overwrite", f"metrics.jsonl lacks rows before its checkpoint at {done}"
-    return "resume", f"cut off after {len(logged)} logged iterations; resuming from checkpoint {done}"
-
-
-def _mismatch(pair: Pair) -> str | None:
-    """A field where the run already in the folder differs from what this command asks for."""
-    saved = _saved_config(pair.run_dir)
-    if saved is None:
-        return None
-    if isinstance(saved.get("steps"), int) and saved["steps"] > pair.steps:
-        return f"steps={saved['steps']} (more than --steps {pair.steps})"
-    for key, want in pair.intended.items():
-        have = saved.get(key)
-        same = (have == want or (isinstance(have, (int, float)) and isinstance(want, (int, float))
-                                 and not isinstance(have, bool) and math.isclose(have, want, rel_tol=1e-9)))
-        if not same:
-            return f"{key}={have!r} (this command asks for {want!r})"
-    return None
-
-
-# ----------------------------------------------------------------------------- running
-
-def _display(cmd: list[str]) -> str:
-    return shlex.join(["python", *cmd[1:]])
-
-
-def _rel(path: Path) -> str:
-    try:
-        return str(path.relative_to(REPO))
-    except ValueError:
-        return str(path)
-
-
-def command(pair: Pair, mode: str) -> list[str]:
-    out = _rel(pair.run_dir)
-    preset = [] if pair.preset is None else ["--config", pair.preset]
-    cmd = [sys.executable, pair.script, *pair.script_args, *preset, *pair.flags,
-           "--seed", str(pair.seed), "--steps", str(pair.steps), "--output_dir", out]
-    if mode == "resume":
-        cmd += ["--resume", out]
-    elif mode == "overwrite":
-        cmd += ["--overwrite", "true"]
-    return cmd
-
-
-def _git() -> tuple[str | None, bool | None]:
-    try:
-        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=10).stdout.strip() or None
-        status = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True, timeout=10)
-        return commit, (bool(status.stdout.strip()) if status.returncode == 0 else None)
-    except (OSError, subprocess.SubprocessError):
-        return None, None
-
-
-def _now() -> str:
-    return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
-
-
-class Record:
-    """runs.json, rewritten atomically after every change so a killed runner leaves it consistent."""
-
-    def __init__(self, out: Path, spec: dict):
-        self.path = out / "runs.json"
-        self.lock = threading.Lock()
-        prior = json.loads(self.path.read_text()) if self.path.is_file() else {}
-        self.data = {**prior, **{k: v for k, v in spec.items() if k not in ("out", "jobs")}}
-        # the folder holds every earlier command's runs too: list them all, not only this command's
-        for key in ("methods", "seeds", "kl_coefs"):
-            before = prior.get(key) or []
-            self.data[key] = before + [v for v in spec[key] or [] if v not in before] or spec[key]
-        self.data.setdefault("invocations", [])
-        self.data.setdefault("runs", {})
-
-    def save(self) -> None:
-        with self.lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(".runs.json.tmp")
-            tmp.write_text(json.dumps(self.data, indent=2) + "\n")
-            os.replace(tmp, self.path)
-
-    def run(self, pair: Pair) -> dict:
-        with self.lock:
-            rec = self.data["runs"].setdefault(pair.key, {"attempts": []})
-            rec.update(method=pair.method, seed=pair.seed, kl_coef=pair.kl_coef, script=pair.script,
-                       preset=pair.preset, run_dir=_rel(pair.run_dir))
-            return rec
-
-
-class Children:
-    """The training processes running now. Each runs in a session of its own, and a stop signal the runner
-    gets (Ctrl-C, or SIGTERM from a scheduler or ``kill``) is passed on to each once, from here: it saves a
-    checkpoint and stops, and the runner records it. No run is started after the first signal."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.running: set[subprocess.Popen] = set()
-        self.stopped_by: int | None = None
-
-    def start(self, cmd: list[str], **kwargs) -> subprocess.Popen | None:
-        with self.lock:
-            if self.stopped_by is not None:
-                return None
-            proc = subprocess.Popen(cmd, start_new_session=True, **kwargs)
-            self.running.add(proc)
-            return proc
-
-    def wait(self, proc: subprocess.Popen) -> int:
-        status = proc.wait()
-        with self.lock:
-            self.running.discard(proc)
-        return status
-
-    def stop(self, signum: int) -> None:
-        with self.lock:
-            if self.stopped_by is None:
-                self.stopped_by = signum
-            for proc in self.running:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signum)
-
-
-# a run that saved a checkpoint and stopped on a signal (128 + SIGINT or SIGTERM), or was stopped by one
-STOPPED = (130, 143, -signal.SIGINT, -signal.SIGTERM)
-
-
-def execute(pair: Pair, mode: str, record: Record, out: Path, env: dict, why: str = "",
-            children: Children | None = None) -> dict:
-    """Run one training process to the end; its output goes to OUT/logs/."""
-    from tqdm.auto import tqdm
-
-    cmd = command(pair, mode)
-    tqdm.write(f"start  {pair.key} ({why}): {_display(cmd)}")
-    log = out / "logs" / pair.label / f"seed_{pair.seed}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    attempt = {"mode": mode, "command": _display(cmd), "started": _now(), "wall_time_s": None,
-               "exit_status": None, "log": _rel(log)}
-    rec = record.run(pair)
-    with record.lock:
-        rec["attempts"].append(attempt)
-        rec["status"] = "running"
-    record.save()
-    t0 = time.perf_counter()
-    with open(log, "a") as f:
-        f.write(f"\n==== {attempt['started']} {attempt['command']}\n")
-        f.flush()
-        children = children or Children()
-        proc = children.start(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
-        if proc is not None:
-            with record.lock:
-                attempt["pid"] = proc.pid
-            record.save()
-        status = None if proc is None else children.wait(proc)
-    with record.lock:
-        attempt["wall_time_s"] = round(time.perf_counter() - t0, 1)
-        attempt["exit_status"] = status
-        if status not in (0, None):
-            attempt["error"] = _last_error(log)
-        rec["status"] = ("finished" if status == 0 else
-                         "interrupted" if status is None or status in STOPPED else "failed")
-    record.save()
-    return attempt
-
-
-def _last_error(log: Path) -> str:
-    text = log.read_text(errors="replace")
-    text = text[text.rfind("\n==== ") + 1:]  # this attempt's output only (the log is appended to)
-    lines = [ln.strip() for ln in text.replace("\r", "\n").splitlines() if ln.strip()][1:]
-    for ln in reversed(lines):
-        if ln.startswith("error:") or "Error" in ln.split(":")[0]:
-            return ln[:300]
-    return lines[-1][:300] if lines else "no output"
-
-
 def run(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     pairs, spec = plan(args)
@@ -533,35 +327,13 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def _run(args, argv, pairs: list[Pair], spec: dict, out: Path) -> int:
+    """Check every run's folder, record the invocation, train what is not finished, evaluate, report."""
     from tqdm.auto import tqdm
 
-    try:
-        prior = json.loads((out / "runs.json").read_text()) if (out / "runs.json").is_file() else {}
-    except json.JSONDecodeError:
-        raise ExperimentError(f"--out: {_rel(out / 'runs.json')} is not valid JSON; fix or remove it") from None
-    for key in ("task", "preset"):
-        if prior.get(key) not in (None, spec[key]):
-            raise ExperimentError(f"--out: {args.out} holds the {prior.get('task')}/{prior.get('preset')} "
-                                  f"experiment; use another folder for {spec['task']}/{spec['preset']}")
-    states = {}
-    for pair in pairs:
-        state, why = pair_state(pair)
-        if state in ("finished", "resume"):
-            bad = _mismatch(pair)
-            if bad:
-                raise ExperimentError(f"{_rel(pair.run_dir)} holds a run with {bad}; use another --out "
-                                      "or delete that folder")
-        states[pair.key] = (state, why)
+    _check_experiment_folder(args, spec, out)
+    states = _states(pairs)
     record = Record(out, spec)
-
-    commit, dirty = _git()
-    invocation = {"command": shlex.join(["python", "-m", "cory.lab.experiments",
-                                          *(sys.argv[1:] if argv is None else argv)]),
-                  "started": _now(), "git_commit": commit, "git_dirty": dirty, "python": sys.version.split()[0],
-                  "ran": 0, "skipped": 0, "failed": 0}
-    record.data["invocations"].append(invocation)
-    record.save()
-
+    invocation = _record_invocation(record, argv)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if spec["jobs"] > 1 and "OMP_NUM_THREADS" not in env:
         # parallel runs share the cores instead of each starting one thread per core
@@ -577,11 +349,77 @@ def _run(args, argv, pairs: list[Pair], spec: dict, out: Path) -> int:
             todo.append((pair, state, why))
     record.save()
 
-    bar = tqdm(total=len(pairs), initial=len(pairs) - len(todo), desc=f"{spec['task']} {spec['preset'] or ''}", unit="run",
+    children = Children()
+    failed = _train(todo, len(pairs), spec, record, invocation, out, env, children)
+    if children.stopped_by is not None:
+        print(f"interrupted: rerun the same command to continue (records in {rel(record.path)})", file=sys.stderr)
+        return 128 + children.stopped_by
+    failed += _evaluate(args, pairs, spec, out, env, children)
+    if children.stopped_by is not None:
+        print("interrupted: rerun the same command to finish the evaluations", file=sys.stderr)
+        return 128 + children.stopped_by
+    if not args.no_report:
+        try:
+            print(f"report: {rel(build_report(out))}")
+        except ReportError as e:
+            print(f"error: report: {e}", file=sys.stderr)
+            return 1
+    if failed:
+        runs = [k for k in failed if not k.startswith("eval ")]
+        what = [f"{len(runs)} of {len(pairs)} run(s) failed"] if runs else []
+        what += [f"{len(failed) - len(runs)} evaluation(s) failed"] if len(failed) > len(runs) else []
+        print(f"{' and '.join(what)}: {', '.join(failed)} (see {rel(out / 'logs')})", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _check_experiment_folder(args, spec: dict, out: Path) -> None:
+    """``--out`` holds no other task's or preset's experiment, and no training run of its own."""
+    try:
+        prior = json.loads((out / "runs.json").read_text()) if (out / "runs.json").is_file() else {}
+    except json.JSONDecodeError:
+        raise ExperimentError(f"--out: {rel(out / 'runs.json')} is not valid JSON; fix or remove it") from None
+    for key in ("task", "preset"):
+        if prior.get(key) not in (None, spec[key]):
+            raise ExperimentError(f"--out: {args.out} holds the {prior.get('task')}/{prior.get('preset')} "
+                                  f"experiment; use another folder for {spec['task']}/{spec['preset']}")
+
+
+def _states(pairs: list[Pair]) -> dict[str, tuple[str, str]]:
+    """Each run's state (``pair_state``); a folder holding a run made otherwise (other settings, or more
+    iterations than --steps) is refused before anything is written: a runner never replaces or shortens a run."""
+    states = {}
+    for pair in pairs:
+        state, why = pair_state(pair)
+        if state != "new":
+            bad = mismatch(pair)
+            if bad:
+                raise ExperimentError(f"{rel(pair.run_dir)} holds a run with {bad}; use another --out or move that "
+                                      "folder away")
+        states[pair.key] = (state, why)
+    return states
+
+
+def _record_invocation(record: Record, argv) -> dict:
+    commit, dirty = git_state()
+    invocation = {"command": shlex.join(["python", "-m", "cory.lab.experiments",
+                                          *(sys.argv[1:] if argv is None else argv)]),
+                  "started": now(), "git_commit": commit, "git_dirty": dirty, "python": sys.version.split()[0],
+                  "ran": 0, "skipped": 0, "failed": 0}
+    record.data["invocations"].append(invocation)
+    record.save()
+    return invocation
+
+
+def _train(todo: list, total: int, spec: dict, record: Record, invocation: dict, out: Path, env: dict,
+           children: Children) -> list[str]:
+    """The training runs still to do, ``jobs`` at a time; a stop signal is passed on to the running ones, which
+    save a checkpoint (``children.stopped_by`` says so afterwards). Returns the keys of the runs that failed."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, initial=total - len(todo), desc=f"{spec['task']} {spec['preset'] or ''}", unit="run",
                dynamic_ncols=True)
     failed = []
-    interrupted = False
-    children = Children()
 
     def stop(signum, frame):
         children.stop(signum)
@@ -590,12 +428,10 @@ def _run(args, argv, pairs: list[Pair], spec: dict, out: Path) -> int:
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     pool = ThreadPoolExecutor(max_workers=spec["jobs"])
     try:
-        futures = {}
-        for pair, state, why in todo:
-            futures[pool.submit(execute, pair, state, record, out, env, why, children)] = pair
+        futures = {pool.submit(execute, pair, state, record, out, env, why, children): pair
+                   for pair, state, why in todo}
         for fut in as_completed(futures):
-            pair = futures[fut]
-            attempt = fut.result()
+            pair, attempt = futures[fut], fut.result()
             invocation["ran"] += 1
             if attempt["exit_status"] is None:  # never started: the runner was stopping
                 continue
@@ -609,7 +445,8 @@ def _run(args, argv, pairs: list[Pair], spec: dict, out: Path) -> int:
             bar.update(1)
             record.save()
     except KeyboardInterrupt:
-        interrupted = True
+        if children.stopped_by is None:  # (our handler has passed the signal on already)
+            children.stop(signal.SIGINT)
         tqdm.write("interrupted: waiting for the current run(s) to save a checkpoint ...")
         while True:  # a second signal is passed on too (the runs stop at once): keep waiting for them
             try:
@@ -622,28 +459,9 @@ def _run(args, argv, pairs: list[Pair], spec: dict, out: Path) -> int:
         for s, handler in previous.items():
             signal.signal(s, handler)
         bar.close()
-        invocation["finished"] = _now()
+        invocation["finished"] = now()
         record.save()
-    if interrupted:
-        print(f"interrupted: rerun the same command to continue (records in {_rel(record.path)})", file=sys.stderr)
-        return 128 + (children.stopped_by or signal.SIGINT)
-    failed += _evaluate(args, pairs, spec, out, env, children)
-    if children.stopped_by is not None:
-        print("interrupted: rerun the same command to finish the evaluations", file=sys.stderr)
-        return 128 + children.stopped_by
-    if not args.no_report:
-        try:
-            print(f"report: {_rel(build_report(out))}")
-        except ReportError as e:
-            print(f"error: report: {e}", file=sys.stderr)
-            return 1
-    if failed:
-        runs = [k for k in failed if not k.startswith("eval ")]
-        what = [f"{len(runs)} of {len(pairs)} run(s) failed"] if runs else []
-        what += [f"{len(failed) - len(runs)} evaluation(s) failed"] if len(failed) > len(runs) else []
-        print(f"{' and '.join(what)}: {', '.join(failed)} (see {_rel(out / 'logs')})", file=sys.stderr)
-        return 1
-    return 0
+    return failed
 
 
 def _evaluate(args, pairs: list[Pair], spec: dict, out: Path, env: dict, children: Children) -> list[str]:
@@ -658,7 +476,7 @@ def _evaluate(args, pairs: list[Pair], spec: dict, out: Path, env: dict, childre
     if why_not:
         tqdm.write(f"no held-out evaluation: {why_not}")
         return []
-    todo = heldout_runs.commands(spec["task"], [(p.key, p.run_dir) for p in pairs], out, eval_args, _rel,
+    todo = heldout_runs.commands(spec["task"], [(p.key, p.run_dir) for p in pairs], out, eval_args, rel,
                                  args.task_file)
     previous = {s: signal.signal(s, lambda signum, frame: children.stop(signum))
                 for s in (signal.SIGINT, signal.SIGTERM)}

@@ -47,6 +47,33 @@ _SPARE_COLOURS = ("#e377c2", "#7f7f7f", "#bcbd22", "#843c39", "#5254a3")
 LINESTYLES = {POLICY: "-", LLM1: "-", LLM2: "--"}
 
 
+def save_figure(fig, path: Path) -> None:
+    """Write ``fig`` to ``path`` whole or not at all: into a temporary file beside it, then renamed, so that a
+    report stopped mid-write leaves the old figure, never a cut one."""
+    import os
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        fig.savefig(tmp, format=path.suffix.lstrip(".") or "png")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """``path.write_text(text)``, whole or not at all (see ``save_figure``)."""
+    import os
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def colour(method: str) -> str:
     if method in PALETTE:
         return PALETTE[method]
@@ -126,7 +153,7 @@ def plot_metric(exp: Experiment, path: Path, metric: str, series: list[tuple[Gro
         ax.legend(fontsize=8, loc="best")
     else:
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
-    fig.savefig(path)
+    save_figure(fig, path)
     return notes
 
 
@@ -159,7 +186,7 @@ def plot_sweep(exp: Experiment, path: Path, points) -> None:
     if positive and len(positive) == len(kls) and max(positive) / min(positive) > 50:
         ax.set_xscale("log")
     ax.legend(fontsize=8, loc="best")
-    fig.savefig(path)
+    save_figure(fig, path)
 
 
 def plot_heldout(exp: Experiment, path: Path, series: list[tuple[Group, str]], base: float | None) -> bool:
@@ -194,5 +221,5 @@ def plot_heldout(exp: Experiment, path: Path, series: list[tuple[Group, str]], b
     if base is not None:
         ax.axhline(base, color="#555555", linestyle=":", linewidth=1.5, label=f"base model ({base:.3g})")
     ax.legend(fontsize=8, loc="best")
-    fig.savefig(path)
+    save_figure(fig, path)
     return True

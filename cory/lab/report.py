@@ -29,13 +29,15 @@ from pathlib import Path
 
 import numpy as np
 
-from cory.lab.figures import DEGENERATION_METRICS, MAIN_FIGURE_METRICS, METRICS, plot_heldout, plot_metric, plot_sweep
+from cory.lab.figures import (DEGENERATION_METRICS, MAIN_FIGURE_METRICS, METRICS, plot_heldout, plot_metric, plot_sweep,
+                              write_atomically)
 from cory.lab.results import (ABLATION_METHODS, CONFOUND_METHODS, LAST_N, LLM1, LLM2, MAIN_METHODS, METHOD_NAMES,
                               curve, Experiment, final_value, finite, fmt, fmt_final, Group, load_experiment,
                               ReportError, setting_name, sweep_points)
 from cory.lab.learning import LEARNING_RULE, heldout_value
-from cory.lab.verdict import FRONTIER_RULE, NOT_LEARNED, VERDICT_RULE, ablation_lines, frontier, verdict
-from cory.outputs import read_jsonl_rows
+from cory.lab.frontier import FRONTIER_RULE, frontier
+from cory.lab.verdict import NOT_LEARNED, VERDICT_RULE, ablation_lines, verdict
+from cory.outputs import read_jsonl
 from cory.tasks import registered
 
 
@@ -99,7 +101,7 @@ def samples_section(exp: Experiment, per_step: int = 3, per_other_seed: int = 2)
             continue  # the sweep would multiply the samples; its numbers are in the table
         blocks, lowest = [], min(g.runs)
         for seed in sorted(g.runs):
-            rows, _ = read_jsonl_rows(g.runs[seed].path / "samples.jsonl")
+            rows = read_jsonl(g.runs[seed].path / "samples.jsonl")
             rows = [r for r in rows if isinstance(r.get("step"), int)]
             if not rows:
                 blocks.append(f"seed {seed}: no samples.jsonl")
@@ -292,18 +294,12 @@ def evaluation_section(exp: Experiment) -> str | None:
     return "\n".join(lines)
 
 
-def build_report(path: str | Path) -> Path:
-    """Write the figures and REPORT.md into ``path``; returns REPORT.md's path."""
-    exp = load_experiment(path)
+def draw_figures(exp: Experiment, main: list[tuple[Group, str]]) -> tuple[list[tuple[str, str]], list[str]]:
+    """Every figure the folder's runs allow, written into it: ([(file name, caption)], notes on alignment)."""
     root = exp.path
-    notes = list(exp.notes)
+    notes: list[str] = []
     figures: list[tuple[str, str]] = []
 
-    main = [(exp.main_group(m), a) for m in MAIN_METHODS if exp.main_group(m) is not None
-            for a in exp.main_group(m).agents]
-    if exp.main_eta is not None:
-        notes.append(f"No runs at the preset's KL coefficient: the main figures use η={exp.main_eta:g}, the largest "
-                     "coefficient of the sweep that PPO and CORY share.")
     if main:
         held = exp.any_config("allow_early_eos") is False
         for metric in MAIN_FIGURE_METRICS:
@@ -347,6 +343,21 @@ def build_report(path: str | Path) -> Path:
         figures.append(("fig_kl_sweep.png", "the η frontier: final task reward vs final KL, one small point per seed, "
                                             "a large one per η (mean ± std over seeds) (paper Fig. 2c)"))
 
+    return figures, notes
+
+
+def build_report(path: str | Path) -> Path:
+    """Write the figures and REPORT.md into ``path``; returns REPORT.md's path."""
+    exp = load_experiment(path)
+    root = exp.path
+    notes = list(exp.notes)
+    main = [(exp.main_group(m), a) for m in MAIN_METHODS if exp.main_group(m) is not None
+            for a in exp.main_group(m).agents]
+    if exp.main_eta is not None:
+        notes.append(f"No runs at the preset's KL coefficient: the main figures use η={exp.main_eta:g}, the largest "
+                     "coefficient of the sweep that PPO and CORY share.")
+    figures, drawn_notes = draw_figures(exp, main)
+    notes += drawn_notes
     for g in _ordered_groups(exp):
         if g.eta_mismatch:
             notes.append(f"`{g.label}`: its runs started from init_kl_coef {fmt(g.config_eta)}, not the folder's "
@@ -398,7 +409,7 @@ def build_report(path: str | Path) -> Path:
            "values follows from the period."]
     md += [f"- {n}" for n in notes]
     report = root / "REPORT.md"
-    report.write_text("\n".join(md).rstrip() + "\n")
+    write_atomically(report, "\n".join(md).rstrip() + "\n")
     return report
 
 
@@ -424,6 +435,9 @@ def main(argv: list[str] | None = None) -> None:
     except ReportError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
+    except KeyboardInterrupt:  # every file is written whole or not at all (save_figure, write_atomically)
+        print("interrupted: the files written so far are whole; rerun to rebuild the rest", file=sys.stderr)
+        raise SystemExit(130)
     print(f"report: {report}")
 
 

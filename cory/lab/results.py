@@ -26,9 +26,10 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from cory.config import INVOCATION_FIELDS, CoryArgs, on_resume_fields
 from cory.errors import ReportError
 from cory.method import CORY, PPO
-from cory.outputs import read_jsonl_rows
+from cory.outputs import read_jsonl
 
 LAST_N = 10
 POLICY = PPO.agents[0]
@@ -167,6 +168,20 @@ class Group:
         base = METHOD_NAMES.get(self.method, self.method) + AGENT_NAMES.get(agent, f"-{agent}")
         return base if self.kl_coef is None else f"{base} (η={self.kl_coef:g})"
 
+    def differing_settings(self) -> str | None:
+        """Where this group's runs were made with different settings (besides their seeds, folders and what a
+        resume may change), in words, e.g. "learning_rate 3e-05 (seeds 0, 1), 0.0001 (seed 2)"; else None."""
+        ignored = set(on_resume_fields(CoryArgs)) | set(INVOCATION_FIELDS) | {"seed"}
+        keys = sorted({k for r in self.runs.values() for k in r.config} - ignored)
+        for key in keys:
+            by_value: dict[str, list[int]] = {}
+            for seed, run in sorted(self.runs.items()):
+                by_value.setdefault(json.dumps(run.config.get(key), sort_keys=True), []).append(seed)
+            if len(by_value) > 1:
+                return f"{key} " + ", ".join(f"{json.loads(v)} (seed{'s' * (len(ss) > 1)} {', '.join(map(str, ss))})"
+                                             for v, ss in by_value.items())
+        return None
+
     def config_value(self, key: str):
         values = {json.dumps(r.config.get(key), sort_keys=True) for r in self.runs.values() if r.config}
         if not values:
@@ -263,7 +278,8 @@ def load_experiment(path: str | Path) -> Experiment:
             if not m:
                 notes.append(f"`{label_dir.name}/{seed_dir.name}` ignored: not a seed_<n> folder.")
                 continue
-            rows, bad = read_jsonl_rows(seed_dir / "metrics.jsonl")
+            rows = read_jsonl(seed_dir / "metrics.jsonl")
+            bad = rows.unreadable
             if bad:
                 notes.append(f"`{label_dir.name}/{seed_dir.name}`: {bad} unreadable line(s) in metrics.jsonl skipped.")
             if not rows:
@@ -275,7 +291,8 @@ def load_experiment(path: str | Path) -> Experiment:
                     config = yaml.safe_load((seed_dir / "config.yaml").read_text()) or {}
                 except yaml.YAMLError:
                     notes.append(f"`{label_dir.name}/{seed_dir.name}`: config.yaml unreadable.")
-            heldout, bad = read_jsonl_rows(seed_dir / "eval.jsonl")
+            heldout = read_jsonl(seed_dir / "eval.jsonl")
+            bad = heldout.unreadable
             if bad:
                 notes.append(f"`{label_dir.name}/{seed_dir.name}`: {bad} unreadable line(s) in eval.jsonl skipped.")
             group.runs[int(m.group(1))] = SeedRun(int(m.group(1)), seed_dir, rows, config, heldout)

@@ -12,16 +12,15 @@ committed metrics alone.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from cory.cli import OneLineParser
-from cory.errors import ReportError
-from cory.lab.results import POLICY, Experiment, curve, fmt, load_experiment
+from cory.errors import OneLineParser, ReportError
+from cory.lab.figures import write_atomically
+from cory.lab.results import POLICY, Experiment, fmt, load_experiment
 
 MIN_GAIN = 0.3      # held-out reward above the base model's
 MIN_DISTINCT = 0.5  # distinct-2 at least this share of the base model's
@@ -121,7 +120,7 @@ def summary_table(settings: list[Setting]) -> str:
 
 
 def plot(settings: list[Setting], path: Path, metric: str, ylabel: str, base: float | None) -> None:
-    from cory.lab.figures import _axes
+    from cory.lab.figures import _axes, save_figure
 
     fig, ax = _axes(f"IMDB, CPU search: held-out {metric.replace('_', ' ')} of PPO (mean over seeds)",
                     "iterations completed", ylabel, size=(8.5, 5.2))
@@ -136,7 +135,7 @@ def plot(settings: list[Setting], path: Path, metric: str, ylabel: str, base: fl
     if base is not None:
         ax.axhline(base, color="#555555", linestyle=":", linewidth=1.5, label=f"base model ({base:.3g})")
     ax.legend(fontsize=7, loc="best", ncol=2)
-    fig.savefig(path)
+    save_figure(fig, path)
 
 
 def build_summary(root: str | Path, min_gain: float = MIN_GAIN, max_minutes: float = MAX_MINUTES) -> Path:
@@ -176,7 +175,7 @@ def build_summary(root: str | Path, min_gain: float = MIN_GAIN, max_minutes: flo
           "![held-out reward](fig_search_reward.png)", "", "![held-out KL](fig_search_kl.png)", "",
           "![held-out distinct-2](fig_search_distinct_2.png)", ""]
     out = root / "SUMMARY.md"
-    out.write_text("\n".join(md))
+    write_atomically(out, "\n".join(md))
     return out
 
 
@@ -191,6 +190,9 @@ def main(argv: list[str] | None = None) -> None:
     except ReportError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
+    except KeyboardInterrupt:
+        print("interrupted: the files written so far are whole", file=sys.stderr)
+        raise SystemExit(130)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The verdicts of REPORT.md: does CORY reach similar task reward at lower KL than PPO, and does its reward-vs-KL
 frontier lie above PPO's? (Ma et al., NeurIPS 2024, arXiv 2410.06101: Fig. 3 and Fig. 2c.)
 
-The rule is spelled out in ``VERDICT_RULE`` and ``FRONTIER_RULE``, which the report prints before the numbers. In
+The rule is spelled out in ``VERDICT_RULE`` (and the frontier's in ``cory.lab.frontier``), which the report prints
+before the numbers. In
 short: each seed's final value is its mean over an explicit window of the last ``LAST_N`` iterations; PPO and CORY are
 compared by t-tests over those per-seed values, paired by seed when the two methods' runs of a seed shared their
 prompts and answer-length draws (checked on their iteration-0 values), else unpaired (Welch); "similar reward" is a
@@ -16,19 +17,16 @@ from the loading (``cory.lab.results``) and the markdown (``cory.lab.report``).
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass, field
 from functools import cached_property
 
-import numpy as np
-
 from cory.lab.learning import baseline_learned
-from cory.lab.results import (LAST_N, LLM1, LLM2, METHOD_NAMES, POLICY, REWARD_RANGES, curve, Experiment, Final,
+from cory.lab.results import (LAST_N, METHOD_NAMES, POLICY, REWARD_RANGES, curve, Experiment, Final,
                               final_value, fmt, fmt_final, Group)
+from cory.lab.stats import (ALPHA, POWER_TARGET, Diff, difference, holm, holm_adjusted, min_detectable, p_value, pct,
+                            power, trend)
 
-ALPHA = 0.05         # family-wise level of each verdict
 MIN_SEEDS = 3        # fewer seeds per method: the numbers are shown, no verdict
-POWER_TARGET = 0.8   # a negative result with less power than this reads "could not tell"
 MARGIN_SHARE = 0.2   # "similar reward": CORY's reward is at most this share of PPO's reward gain below PPO's
 # ... or this share of the reward's range, whichever is larger: where PPO barely gains (batch-8 CPU runs), a margin
 # of a share of nothing would demand "not lower at all", which no number of seeds can show for equal rewards
@@ -36,149 +34,6 @@ MARGIN_RANGE_SHARE = 0.025  # VADER's [-1, 1]: 0.05; 0/1 correctness: 0.025
 PAPER_KL_RATIO = 2.0  # the paper's effect: PPO's final KL twice CORY's, at similar reward
 COMPARED = ("task_reward", "kl", "combined_reward")
 SAME = 1e-9          # iteration-0 values this close (relative) count as the same draw
-
-
-# ----------------------------------------------------------------------------- statistics
-
-def _t():
-    from scipy import stats
-
-    return stats
-
-
-@dataclass
-class Diff:
-    """The difference ``other − base`` of one metric's per-seed final values, with the standard error and degrees
-    of freedom of its t statistic: paired (the per-seed differences) or unpaired (Welch)."""
-
-    paired: bool
-    mean: float   # estimated mean difference other − base
-    se: float     # its standard error; 0: no spread; NaN: fewer than 2 seeds
-    df: float     # degrees of freedom of the t; NaN when undefined
-    n: int        # pairs (paired) or the smaller group (unpaired)
-    corr: float = float("nan")  # paired: correlation of the two methods' per-seed values
-
-    @property
-    def constant(self) -> bool:
-        return self.se == 0
-
-
-def difference(other: Final, base: Final, paired: bool) -> Diff:
-    """``other − base`` over the per-seed values. Paired: over the seeds both have, one difference per seed;
-    unpaired: Welch's standard error and Welch–Satterthwaite degrees of freedom."""
-    if paired:
-        b = dict(zip(base.seeds, base.per_seed))
-        common = [s for s in other.seeds if s in b]
-        x = np.array([v for s, v in zip(other.seeds, other.per_seed) if s in b], dtype=float)
-        y = np.array([b[s] for s in common], dtype=float)
-        d = x - y
-        n = len(d)
-        if n < 2:
-            return Diff(True, float(d.mean()) if n else float("nan"), float("nan"), float("nan"), n)
-        corr = float("nan")
-        if np.ptp(x) > 0 and np.ptp(y) > 0:
-            corr = float(np.corrcoef(x, y)[0, 1])
-        return Diff(True, float(d.mean()), _se(d.std(ddof=1) / math.sqrt(n), x, y), float(n - 1), n, corr)
-    x, y = np.asarray(other.per_seed, dtype=float), np.asarray(base.per_seed, dtype=float)
-    nx, ny = len(x), len(y)
-    if nx < 2 or ny < 2:
-        mean = float(x.mean() - y.mean()) if nx and ny else float("nan")
-        return Diff(False, mean, float("nan"), float("nan"), min(nx, ny))
-    vx, vy = x.var(ddof=1) / nx, y.var(ddof=1) / ny
-    se = _se(math.sqrt(vx + vy), x, y)
-    df = (vx + vy) ** 2 / (vx ** 2 / (nx - 1) + vy ** 2 / (ny - 1)) if se > 0 else float(nx + ny - 2)
-    return Diff(False, float(x.mean() - y.mean()), se, float(df), min(nx, ny))
-
-
-def _se(se: float, x: np.ndarray, y: np.ndarray) -> float:
-    """0 when the spread is rounding error (the mean of ten 0.1s is not exactly 0.1): such values are constant."""
-    scale = max(float(np.abs(x).max(initial=0.0)), float(np.abs(y).max(initial=0.0)))
-    return 0.0 if se <= 1e-12 * scale else float(se)
-
-
-def p_value(d: Diff, direction: str, bound: float = 0.0) -> float:
-    """One-sided p of the t-test of ``d.mean`` against ``bound``: ``direction`` "less" tests difference < bound,
-    "greater" difference > bound. With no spread (se 0) the sign decides: p = 0 when the difference lies strictly
-    the tested way, 1 the other way, NaN when it sits on the bound (the limit of the test as the spread goes to 0)."""
-    if not math.isfinite(d.mean) or not math.isfinite(d.se):
-        return float("nan")
-    gap = d.mean - bound
-    if d.se == 0:
-        if gap == 0:
-            return float("nan")
-        return 0.0 if (gap < 0) == (direction == "less") else 1.0
-    from scipy.special import stdtr  # Student's t CDF; scipy.stats' frozen distributions cost 20x more per call
-
-    t = gap / d.se
-    return float(stdtr(d.df, t) if direction == "less" else stdtr(d.df, -t))
-
-
-def power(effect: float, d: Diff, alpha: float) -> float:
-    """Chance that the one-sided t-test at level ``alpha`` rejects when the true difference lies ``effect`` beyond
-    the tested bound (noncentral t, with the observed standard error and degrees of freedom)."""
-    if not (math.isfinite(effect) and math.isfinite(d.se) and math.isfinite(d.df)) or d.df <= 0:
-        return float("nan")
-    if d.se == 0:
-        return 1.0 if effect > 0 else 0.0
-    if effect / d.se > 60:
-        return 1.0  # beyond what scipy's noncentral t evaluates reliably; the power is 1 to many digits
-    st = _t()
-    with warnings.catch_warnings():  # scipy's noncentral t warns on extreme noncentralities; the value stands
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return float(st.nct.sf(st.t.ppf(1 - alpha, d.df), d.df, effect / d.se))
-
-
-def min_detectable(d: Diff, alpha: float, target: float = POWER_TARGET) -> float:
-    """The smallest true difference (beyond the tested bound) that the test would find with ``target`` power."""
-    if not (math.isfinite(d.se) and math.isfinite(d.df)) or d.df <= 0:
-        return float("nan")
-    if d.se == 0:
-        return 0.0
-    from scipy.optimize import brentq
-
-    hi = d.se
-    for _ in range(60):
-        if power(hi, d, alpha) >= target:
-            break
-        hi *= 2
-    else:
-        return float("nan")
-    return float(brentq(lambda e: power(e, d, alpha) - target, 0.0, hi, xtol=d.se * 1e-6))
-
-
-def holm(pvalues: list[float], alpha: float = ALPHA) -> list[bool]:
-    """Holm's step-down rejections at family-wise level ``alpha`` (a NaN p is never rejected)."""
-    ps = [p if math.isfinite(p) else 1.0 for p in pvalues]
-    order = sorted(range(len(ps)), key=lambda i: ps[i])
-    out = [False] * len(ps)
-    for rank, i in enumerate(order):
-        if ps[i] < alpha / (len(ps) - rank):
-            out[i] = True
-        else:
-            break
-    return out
-
-
-def trend(group: Group, agent: str, metric: str, steps: tuple[int, int]) -> np.ndarray | None:
-    """Each seed's least-squares slope of ``metric`` per iteration over the window ``steps`` (inclusive)."""
-    c = curve(group, agent, metric)
-    if c is None:
-        return None
-    keep = (c.steps >= steps[0]) & (c.steps <= steps[1])
-    if keep.sum() < 3:
-        return None
-    x = c.steps[keep].astype(float)
-    return np.array([np.polyfit(x, row[keep], 1)[0] for row in c.values])
-
-
-def _pct(p: float) -> str:
-    if not math.isfinite(p):
-        return "n/a"
-    if 0 < p < 0.005:
-        return "<1%"  # not "0%": some power is left
-    if 0.995 <= p < 1:
-        return ">99%"
-    return f"{100 * p:.0f}%"
 
 
 # ----------------------------------------------------------------------------- pairing
@@ -393,15 +248,15 @@ class Comparison:
                 f"{nums[1]} ({part(self.d_kl, self.p_kl, 'lower', 'lower not shown', 'smallest KL gap detectable')}); "
                 f"{nums[2]} ({part(self.d_rc, self.p_rc, 'higher', 'higher not shown', 'smallest r_c gap detectable')}); "
                 f"{ratio}. Claim p = {fmt(self.p_claim)}; power to show the paper's effect (KL halved to "
-                f"{fmt(self.base['kl'].mean / PAPER_KL_RATIO)}, reward equal): {_pct(self.power_claim)} "
-                f"(KL test {_pct(self.power_kl)}, similar-reward test {_pct(self.power_similar)}) — {outcome}.")
+                f"{fmt(self.base['kl'].mean / PAPER_KL_RATIO)}, reward equal): {pct(self.power_claim)} "
+                f"(KL test {pct(self.power_kl)}, similar-reward test {pct(self.power_similar)}) — {outcome}.")
 
 
 def _not_compared(name: str) -> str:
     return f"- {name}: task_reward, kl or combined_reward missing, not compared."
 
 
-def _common_end(series: list[tuple[Group, str]]) -> int | None:
+def common_end(series: list[tuple[Group, str]]) -> int | None:
     """The last iteration that every (group, agent) logged for all compared metrics: runs cut off at different
     iterations are compared over the iterations all of them reached."""
     ends = [c.steps[-1] for g, a in series for m in COMPARED
@@ -414,7 +269,7 @@ def compare(base: Group, other: Group, upto: int | None | str = "auto") -> tuple
     last one all of them reached), Holm-corrected over the agents; returns (comparisons, names lacking metrics)."""
     base_agent = base.agents[0] if base.agents else POLICY
     if upto == "auto":
-        upto = _common_end([(base, base_agent)] + [(other, a) for a in other.agents])
+        upto = common_end([(base, base_agent)] + [(other, a) for a in other.agents])
     ref = {m: final_value(base, base_agent, m, upto=upto) for m in COMPARED}
     if any(f is None for f in ref.values()):
         return [], [base.name(base_agent)]
@@ -492,7 +347,7 @@ class Verdict:
     power: float = float("nan")
 
 
-def _negative(power_: float) -> str:
+def negative_answer(power_: float) -> str:
     return "no" if math.isfinite(power_) and power_ >= POWER_TARGET else "could not tell"
 
 
@@ -506,6 +361,12 @@ def verdict(exp: Experiment) -> Verdict:
     if ppo is None or cory is None:
         missing = " and ".join(m for m, g in (("ppo", ppo), ("cory", cory)) if g is None)
         return Verdict("not decided", f"No finished comparison: no {missing} runs with metrics.")
+    for g in (ppo, cory):
+        differ = g.differing_settings()
+        if differ:
+            return Verdict("not decided", f"**not decided** — {g.name(g.agents[0]).split('-')[0]}'s runs were made "
+                           f"with different settings ({differ}): a comparison pools only runs of the same settings; "
+                           "move the odd runs to a folder of their own.")
     learning = baseline_learned(exp, ppo)
     if learning.learned is False:
         return Verdict(NOT_LEARNED, f"**{NOT_LEARNED}** — {learning.text.split(' — ', 1)[1]} So the comparison "
@@ -517,7 +378,7 @@ def verdict(exp: Experiment) -> Verdict:
 
 def _claim(exp: Experiment, ppo: Group, cory: Group) -> Verdict:
     """The paper's claim, tested once the baseline learned."""
-    upto = _common_end([(ppo, POLICY)] + [(cory, a) for a in cory.agents])
+    upto = common_end([(ppo, POLICY)] + [(cory, a) for a in cory.agents])
     if any(final_value(ppo, POLICY, m, upto=upto) is None for m in COMPARED):
         return Verdict("not decided", "PPO's runs lack task_reward, kl or combined_reward metrics.")
     comps, missing = compare(ppo, cory, upto)
@@ -528,7 +389,7 @@ def _claim(exp: Experiment, ppo: Group, cory: Group) -> Verdict:
     n_ppo, n_cory = base["task_reward"].n, min(min(f.n for f in c.fin.values()) for c in comps)
     held = [c for c in comps if c.holds]
     pw = min((c.power_claim for c in comps), key=lambda p: p if math.isfinite(p) else -1.0)
-    pw_text = f"power to show the paper's effect {_pct(pw)}"
+    pw_text = f"power to show the paper's effect {pct(pw)}"
     if min(n_ppo, n_cory) < MIN_SEEDS:
         answer, label = "too few seeds", "too few seeds"
         summary = (f"No verdict: the test needs at least {MIN_SEEDS} seeds per method (PPO has {n_ppo}, CORY "
@@ -544,14 +405,14 @@ def _claim(exp: Experiment, ppo: Group, cory: Group) -> Verdict:
                    + (f"; {' and '.join(others)} did not" if others else "") + " (Holm-corrected, family-wise "
                    f"α = {ALPHA:g}; see below).")
     else:
-        answer = _negative(pw)
-        label = f"{answer} (power {_pct(pw)})"
+        answer = negative_answer(pw)
+        label = f"{answer} (power {pct(pw)})"
         if answer == "no":
-            summary = (f"No CORY agent showed similar task reward at lower KL, and the design had {_pct(pw)} power "
+            summary = (f"No CORY agent showed similar task reward at lower KL, and the design had {pct(pw)} power "
                        "to show the paper's effect: the claim is not reproduced here.")
         else:
             summary = (f"No CORY agent showed similar task reward at lower KL, but with this spread and these seeds "
-                       f"the design had only {_pct(pw)} power to show the paper's effect (it needs "
+                       f"the design had only {pct(pw)} power to show the paper's effect (it needs "
                        f"{POWER_TARGET:.0%}): this is no evidence against the claim.")
     first, end = base["task_reward"].steps
     where = f" at η={fmt(cory.kl_coef)}" if cory.kl_coef is not None else ""
@@ -623,7 +484,7 @@ def ablation_lines(exp: Experiment) -> str:
             continue
         pair = pairing(ref, abl)
         agents = [a for a in abl.agents if a in ref.agents]
-        upto = _common_end([(ref, a) for a in agents] + [(abl, a) for a in agents])
+        upto = common_end([(ref, a) for a in agents] + [(abl, a) for a in agents])
         tests = []
         for agent in agents:
             for metric in ("task_reward", "kl"):
@@ -637,7 +498,7 @@ def ablation_lines(exp: Experiment) -> str:
             continue
         rejected = holm([t[5] for t in tests])
         m = len(tests)
-        adj = _holm_adjusted([t[5] for t in tests])
+        adj = holm_adjusted([t[5] for t in tests])
         window = next(iter(tests))[2].steps
         lines = []
         for (agent, metric, a, b, d, p), rej, pa in zip(tests, rejected, adj):
@@ -653,141 +514,3 @@ def ablation_lines(exp: Experiment) -> str:
         return ""
     return ("Ablations against the method they ablate, agent by agent (two-sided tests, Holm-corrected over each "
             f"ablation's tests at α = {ALPHA:g}; not part of the answer):\n\n" + "\n\n".join(parts))
-
-
-def _holm_adjusted(pvalues: list[float]) -> list[float]:
-    """Holm-adjusted p-values (reject at α exactly when the adjusted p < α)."""
-    ps = [p if math.isfinite(p) else 1.0 for p in pvalues]
-    m = len(ps)
-    order = sorted(range(m), key=lambda i: ps[i])
-    out, running = [0.0] * m, 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * ps[i]))
-        out[i] = running
-    return out
-
-
-# ----------------------------------------------------------------------------- the η frontier
-
-FRONTIER_RULE = (
-    "Does CORY's frontier of final task reward against final KL lie above PPO's (paper Fig. 2c)? The test: at each "
-    "starting KL coefficient η that both methods ran, a point's score is its _reward at that η_, final task reward − "
-    "η·final KL (per seed, over the same window as above, with the starting η for both methods, so the adaptive "
-    "controller's drift does not enter). A higher score at the same η is a point above the line of slope η through "
-    "the other method's point, the trade-off that η prices; lying above at every η is what \"the frontier lies "
-    "above\" means here. Each CORY agent is compared with PPO at each η by a one-sided t-test of a higher score "
-    "(paired by seed when the runs shared their draws, as above), and all agent × η tests form one family, "
-    f"Holm-corrected at α = {ALPHA:g}. _yes_: every test holds; _partly_: some do (at which η is listed); otherwise "
-    "a negative, read by its power as above: the chance, at Holm's strictest level, to show the paper's effect "
-    "(PPO's KL twice CORY's at equal reward, i.e. a score higher by η × half of PPO's KL), the smallest over the "
-    f"tests; _no_ needs ≥ {POWER_TARGET:.0%}, else _could not tell (power N%)_.")
-
-
-@dataclass
-class FrontierTest:
-    eta: float
-    agent: str
-    name: str
-    ppo: Group
-    cory: Group
-    d: Diff
-    base: Final     # PPO's scores at this η
-    ppo_kl: float
-    pair: Pairing
-    m: int = 1
-    holds: bool = False
-
-    @property
-    def p(self) -> float:
-        return p_value(self.d, "greater")
-
-    @property
-    def power(self) -> float:
-        return power(self.eta * self.ppo_kl * (1 - 1 / PAPER_KL_RATIO), self.d, ALPHA / self.m)
-
-
-def _score(g: Group, agent: str, eta: float, upto: int | None) -> Final | None:
-    r, kl = final_value(g, agent, "task_reward", upto=upto), final_value(g, agent, "kl", upto=upto)
-    if r is None or kl is None or list(r.seeds) != list(kl.seeds):
-        return None
-    return Final(r.per_seed - eta * kl.per_seed, r.last, r.seeds, r.steps)
-
-
-def frontier_groups(exp: Experiment, method: str) -> dict[float, Group]:
-    """η -> the group of ``method`` that started from it: the sweep's folders (``<method>_kl<η>``) and the
-    preset's own run at its η; a folder whose runs started from another η than its name is left out."""
-    out = {g.kl_coef: g for g in exp.groups.values() if g.method == method and g.kl_coef is not None
-           and not g.eta_mismatch and g.runs}
-    g = exp.groups.get(method)
-    if g is not None and g.runs and g.eta is not None:
-        out.setdefault(g.eta, g)
-    return out
-
-
-@dataclass
-class Frontier:
-    answer: str
-    text: str
-    tests: list[FrontierTest]
-    power: float = float("nan")
-
-
-def frontier(exp: Experiment) -> Frontier | None:
-    """The test of ``FRONTIER_RULE``; None when PPO and CORY share fewer than 2 values of η."""
-    ppo_at, cory_at = frontier_groups(exp, "ppo"), frontier_groups(exp, "cory")
-    etas = sorted(set(ppo_at) & set(cory_at))
-    if len(etas) < 2:
-        return None
-    tests, lines, short = [], [], []
-    for eta in etas:
-        p, c = ppo_at[eta], cory_at[eta]
-        upto = _common_end([(p, POLICY)] + [(c, a) for a in c.agents])
-        base = _score(p, POLICY, eta, upto)
-        kl = final_value(p, POLICY, "kl", upto=upto)
-        if base is None or kl is None:
-            continue
-        pair = pairing(p, c)
-        for agent in c.agents:
-            mine = _score(c, agent, eta, upto)
-            if mine is None:
-                continue
-            if min(mine.n, base.n) < MIN_SEEDS:
-                short.append(f"{c.name(agent)}: {min(mine.n, base.n)} seeds")
-                continue
-            tests.append(FrontierTest(eta, agent, c.name(agent), p, c, difference(mine, base, pair.paired), base,
-                                      kl.mean, pair))
-    if short and not tests:
-        return Frontier("too few seeds", f"**too few seeds** — the test needs {MIN_SEEDS} seeds per method and η "
-                                         f"({'; '.join(short)}).", [])
-    if not tests:
-        return Frontier("not decided", "**not decided** — task_reward or kl missing at the shared η values.", [])
-    for t in tests:
-        t.m = len(tests)
-    for t, held in zip(tests, holm([t.p for t in tests])):
-        t.holds = held
-    pw = min((t.power for t in tests), key=lambda p: p if math.isfinite(p) else -1.0)
-    held = [t for t in tests if t.holds]
-    if short:
-        answer, label = "too few seeds", "too few seeds"
-        summary = f"Some η lack {MIN_SEEDS} seeds ({'; '.join(short)}); the tests below are shown without a verdict."
-    elif len(held) == len(tests):
-        answer, label = "yes", f"yes (power {_pct(pw)})"
-        summary = "At every η, every CORY agent's reward at that η was higher than PPO's."
-    elif held:
-        answer, label = "partly", f"partly (power {_pct(pw)})"
-        summary = "Higher at " + ", ".join(f"η={t.eta:g} ({t.name})" for t in held) + "; not shown elsewhere."
-    else:
-        answer = _negative(pw)
-        label = f"{answer} (power {_pct(pw)})"
-        summary = ("No CORY agent's reward-at-η was shown higher than PPO's at any η"
-                   + ("." if answer == "no" else f"; with {_pct(pw)} power this is no evidence against the claim."))
-    for t in tests:
-        lines.append(f"- η={t.eta:g}, {t.name} vs PPO ({'paired' if t.pair.paired else 'unpaired'}, {t.d.n} seeds): "
-                     f"score difference {fmt(t.d.mean)} ± {fmt(t.d.se)} (SE), one-sided p = {fmt(t.p)}: "
-                     f"{'higher' if t.holds else 'higher not shown'} after Holm; power for the paper's effect "
-                     f"(+{fmt(t.eta * t.ppo_kl * (1 - 1 / PAPER_KL_RATIO))}) {_pct(t.power)}; smallest difference "
-                     f"detectable at 80% power {fmt(min_detectable(t.d, ALPHA / t.m))}"
-                     f"; PPO's score {fmt_final(t.base)}.")
-    text = (f"**{label}** — {summary} {len(tests)} tests over η = {', '.join(f'{e:g}' for e in etas)}.\n\n"
-            + "\n".join(lines))
-    return Frontier(answer, text, tests, pw)

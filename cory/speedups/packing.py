@@ -17,6 +17,9 @@ import contextvars
 import functools
 
 import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "cory_sdpa"
 _layout: contextvars.ContextVar = contextvars.ContextVar("cory_packed_layout", default=None)
@@ -43,8 +46,6 @@ def attention(module, query, key, value, attention_mask, **kwargs):
     """SDPA attention per sequence of a packed row: ``query``, ``key``, ``value`` [1, heads, N, dim] are re-padded
     to [B, heads, longest, dim], attended causally, and scattered back to [1, N, heads, dim]; any other call is
     transformers' own SDPA."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     layout = _layout.get()
     if layout is None or query.shape[0] != 1 or query.shape[2] != layout.tokens:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
@@ -61,16 +62,11 @@ def attention(module, query, key, value, attention_mask, **kwargs):
 def mask(*args, **kwargs):
     if _layout.get() is not None:
         return None  # the attention above builds its own per-sequence causal mask
-    from transformers.masking_utils import sdpa_mask
-
     return sdpa_mask(*args, **kwargs)
 
 
 @functools.cache
 def register() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
     AttentionInterface.register(NAME, attention)
     AttentionMaskInterface.register(NAME, mask)
 

@@ -19,7 +19,7 @@ __all__ = ["Evaluation", "Example", "PASS_AT_K", "REWARD_METRICS", "SamplingProt
            "TaskBase", "TaskSpec", "check_config", "check_eval_config", "load_task_file", "make_eval_task", "make_task",
            "register_task", "registered", "task_spec"]
 
-_NOT_TASKS = {"base", "registry"}
+_NOT_TASKS = {"base", "registry", "gsm8k_answers"}
 for _module in pkgutil.iter_modules(__path__):
     if _module.name not in _NOT_TASKS:
         importlib.import_module(f"{__name__}.{_module.name}")

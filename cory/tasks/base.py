@@ -60,9 +60,38 @@ class TaskBase:
     def clean_response(self, text: str) -> str:
         return text
 
-    def check_fits(self, tokenizer, context: int, answer_tokens: int, **where) -> None:
-        """Raise ConfigError (one line) if a prompt and ``answer_tokens`` more would not fit ``context`` positions;
-        a task whose prompts are short has nothing to check (GSM8K checks its questions)."""
+    PEEK = 8  # training examples the default context check looks at (and puts back)
+
+    def check_fits(self, tokenizer, context: int, answer_tokens: int, *, examples=None, prompt=None,
+                   model: str = "the model", limit: str = "response_length_max") -> None:
+        """Raise ConfigError (one line) if a prompt (``prompt(example)``, default its ``prompt``) and
+        ``answer_tokens`` more would not fit ``context`` positions: before training, not as an index error deep
+        in the model. ``examples`` default: a peek at the next training batch (the sampler's state is put back,
+        as a resume would) and the held-out examples; a task that can list all its prompts checks them all
+        (GSM8K)."""
+        import copy
+
+        from cory.errors import ConfigError
+
+        if examples is None:
+            examples = []
+            try:
+                state = copy.deepcopy(self.state_dict())
+                examples = list(self.sample(self.PEEK))
+                self.load_state_dict(state)
+                examples += list(self.eval_examples(64))
+            except Exception:  # noqa: BLE001 - a task broken elsewhere fails where that is checked, naming it
+                pass
+        texts = [prompt(ex) if prompt else ex.prompt for ex in examples]
+        lengths = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) if isinstance(t, str) else 0
+                   for t in texts]
+        over = [i for i, n in enumerate(lengths) if n + answer_tokens > context]
+        if over:
+            worst = max(over, key=lengths.__getitem__)
+            raise ConfigError(f"task {getattr(self, 'name', type(self).__name__)}: a prompt of {lengths[worst]} tokens "
+                              f"({str(examples[worst].query)[:40]!r}...) with answers of up to {answer_tokens} tokens "
+                              f"does not fit {model}'s context of {context} tokens; shorten the task's prompts or "
+                              f"lower {limit}")
 
 
 @dataclass(frozen=True)

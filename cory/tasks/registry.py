@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from cory.config import ConfigError
-from cory.method import method_of
-from cory.tasks.base import Evaluation
+from cory.errors import ConfigError
+from cory.tasks.base import Evaluation, Task
 
 
 @dataclass
@@ -92,4 +91,14 @@ def load_task_file(path: str | Path) -> None:
     path = Path(path).expanduser()
     if not path.is_file():
         raise ConfigError(f"task_file: {path} not found")
-    runpy.run_path(str(path), run_name="cory_task_file")
+    try:
+        runpy.run_path(str(path), run_name="cory_task_file")
+    except SyntaxError as e:
+        raise ConfigError(f"task_file: {path} line {e.lineno}: {e.msg}") from None
+    except Exception as e:  # noqa: BLE001 - the file's own error, named with its line in the file
+        import traceback
+
+        lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if Path(f.filename) == path]
+        where = f" line {lines[-1]}" if lines else ""
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ConfigError(f"task_file: {path}{where}: {type(e).__name__}: {first}") from None

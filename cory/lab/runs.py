@@ -1,0 +1,265 @@
+"""One run of an experiment: what its folder already holds (``pair_state``), the command that trains it, the
+process that runs it (``execute``, with ``Children`` passing a stop signal on), and ``runs.json``'s record of it
+(``Record``). ``cory.lab.experiments`` plans the runs and drives them through these."""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from cory.config import load_yaml
+from cory.errors import ConfigError
+from cory.outputs import LOCK, latest_checkpoint, read_jsonl
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Pair:
+    method: str
+    seed: int
+    kl_coef: float | None
+    script: str         # repo-relative (absolute when outside the repository)
+    preset: str | None  # repo-relative; None: the script's own values
+    flags: list[str]    # --set overrides, eta, then the method's own flags (later flags win)
+    run_dir: Path       # absolute
+    steps: int
+    intended: dict      # field -> value this command asks for (to compare with a run already there)
+    script_args: tuple = ()  # a one-file task's method argument: FILE ppo|cory
+
+    @property
+    def label(self) -> str:
+        return self.method if self.kl_coef is None else f"{self.method}_kl{self.kl_coef:g}"
+
+    @property
+    def key(self) -> str:
+        return f"{self.label}/seed_{self.seed}"
+
+
+# ----------------------------------------------------------------------------- what is already there
+
+def _logged_steps(run_dir: Path) -> set[int]:
+    rows = read_jsonl(run_dir / "metrics.jsonl")  # a line cut by a kill is skipped
+    return {row["step"] for row in rows if isinstance(row.get("step"), int)}
+
+
+def _saved_config(run_dir: Path) -> dict | None:
+    try:
+        return load_yaml(run_dir / "config.yaml") if (run_dir / "config.yaml").is_file() else None
+    except ConfigError:
+        return None
+
+
+def pair_state(pair: Pair) -> tuple[str, str]:
+    """("new" | "finished" | "resume" | "overwrite", why) for a run folder, from what it holds."""
+    d = pair.run_dir
+    if not d.is_dir() or all(p.name == LOCK for p in d.iterdir()):
+        return "new", "not started"
+    saved = _saved_config(d)
+    logged = _logged_steps(d)
+    saved_steps = saved.get("steps") if saved else None
+    if saved and saved_steps == pair.steps and (d / "final").is_dir() and pair.steps - 1 in logged:
+        return "finished", f"finished ({pair.steps} iterations)"
+    ckpt = latest_checkpoint(d)
+    if saved and saved_steps == pair.steps and set(range(pair.steps)) <= logged and ckpt is None:
+        # every iteration's metrics and no weights at all: a committed results folder (git keeps no weights),
+        # whose metrics are the result - rerunning would only overwrite them
+        return "finished", f"finished ({pair.steps} iterations; weights not kept)"
+    if saved is None or ckpt is None:
+        return "overwrite", "cut off before its first checkpoint"
+    done = int(ckpt.name.split("_")[-1])
+    if done > pair.steps:
+        return "overwrite", f"its checkpoint is past --steps {pair.steps}"
+    # a resumed run redoes the iterations after the checkpoint; rows missing before it would stay missing
+    if done > (max(logged) + 1 if logged else 0):
+        return "overwrite", f"metrics.jsonl lacks rows before its checkpoint at {done}"
+    return "resume", f"cut off after {len(logged)} logged iterations; resuming from checkpoint {done}"
+
+
+def mismatch(pair: Pair) -> str | None:
+    """Why the run already in the folder is not the one this command asks for: more iterations than --steps (by
+    its config, its metrics or its checkpoint: whatever the folder holds), or a field set otherwise; else None."""
+    d = pair.run_dir
+    saved = _saved_config(d)
+    ckpt = latest_checkpoint(d)
+    done = max([int(ckpt.name.split("_")[-1])] if ckpt is not None else [], default=0)
+    logged = _logged_steps(d)
+    ran = max([saved["steps"]] if saved and isinstance(saved.get("steps"), int) else [], default=0)
+    ran = max(ran, done, max(logged) + 1 if logged else 0)
+    if ran > pair.steps:
+        return (f"{ran} iterations, more than --steps {pair.steps} (a runner never shortens a run: ask for --steps "
+                f"{ran} or more)")
+    if saved is None:
+        return None
+    for key, want in pair.intended.items():
+        have = saved.get(key)
+        same = (have == want or (isinstance(have, (int, float)) and isinstance(want, (int, float))
+                                 and not isinstance(have, bool) and math.isclose(have, want, rel_tol=1e-9)))
+        if not same:
+            return f"{key}={have!r} (this command asks for {want!r})"
+    return None
+
+
+# ----------------------------------------------------------------------------- running
+
+def _display(cmd: list[str]) -> str:
+    return shlex.join(["python", *cmd[1:]])
+
+
+def rel(path: Path) -> str:
+    try:
+        return str(path.relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
+def command(pair: Pair, mode: str) -> list[str]:
+    out = rel(pair.run_dir)
+    preset = [] if pair.preset is None else ["--config", pair.preset]
+    cmd = [sys.executable, pair.script, *pair.script_args, *preset, *pair.flags,
+           "--seed", str(pair.seed), "--steps", str(pair.steps), "--output_dir", out]
+    if mode == "resume":
+        cmd += ["--resume", out]
+    elif mode == "overwrite":
+        cmd += ["--overwrite", "true"]
+    return cmd
+
+
+def git_state() -> tuple[str | None, bool | None]:
+    try:
+        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None
+        status = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10)
+        return commit, (bool(status.stdout.strip()) if status.returncode == 0 else None)
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+
+
+def now() -> str:
+    return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+class Record:
+    """runs.json, rewritten atomically after every change so a killed runner leaves it consistent."""
+
+    def __init__(self, out: Path, spec: dict):
+        self.path = out / "runs.json"
+        self.lock = threading.Lock()
+        prior = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        self.data = {**prior, **{k: v for k, v in spec.items() if k not in ("out", "jobs")}}
+        # the folder holds every earlier command's runs too: list them all, not only this command's
+        for key in ("methods", "seeds", "kl_coefs"):
+            before = prior.get(key) or []
+            self.data[key] = before + [v for v in spec[key] or [] if v not in before] or spec[key]
+        self.data.setdefault("invocations", [])
+        self.data.setdefault("runs", {})
+
+    def save(self) -> None:
+        with self.lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(".runs.json.tmp")
+            tmp.write_text(json.dumps(self.data, indent=2) + "\n")
+            os.replace(tmp, self.path)
+
+    def run(self, pair: Pair) -> dict:
+        with self.lock:
+            rec = self.data["runs"].setdefault(pair.key, {"attempts": []})
+            rec.update(method=pair.method, seed=pair.seed, kl_coef=pair.kl_coef, script=pair.script,
+                       preset=pair.preset, run_dir=rel(pair.run_dir))
+            return rec
+
+
+class Children:
+    """The training processes running now. Each runs in a session of its own, and a stop signal the runner
+    gets (Ctrl-C, or SIGTERM from a scheduler or ``kill``) is passed on to each once, from here: it saves a
+    checkpoint and stops, and the runner records it. No run is started after the first signal."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.running: set[subprocess.Popen] = set()
+        self.stopped_by: int | None = None
+
+    def start(self, cmd: list[str], **kwargs) -> subprocess.Popen | None:
+        with self.lock:
+            if self.stopped_by is not None:
+                return None
+            proc = subprocess.Popen(cmd, start_new_session=True, **kwargs)
+            self.running.add(proc)
+            return proc
+
+    def wait(self, proc: subprocess.Popen) -> int:
+        status = proc.wait()
+        with self.lock:
+            self.running.discard(proc)
+        return status
+
+    def stop(self, signum: int) -> None:
+        with self.lock:
+            if self.stopped_by is None:
+                self.stopped_by = signum
+            for proc in self.running:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signum)
+
+
+# a run that saved a checkpoint and stopped on a signal (128 + SIGINT or SIGTERM), or was stopped by one
+STOPPED = (130, 143, -signal.SIGINT, -signal.SIGTERM)
+
+
+def execute(pair: Pair, mode: str, record: Record, out: Path, env: dict, why: str = "",
+            children: Children | None = None) -> dict:
+    """Run one training process to the end; its output goes to OUT/logs/."""
+    from tqdm.auto import tqdm
+
+    cmd = command(pair, mode)
+    tqdm.write(f"start  {pair.key} ({why}): {_display(cmd)}")
+    log = out / "logs" / pair.label / f"seed_{pair.seed}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    attempt = {"mode": mode, "command": _display(cmd), "started": now(), "wall_time_s": None,
+               "exit_status": None, "log": rel(log)}
+    rec = record.run(pair)
+    with record.lock:
+        rec["attempts"].append(attempt)
+        rec["status"] = "running"
+    record.save()
+    t0 = time.perf_counter()
+    with open(log, "a") as f:
+        f.write(f"\n==== {attempt['started']} {attempt['command']}\n")
+        f.flush()
+        children = children or Children()
+        proc = children.start(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
+        if proc is not None:
+            with record.lock:
+                attempt["pid"] = proc.pid
+            record.save()
+        status = None if proc is None else children.wait(proc)
+    with record.lock:
+        attempt["wall_time_s"] = round(time.perf_counter() - t0, 1)
+        attempt["exit_status"] = status
+        if status not in (0, None):
+            attempt["error"] = _last_error(log)
+        rec["status"] = ("finished" if status == 0 else
+                         "interrupted" if status is None or status in STOPPED else "failed")
+    record.save()
+    return attempt
+
+
+def _last_error(log: Path) -> str:
+    text = log.read_text(errors="replace")
+    text = text[text.rfind("\n==== ") + 1:]  # this attempt's output only (the log is appended to)
+    lines = [ln.strip() for ln in text.replace("\r", "\n").splitlines() if ln.strip()][1:]
+    for ln in reversed(lines):
+        if ln.startswith("error:") or "Error" in ln.split(":")[0]:
+            return ln[:300]
+    return lines[-1][:300] if lines else "no output"
