@@ -236,8 +236,9 @@ def _sync() -> None:
 
 def phase_memory(trainer, phases: dict):
     """Record the peak memory (GiB; CUDA: allocated tensors, CPU: resident) of each phase of a PPO step into
-    ``phases``: the rollout pass, the reference pass, the full-vocabulary KL (trl's compute_rewards, while the
-    full log-probabilities are alive) and the training passes. Returns a function that undoes the wrapping."""
+    ``phases``: for trl's step the rollout pass, the reference pass, the full-vocabulary KL (compute_rewards, while
+    the full log-probabilities are alive) and the training passes; for ours (``cory.ppo``) the rollout pass (the
+    reference and the KL taken in it) and the training passes. Returns a function that undoes the wrapping."""
     from cory import memory
 
     def record(kind, fn):
@@ -250,6 +251,19 @@ def phase_memory(trainer, phases: dict):
         return wrapped
 
     import torch
+
+    from cory.ppo import AgentTrainer
+
+    if isinstance(trainer, AgentTrainer):  # ours: the rollout pass (with the reference and the KL), the training
+        passes, train_on = trainer._passes, trainer.train_on
+
+        def our_passes(*a, reference=False, **k):
+            return record("rollout" if reference else "training", passes)(*a, reference=reference, **k)
+        trainer._passes, trainer.train_on = our_passes, record("training", train_on)
+
+        def undo_ours():
+            del trainer._passes, trainer.train_on
+        return undo_ours
     forward, rewards, minibatch = trainer.batched_forward_pass, trainer.compute_rewards, trainer.train_minibatch
 
     def batched_forward_pass(model, *a, **k):
