@@ -21,13 +21,14 @@ LEARNED = (0.1, 0.6)  # a held-out evaluation whose final models beat the base m
 
 
 def write_run(root, label, seed, rows, config=None, samples=None, heldout=LEARNED):
-    """A run's files; ``heldout`` (base, final): its own held-out evaluation (eval.jsonl) at iteration 0 and at
-    its end, a little noise per seed, so that the baseline of a synthetic comparison learned (None: none)."""
+    """A run's files; ``heldout`` (base, final): a PPO run's own held-out evaluation (eval.jsonl) at iteration 0 and
+    at its end, a little noise per seed, so that the baseline of a synthetic comparison learned (None: none)."""
     d = root / "runs" / label / f"seed_{seed}"
     d.mkdir(parents=True, exist_ok=True)
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if heldout is not None:
-        agents = sorted({k.split("/")[0] for r in rows for k in r if k.split("/")[0] in ("policy", "llm1", "llm2")})
+        # the baseline's own evaluations only, so that the claim's tests read the training rewards given here
+        agents = sorted({k.split("/")[0] for r in rows for k in r if k.split("/")[0] == "policy"})
         end = max(r["step"] for r in rows) + 1
         evals = [{"iterations": it, "agent": a, "task_reward": value, "kl": 0.0, "distinct_2": 0.9}
                  for it, value in ((0, heldout[0]), (end, heldout[1] + 0.01 * seed)) for a in agents]

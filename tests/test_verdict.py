@@ -292,3 +292,26 @@ def test_whether_one_seed_learned_cannot_be_told():
         exp = load_experiment(d)
         learning = baseline_learned(exp, exp.groups["ppo"])
     assert learning.learned is None and "one seed" in learning.text
+
+
+def test_similar_reward_is_read_from_the_held_out_evaluations_when_every_model_has_one(tmp_path):
+    """CORY's training rewards are far below PPO's here, but its final models answer held-out prompts as well as
+    PPO's: with an evaluation of every final model, the similar-reward test reads those (and says so)."""
+    import json
+
+    t = np.arange(STEPS)
+    for s in range(4):
+        write_run(tmp_path, "ppo", s, ppo_rows(np.full(STEPS, 0.8), 10.0 + 0.1 * s + 0 * t))
+        d = write_run(tmp_path, "cory", s, cory_rows(np.full(STEPS, 0.1), 4.0 + 0.1 * s + 0 * t, np.full(STEPS, 0.1),
+                                                     4.0 + 0.1 * s + 0 * t), heldout=None)
+        rows = [{"iterations": STEPS, "agent": a, "task_reward": 0.6 + 0.01 * s} for a in ("llm1", "llm2")]
+        (d / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    v = verdict(load_experiment(tmp_path))
+    claim = claim_text(v)
+    assert "task reward: each final model's held-out reward" in claim
+    assert "held-out reward gain (the base model's 0.1 → 0.615 final)" in claim
+    assert v.answer == "yes", claim
+    # without CORY's evaluations the training rewards decide: far behind, no claim
+    for s in range(4):
+        (tmp_path / "runs" / "cory" / f"seed_{s}" / "eval.jsonl").unlink()
+    assert verdict(load_experiment(tmp_path)).answer != "yes"

@@ -126,7 +126,8 @@ class SeedRun:
 
 # the range a per-answer task reward cannot leave, by reward name (None: unbounded): figures cut their bands
 # there, and the verdict's "similar reward" margin has a floor of a share of its width
-REWARD_RANGES = {"vader": (-1.0, 1.0), "correctness": (0.0, 1.0)}
+REWARD_RANGES = {"vader": (-1.0, 1.0), "vader-scaled": (-3.0, 3.0), "vader-gain": (-2.0, 2.0),
+                 "correctness": (0.0, 1.0)}
 
 
 @dataclass
@@ -385,6 +386,19 @@ def heldout_curve(group: Group, agent: str, metric: str = "task_reward") -> Curv
                                                                                               len(common))
     return Curve(np.array(common, dtype=int), values, list(present),
                  {s: len(d) for s, d in present.items()}, [s for s, d in per_seed.items() if not d])
+
+
+def heldout_final(group: Group, agent: str) -> Final | None:
+    """Each seed's held-out task reward of its final ``agent`` model (``SeedRun.final_evaluation``), as a Final of
+    one value per seed; None unless every seed of the group has one."""
+    values = []
+    for seed, run in sorted(group.runs.items()):
+        result = run.final_evaluation(agent) or {}
+        value = finite(result.get("task_reward", result.get("accuracy")))
+        if value is None:
+            return None
+        values.append(value)
+    return Final(np.array(values), 1, sorted(group.runs), None) if values else None
 
 
 def final_value(group: Group, agent: str, metric: str, last: int = LAST_N, upto: int | None = None) -> Final | None:

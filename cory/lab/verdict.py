@@ -20,11 +20,12 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from cory.lab.learning import baseline_learned
-from cory.lab.results import (LAST_N, METHOD_NAMES, POLICY, REWARD_RANGES, curve, Experiment, Final,
-                              final_value, fmt, fmt_final, Group)
+from cory.lab.learning import baseline_learned, heldout_value
+from cory.lab.results import (LAST_N, METHOD_NAMES, POLICY, REWARD_RANGES, curve, Experiment, Final, final_value, fmt,
+                              fmt_final, Group, heldout_final)
 from cory.lab.stats import (ALPHA, POWER_TARGET, Diff, difference, holm, holm_adjusted, min_detectable, p_value, pct,
                             power, trend)
+from cory.tasks import registered
 
 MIN_SEEDS = 3        # fewer seeds per method: the numbers are shown, no verdict
 MARGIN_SHARE = 0.2   # "similar reward": CORY's reward is at most this share of PPO's reward gain below PPO's
@@ -91,10 +92,11 @@ class Margin:
     """The non-inferiority margin of "similar reward": ``MARGIN_SHARE`` of the baseline's reward gain, at least
     ``MARGIN_RANGE_SHARE`` of the reward's range where the range is known."""
 
-    start: float  # the baseline's seed-mean task reward at its first iteration
+    start: float  # the baseline's seed-mean task reward at its first iteration (held-out: the base model's)
     final: float  # its seed-mean final task reward
     step: int     # that first iteration
     reward_range: tuple[float, float] | None = None
+    heldout: bool = False  # read from the held-out evaluations of the final models
 
     @property
     def gain(self) -> float:
@@ -113,8 +115,9 @@ class Margin:
 
     def text(self, base_name: str) -> str:
         share = MARGIN_SHARE * max(self.gain, 0.0)
-        head = (f"margin = {MARGIN_SHARE:g} × {base_name}'s reward gain ({fmt(self.start)} at iteration {self.step} → "
-                f"{fmt(self.final)} final)")
+        where = ("held-out reward gain (the base model's " if self.heldout else "reward gain (") + fmt(self.start)
+        head = (f"margin = {MARGIN_SHARE:g} × {base_name}'s {where}"
+                f"{'' if self.heldout else f' at iteration {self.step}'} → {fmt(self.final)} final)")
         if self.reward_range is not None:
             lo, hi = self.reward_range
             head += f", at least {MARGIN_RANGE_SHARE:g} × the reward's range [{lo:g}, {hi:g}]"
@@ -125,6 +128,13 @@ class Margin:
         elif self.floor > share:
             head += f" (the floor: {base_name}'s gain is small)"
         return head
+
+
+def _scored_reward(group: Group) -> str | None:
+    """The reward the group's evaluations score with (a shaped training reward: the one it shapes)."""
+    name = group.config_value("reward_model")
+    spec = registered().get(group.config_value("task"))
+    return spec.evaluation.scored_as.get(name, name) if spec is not None else name
 
 
 def margin_of(base: Group, agent: str, final: Final) -> Margin | None:
@@ -264,9 +274,12 @@ def common_end(series: list[tuple[Group, str]]) -> int | None:
     return int(min(ends)) if ends else None
 
 
-def compare(base: Group, other: Group, upto: int | None | str = "auto") -> tuple[list[Comparison], list[str]]:
+def compare(base: Group, other: Group, upto: int | None | str = "auto",
+            base_model: float | None = None) -> tuple[list[Comparison], list[str]]:
     """Each agent of ``other`` against ``base``'s first agent, over the iterations up to ``upto`` ("auto": the
-    last one all of them reached), Holm-corrected over the agents; returns (comparisons, names lacking metrics)."""
+    last one all of them reached), Holm-corrected over the agents; returns (comparisons, names lacking metrics).
+    With ``base_model`` (the base model's held-out reward) and a held-out evaluation of every final model, "similar
+    reward" compares those evaluations; KL and r_c stay the training window's."""
     base_agent = base.agents[0] if base.agents else POLICY
     if upto == "auto":
         upto = common_end([(base, base_agent)] + [(other, a) for a in other.agents])
@@ -274,10 +287,19 @@ def compare(base: Group, other: Group, upto: int | None | str = "auto") -> tuple
     if any(f is None for f in ref.values()):
         return [], [base.name(base_agent)]
     pair = pairing(base, other)
-    margin = margin_of(base, base_agent, ref["task_reward"])
+    heldout = {a: heldout_final(other, a) for a in other.agents}
+    base_heldout = heldout_final(base, base_agent)
+    held = base_heldout is not None and base_model is not None and all(f is not None for f in heldout.values())
+    if held:  # "similar reward": the final models on held-out prompts, against the base model's start
+        ref["task_reward"] = base_heldout
+        margin = Margin(base_model, base_heldout.mean, 0, REWARD_RANGES.get(_scored_reward(base)), heldout=True)
+    else:
+        margin = margin_of(base, base_agent, ref["task_reward"])
     out, missing = [], []
     for agent in other.agents:
         fin = {m: final_value(other, agent, m, upto=upto) for m in COMPARED}
+        if held:
+            fin["task_reward"] = heldout[agent]
         if any(f is None for f in fin.values()):
             missing.append(other.name(agent))
         else:
@@ -319,7 +341,9 @@ VERDICT_RULE = (
     "identical iteration-0 task reward and answer length; CORY takes two lengths from that stream per iteration, "
     "PPO one, so after iteration 0 the prompts stay shared and the lengths do not), so that seed-to-seed luck "
     "cancels; otherwise _unpaired_ (Welch), "
-    "and the report says why. The claim for one agent is _similar task reward at lower KL_: "
+    "and the report says why. Where every compared run's final model was evaluated on held-out prompts, its task "
+    "reward there is the reward the tests read (the base model's held-out reward is then the start of PPO's gain); "
+    "KL and r_c stay the training window's. The claim for one agent is _similar task reward at lower KL_: "
     f"_lower KL_ is a one-sided test of CORY's KL < PPO's; _similar task reward_ is a non-inferiority test: CORY's "
     f"reward is shown to be above PPO's minus a margin of {MARGIN_SHARE:g} × PPO's reward gain (PPO's seed-mean final "
     "reward minus its seed-mean reward at the first iteration), and at least "
@@ -381,7 +405,7 @@ def _claim(exp: Experiment, ppo: Group, cory: Group) -> Verdict:
     upto = common_end([(ppo, POLICY)] + [(cory, a) for a in cory.agents])
     if any(final_value(ppo, POLICY, m, upto=upto) is None for m in COMPARED):
         return Verdict("not decided", "PPO's runs lack task_reward, kl or combined_reward metrics.")
-    comps, missing = compare(ppo, cory, upto)
+    comps, missing = compare(ppo, cory, upto, heldout_value(exp.base_evaluation()))
     lines = [c.line() for c in comps] + [_not_compared(name) for name in missing]
     if not comps:
         return Verdict("not decided", "CORY's runs lack the metrics to compare.\n" + "\n".join(lines))
@@ -414,12 +438,15 @@ def _claim(exp: Experiment, ppo: Group, cory: Group) -> Verdict:
             summary = (f"No CORY agent showed similar task reward at lower KL, but with this spread and these seeds "
                        f"the design had only {pct(pw)} power to show the paper's effect (it needs "
                        f"{POWER_TARGET:.0%}): this is no evidence against the claim.")
-    first, end = base["task_reward"].steps
+    first, end = base["kl"].steps
     where = f" at η={fmt(cory.kl_coef)}" if cory.kl_coef is not None else ""
     pair = comps[0].pair
     head = (f"**{label}** — {summary} Final values{where}: each seed's mean over iterations {first}–{end}, "
             f"then mean ± std over seeds (PPO {n_ppo} seed{'s' * (n_ppo != 1)}, "
-            f"CORY {n_cory} seed{'s' * (n_cory != 1)}); tests {pair.why}; similar-reward "
+            f"CORY {n_cory} seed{'s' * (n_cory != 1)})"
+            + ("; task reward: each final model's held-out reward (the base model's is the start)"
+               if comps[0].margin is not None and comps[0].margin.heldout else "")
+            + f"; tests {pair.why}; similar-reward "
             f"{comps[0].margin.text('PPO') if comps[0].margin else 'margin: n/a'}.")
     if any(c is not None and len(c.steps) and c.steps[-1] > end
            for g, a in [(ppo, POLICY)] + [(cory, a) for a in cory.agents] for c in [curve(g, a, "task_reward")]):
@@ -458,7 +485,7 @@ def confound_lines(exp: Experiment, ppo: Group, cory: Group) -> str:
     for title, base, other in pairs:
         comps, missing = compare(base, other)
         if comps:
-            first, end = comps[0].base["task_reward"].steps
+            first, end = comps[0].base["kl"].steps
             title += f", iterations {first}–{end}, {comps[0].pair.why}"
             if comps[0].margin:
                 title += f"; {comps[0].margin.text(comps[0].base_name)}"
