@@ -28,9 +28,9 @@ RUNS = [
     ("tiny_ppo", "ppo", "configs/imdb/ppo_tiny.yaml", {"steps": 3}),
     ("tiny_cory", "cory", "configs/imdb/cory_tiny.yaml", {"steps": 3}),
     ("cpu_ppo", "ppo", "configs/imdb/ppo_cpu.yaml",
-     {"steps": 2, "batch_size": 8, "mini_batch_size": 8, "learning_rate": 1e-4, "reward_model": "vader"}),
+     {"steps": 2, "batch_size": 8, "mini_batch_size": 8, "learning_rate": 1e-4, "reward_model": "vader", "eval_every": 0}),
     ("cpu_cory", "cory", "configs/imdb/cory_cpu.yaml",
-     {"steps": 2, "batch_size": 8, "mini_batch_size": 8, "learning_rate": 1e-4, "reward_model": "vader"}),
+     {"steps": 2, "batch_size": 8, "mini_batch_size": 8, "learning_rate": 1e-4, "reward_model": "vader", "eval_every": 0}),
 ]
 
 

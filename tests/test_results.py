@@ -48,7 +48,8 @@ def test_evaluation_section_averages_seeds(tmp_path):
 @pytest.mark.parametrize("folder", RESULTS, ids=[p.name for p in RESULTS])
 def test_rerunning_a_committed_experiment_skips_every_run(folder, tmp_path):
     """Weights are not committed, so a fresh clone has each run's metrics without final/ or checkpoints/. Rerunning
-    the commands in runs.json must count those runs as finished: never overwrite the committed metrics."""
+    the commands in runs.json must count those runs as finished, or refuse them as made otherwise (a preset
+    changed since): never overwrite the committed metrics."""
     import shlex
 
     from cory.lab import experiments, runs
@@ -71,5 +72,6 @@ def test_rerunning_a_committed_experiment_skips_every_run(folder, tmp_path):
             if pair.key not in committed:  # an experiment still under way: its later runs are not in git yet
                 assert state == "new", (pair.key, why)
                 continue
-            assert state == "finished", (pair.key, why)
-            assert runs.mismatch(pair) is None, pair.key
+            # a command run before a preset changed asks for other values now: the runner then refuses the folder
+            # (one line, nothing written); either way the committed metrics are never overwritten
+            assert state == "finished" or runs.mismatch(pair) is not None, (pair.key, why)
