@@ -75,7 +75,20 @@ def seed_result(exp: Experiment, label: str, seed: int, min_gain: float, max_min
     return SeedResult(seed, base["task_reward"], points, minutes, meets, best)
 
 
-def load_setting(folder: Path, base_set: dict, min_gain: float, max_minutes: float) -> Setting | None:
+# fields that do not make one setting differ from another: the run's identity, its length and its bookkeeping
+_SAME_SETTING = {"seed", "steps", "output_dir", "save_every", "keep_checkpoints", "samples_per_step", "report_to",
+                 "resume", "overwrite", "on_nonfinite", "max_pass_tokens"}
+
+
+def _changes(config: dict, base: dict) -> str:
+    """The resolved fields in which ``config`` differs from the base setting's, e.g. "learning_rate 0.0001"."""
+    changed = {k: v for k, v in config.items() if k not in _SAME_SETTING and base.get(k) != v}
+    return ", ".join(f"{k} {v}" for k, v in sorted(changed.items())) or "—"
+
+
+def load_setting(folder: Path, base_config: dict, min_gain: float, max_minutes: float, name: str | None = None,
+                 seeds: list[int] | None = None) -> Setting | None:
+    """One setting: the PPO runs of an experiment folder (``seeds``: only these)."""
     try:
         exp = load_experiment(folder)
     except ReportError:
@@ -83,15 +96,14 @@ def load_setting(folder: Path, base_set: dict, min_gain: float, max_minutes: flo
     group = exp.groups.get("ppo")
     if group is None:
         return None
-    own = exp.runs_json.get("set") or {}
-    changed = {k: v for k, v in own.items() if base_set.get(k) != v}
-    steps = exp.runs_json.get("steps")
-    changes = ", ".join(f"{k} {v}" for k, v in changed.items()) or "—"
-    seeds = [r for s in sorted(group.runs) if (r := seed_result(exp, "ppo", s, min_gain, max_minutes)) is not None]
-    times = [row["time/iteration_s"] for run in group.runs.values() for row in run.rows
+    chosen = [s for s in sorted(group.runs) if seeds is None or s in seeds]
+    config = group.runs[chosen[0]].config if chosen else {}
+    results = [r for s in chosen if (r := seed_result(exp, "ppo", s, min_gain, max_minutes)) is not None]
+    times = [row["time/iteration_s"] for s in chosen for row in group.runs[s].rows
              if isinstance(row.get("time/iteration_s"), (int, float)) and row.get("step", 0) > 0]
-    name = folder.name + (f" ({steps} it.)" if steps else "")
-    return Setting(name, changes, exp, seeds, float(np.median(times)) if times else None)
+    steps = config.get("steps")
+    label = (name or folder.name) + (f" ({steps} it.)" if steps else "")
+    return Setting(label, _changes(config, base_config), exp, results, float(np.median(times)) if times else None)
 
 
 def _mean(values) -> str:
@@ -103,7 +115,7 @@ def _mean(values) -> str:
 
 def summary_table(settings: list[Setting]) -> str:
     points = sorted({i for s in settings for r in s.seeds for i in r.points if i > 0})
-    head = (["setting", "changes from `base`", "seeds", "s / iteration"] + [f"held-out reward at {i}" for i in points]
+    head = (["setting", "changes from `base` (resolved configs)", "seeds", "s / iteration"] + [f"held-out reward at {i}" for i in points]
             + ["best gain over base (English)", "final KL (held-out)", "final distinct-2", "minutes per run",
                "meets the criterion"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -138,19 +150,34 @@ def plot(settings: list[Setting], path: Path, metric: str, ylabel: str, base: fl
     save_figure(fig, path)
 
 
-def build_summary(root: str | Path, min_gain: float = MIN_GAIN, max_minutes: float = MAX_MINUTES) -> Path:
+def build_summary(root: str | Path, min_gain: float = MIN_GAIN, max_minutes: float = MAX_MINUTES,
+                  also: list[str] = ()) -> Path:
+    """SUMMARY.md and the figures of the search in ``root`` (each sub-folder with runs/ a setting); ``also``:
+    settings kept elsewhere, as "NAME=FOLDER:SEEDS" (e.g. a comparison's PPO runs that are a search stage)."""
     root = Path(root)
     if not root.is_dir():
         raise ReportError(f"{root}: folder not found")
     folders = sorted(p for p in root.iterdir() if (p / "runs").is_dir())
     if not folders:
         raise ReportError(f"{root}: no setting folders (sub-folders with runs/ written by cory.lab.experiments)")
-    base_set = {}
-    if (root / "base" / "runs.json").is_file():
-        base_set = load_experiment(root / "base").runs_json.get("set") or {}
-    settings = [s for f in folders if (s := load_setting(f, base_set, min_gain, max_minutes)) is not None]
+    base_config = {}
+    if (root / "base" / "runs").is_dir():
+        base_group = load_experiment(root / "base").groups.get("ppo")
+        base_config = next(iter(base_group.runs.values())).config if base_group else {}
+    settings = [s for f in folders if (s := load_setting(f, base_config, min_gain, max_minutes)) is not None]
+    for item in also:
+        name, _, where = item.partition("=")
+        folder, _, seeds = where.rpartition(":")
+        if not (name and folder and seeds):
+            raise ReportError(f"--also: expected NAME=FOLDER:SEEDS, got {item!r}")
+        setting = load_setting(Path(folder), base_config, min_gain, max_minutes, name,
+                               [int(x) for x in seeds.split(",")])
+        if setting is None:
+            raise ReportError(f"--also: {folder} holds no PPO runs")
+        settings.append(setting)
     # the longer runs last, each stage's settings in the order of their best held-out gain
-    settings.sort(key=lambda s: (s.exp.runs_json.get("steps") or 0,
+    settings.sort(key=lambda s: (s.exp.runs_json.get("steps") or next(iter(s.exp.groups["ppo"].runs.values())).config
+                                 .get("steps", 0),
                                  -np.mean([r.best[1] - r.base for r in s.seeds if r.best] or [-9])))
     bases = [r.base for s in settings for r in s.seeds]
     base = float(np.mean(bases)) if bases else None
@@ -161,7 +188,8 @@ def build_summary(root: str | Path, min_gain: float = MIN_GAIN, max_minutes: flo
          float(np.mean(base_d2)) if base_d2 else None)
     met = [s.name for s in settings if s.meets]
     md = ["# IMDB on a CPU: the search for a preset where PPO learns", "",
-          f"Generated by `python -m cory.lab.search {root.as_posix()}` from the metrics in its folders; the design "
+          f"Generated by `python -m cory.lab.search {root.as_posix()}{''.join(f' --also {a}' for a in also)}` from the "
+          "metrics in its folders; the design "
           "(grid, criterion, budget), fixed before the runs, is in [DESIGN.md](DESIGN.md).", "",
           f"Criterion: for every seed, PPO's held-out reward at least {min_gain:g} above the base model's "
           f"({fmt(base) if base is not None else 'n/a'}) at some evaluation point, with distinct-2 at least "
@@ -184,9 +212,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("folder")
     p.add_argument("--min_gain", type=float, default=MIN_GAIN)
     p.add_argument("--max_minutes", type=float, default=MAX_MINUTES)
+    p.add_argument("--also", action="append", default=[], metavar="NAME=FOLDER:SEEDS",
+                   help="a setting kept in another experiment folder (its PPO runs of these seeds)")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        print(f"summary: {build_summary(args.folder, args.min_gain, args.max_minutes)}")
+        print(f"summary: {build_summary(args.folder, args.min_gain, args.max_minutes, args.also)}")
     except ReportError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
