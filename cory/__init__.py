@@ -2,20 +2,24 @@
 
 The package, from the top level down; imports run one way, down this list (the README has the same map):
 
-    cli           the command line shared by the training scripts (imdb_train/, gsm8k_train/)
-    lab/          the lab bench: the experiment runner, evaluation, reports (no training code imports it)
+    cli           the command line shared by the training scripts (imdb_train/, gsm8k_train/); exit codes
+    lab/          the lab bench: the experiment runner, evaluation, reports, searches (no training code imports it)
     train         a run: load, loop over the game's iterations, log, checkpoint, resume, stop cleanly
     preflight     every check before a model loads, made once
-    game          the paper's game, top to bottom: roles, collective reward, the PPO and CORY iterations
     agent         one trainable LLM: a trl PPOTrainer with its optimizer, KL controller, score normaliser
+    heldout       answers to held-out prompts: reward, KL to the base model, degeneration (eval_every, evaluate)
+    game          the paper's game, top to bottom: roles, collective reward, the PPO and CORY iterations
+    ppo           one agent's PPO update, top to bottom (the PPOTrainer's step, written out)
     rollout       prompts -> sampled answers -> task rewards
     models        policies, the shared frozen reference, tokenizers, from a resolved ModelSpec
-    tasks/        each task's prompts, data, reward, prompt budget, stop string and evaluation (register_task)
-    outputs       the run folder: config, metrics, samples, checkpoints
+    tasks/        the task registry; each task's prompts, data, reward, prompt budget, stop string, evaluation
+    outputs       the run folder: config, metrics, samples, evaluations, checkpoints
     config        the fields: documented and checked; their paper values live in the scripts
+    method        which method a config plays: its agents, its iteration, whether an observer reads the pioneer
+    metrics       distinct-n and repeated tokens: a collapsing policy in numbers
     assets        model specs (ModelSpec) and the offline models
-    errors        the project's errors
-    speedups/     optional speed and memory tricks behind the game (fast_ppo)
+    errors        the project's errors, and the lab commands' one-line argparse
+    speedups/     PPO's forward passes (response window, token budget, packing) and other speed-ups (fast_ppo)
     parallel      accelerate's collectives for data-parallel runs
     memory        peak memory
 """
