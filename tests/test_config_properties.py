@@ -27,7 +27,6 @@ SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, database=N
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 PER_FIELD = settings(SETTINGS, max_examples=8)  # parametrized over every field: each one gets its share
 PRESET = {IMDB_PPO: REPO / "configs" / "imdb" / "ppo_tiny.yaml", IMDB_CORY: REPO / "configs" / "imdb" / "cory_tiny.yaml"}
-METHOD = {IMDB_PPO: "ppo", IMDB_CORY: "cory"}
 IDENT = st.from_regex(r"[a-z_][a-z0-9_]{0,15}", fullmatch=True)
 _counter = itertools.count()
 
@@ -64,7 +63,7 @@ def run_main(argv, cls):
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
         mp.setattr(models, "load_tokenizer", _tripwire)
         try:
-            main(cls, METHOD[cls], argv)
+            main(cls, argv)
         except SystemExit as e:
             return e.code, out.getvalue(), err.getvalue()
         except Accepted:
@@ -276,12 +275,12 @@ def test_valid_input_reaches_model_loading(dirs):
     for cls in (IMDB_PPO, IMDB_CORY):
         with pytest.raises(Accepted), pytest.MonkeyPatch.context() as mp:
             mp.setattr(models, "load_tokenizer", _tripwire)
-            main(cls, METHOD[cls], ["--config", str(PRESET[cls]), f"--output_dir={fresh}", "--learning_rate=1e-3"])
+            main(cls, ["--config", str(PRESET[cls]), f"--output_dir={fresh}", "--learning_rate=1e-3"])
     path = scratch / "exp.yaml"
     path.write_text("learning_rate: 1e-4\nmax_grad_norm: null\n")  # YAML 1.1 reads 1e-4 as text
     with pytest.raises(Accepted), pytest.MonkeyPatch.context() as mp:
         mp.setattr(models, "load_tokenizer", _tripwire)
-        main(IMDB_PPO, "ppo", ["--config", str(path), "--model_name=tiny", "--reward_model=vader",
+        main(IMDB_PPO, ["--config", str(path), "--model_name=tiny", "--reward_model=vader",
                               f"--output_dir={fresh}"])
     assert not fresh.exists()
 
