@@ -341,6 +341,24 @@ def _one_of(name, value, allowed):
         raise ConfigError(f"{name}: {short(value)} is not one of {', '.join(map(str, allowed))}")
 
 
+def _check_ppo_ranges(cfg: PPOArgs) -> None:
+    """The PPO coefficients' ranges: the KL controller, GAE, the clipped losses, LoRA's dropout."""
+    # trl's adaptive controller multiplies eta by 1 + clip(KL / target - 1, -0.2, 0.2) x batch / horizon after each
+    # step: with horizon <= 0.2 x batch the factor can reach 0 or below and the KL penalty turn into a bonus
+    if cfg.adap_kl_ctrl and cfg.horizon <= 0.2 * cfg.batch_size:
+        raise ConfigError(f"horizon: {cfg.horizon:g} with batch_size {cfg.batch_size} lets the adaptive KL "
+                          f"controller make eta zero or negative (it needs horizon > 0.2 x batch_size = "
+                          f"{0.2 * cfg.batch_size:g}; the paper's is 10000), or set adap_kl_ctrl: false")
+    for name in ("gamma", "lam"):
+        if not 0 <= getattr(cfg, name) <= 1:
+            raise ConfigError(f"{name}: must be in [0, 1], got {getattr(cfg, name)}")
+    for name in ("cliprange", "cliprange_value", "vf_coef"):
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"{name}: must be >= 0, got {getattr(cfg, name)}")
+    if not 0 <= cfg.lora_dropout < 1:
+        raise ConfigError(f"lora_dropout: must be in [0, 1), got {cfg.lora_dropout}")
+
+
 def validate(cfg: PPOArgs) -> None:
     """Range and consistency checks that need nothing but the values."""
     def positive(name, integer=True):
@@ -390,20 +408,7 @@ def validate(cfg: PPOArgs) -> None:
         raise ConfigError(f"top_p: must be in (0, 1], got {cfg.top_p}")
     if cfg.init_kl_coef < 0:
         raise ConfigError(f"init_kl_coef: must be >= 0, got {cfg.init_kl_coef}")
-    # trl's adaptive controller multiplies eta by 1 + clip(KL / target - 1, -0.2, 0.2) x batch / horizon after each
-    # step: with horizon <= 0.2 x batch the factor can reach 0 or below and the KL penalty turn into a bonus
-    if cfg.adap_kl_ctrl and cfg.horizon <= 0.2 * cfg.batch_size:
-        raise ConfigError(f"horizon: {cfg.horizon:g} with batch_size {cfg.batch_size} lets the adaptive KL "
-                          f"controller make eta zero or negative (it needs horizon > 0.2 x batch_size = "
-                          f"{0.2 * cfg.batch_size:g}; the paper's is 10000), or set adap_kl_ctrl: false")
-    for name in ("gamma", "lam"):
-        if not 0 <= getattr(cfg, name) <= 1:
-            raise ConfigError(f"{name}: must be in [0, 1], got {getattr(cfg, name)}")
-    for name in ("cliprange", "cliprange_value", "vf_coef"):
-        if getattr(cfg, name) < 0:
-            raise ConfigError(f"{name}: must be >= 0, got {getattr(cfg, name)}")
-    if not 0 <= cfg.lora_dropout < 1:
-        raise ConfigError(f"lora_dropout: must be in [0, 1), got {cfg.lora_dropout}")
+    _check_ppo_ranges(cfg)
     for name in ("max_grad_norm", "score_clip"):
         v = getattr(cfg, name)
         if v is not None and v <= 0:
