@@ -161,8 +161,10 @@ def plot(settings: list[Setting], path: Path, metric: str, ylabel: str, base: fl
 
 def _ranking(settings: list[Setting], base_d2: float | None) -> str:
     """The design's rule for the choice: the settings that meet the criterion with every seed run to the end, by
-    their mean held-out reward at the last evaluation point; a final distinct-2 under the English bar is named."""
-    whole = [s for s in settings if s.meets and not any(s.steps and r.iterations < s.steps for r in s.seeds)]
+    their mean held-out reward at the last evaluation point; a final distinct-2 under the English bar is named. A
+    one-seed run (a check such as trl's stock step, not a candidate) is not ranked."""
+    whole = [s for s in settings if s.meets and len(s.seeds) >= 2
+             and not any(s.steps and r.iterations < s.steps for r in s.seeds)]
     if not whole:
         return ""
     whole.sort(key=lambda s: -np.mean([r.final["task_reward"] for r in s.seeds]))
@@ -173,7 +175,7 @@ def _ranking(settings: list[Setting], base_d2: float | None) -> str:
                 "by the end)" if base_d2 and d2 < MIN_DISTINCT * base_d2 else "")
         items.append(f"{rank}. `{s.name}` {fmt(float(np.mean([r.final['task_reward'] for r in s.seeds])))}{note}")
     return ("Ranked by the design's rule (mean held-out reward at the last evaluation point, among the settings "
-            "that meet the criterion with every seed run to the end): " + "; ".join(items) + ".")
+            "that meet the criterion with 2 seeds or more, every one run to the end): " + "; ".join(items) + ".")
 
 
 def build_summary(root: str | Path, min_gain: float = MIN_GAIN, max_minutes: float = MAX_MINUTES,
