@@ -17,7 +17,7 @@ $(STAMP): requirements.txt requirements-assets.txt pyproject.toml
 install: $(STAMP)
 
 demo: install
-	$(PY) imdb_train/cory.py --config configs/imdb/cory_cpu.yaml --steps 6 --swap_period 3 \
+	$(PY) imdb_train/cory.py --config configs/imdb/cory_cpu.yaml --steps 6 --swap_period 3 --eval_every 0 \
 		--output_dir runs/demo --overwrite
 	@echo "samples (query, pioneer and observer answers, rewards): runs/demo/samples.jsonl"
 
