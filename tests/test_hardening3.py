@@ -1,12 +1,12 @@
 """Hardening, round 3 (issue 28): the runner never deletes or shortens a finished run, a record never claims what a
 run did not do, a broken task plug-in gets one line. Each case through its real entry point: exit status, one
 line, nothing lost."""
-import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -214,19 +214,39 @@ def test_figures_and_reports_are_written_whole(tmp_path, monkeypatch):
     assert target.read_bytes() == b"old figure" and sorted(p.name for p in tmp_path.iterdir()) == ["fig.png"]
 
 
-@pytest.mark.parametrize("module,args", [
-    ("cory.lab.evaluate", ["--task", "imdb", "--model", "tiny", "--max_new_tokens", "400"]),
+def _output_until(proc, marker: str, timeout: float) -> list[str]:
+    """Collect the process's output in a thread; return once ``marker`` shows (the command is at work, past its
+    imports: a signal during an import can be swallowed by library code, so a fixed sleep is flaky on a busy
+    machine) or the timeout passes."""
+    chunks: list[str] = []
+
+    def read():
+        for chunk in iter(lambda: proc.stdout.read(64), ""):
+            chunks.append(chunk)
+
+    threading.Thread(target=read, daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while marker not in "".join(chunks) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    return chunks
+
+
+@pytest.mark.parametrize("module,args,marker", [
+    ("cory.lab.evaluate", ["--task", "imdb", "--model", "tiny", "--max_new_tokens", "400"], "prompt/s"),
     ("cory.lab.experiments", ["--task", "imdb", "--preset", "tiny", "--methods", "ppo", "--seeds", "0",
-                              "--steps", "50", "--no_eval"]),
+                              "--steps", "50", "--no_eval"], "start"),
 ])
-def test_ctrl_c_exits_130_with_one_line(tmp_path, module, args):
+def test_ctrl_c_exits_130_with_one_line(tmp_path, module, args, marker):
     args = args + (["--out", str(tmp_path / "exp")] if module.endswith("experiments") else
                    ["--json", str(tmp_path / "e.json")])
     proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    time.sleep(12)
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    chunks = _output_until(proc, marker, timeout=300)
+    time.sleep(1)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=600)
+    proc.wait(timeout=600)
+    time.sleep(0.5)  # the reader thread takes the last of the output
+    err = "".join(chunks)
     assert proc.returncode == 130, err[-2000:]
     assert "Traceback" not in err and "interrupted" in err.strip().splitlines()[-1]
 
