@@ -239,8 +239,11 @@ def _output_until(proc, marker: str, timeout: float) -> list[str]:
 def test_ctrl_c_exits_130_with_one_line(tmp_path, module, args, marker):
     args = args + (["--out", str(tmp_path / "exp")] if module.endswith("experiments") else
                    ["--json", str(tmp_path / "e.json")])
+    # a suite started in the background by a non-interactive shell runs with SIGINT ignored, which children
+    # inherit, and Python then installs no KeyboardInterrupt handler: give the command a terminal's default
     proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     chunks = _output_until(proc, marker, timeout=300)
     time.sleep(1)
     proc.send_signal(signal.SIGINT)
