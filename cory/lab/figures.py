@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from cory.lab.results import (AGENT_NAMES, LLM1, LLM2, METHOD_NAMES, POLICY, REWARD_RANGES, curve, Experiment, Group,
-                              heldout_curve, setting_name)
+                              heldout_curve, heldout_value, setting_name)
 
 # key in metrics.jsonl after "<agent>/" -> (title, y-axis label; {reward} is the reward's unit)
 METRICS = {
@@ -193,8 +193,6 @@ def plot_heldout(exp: Experiment, path: Path, series: list[tuple[Group, str]], b
     """Held-out task reward against iterations (the runs' own evaluations, eval.jsonl: mean ± std over seeds), or
     each final model's evaluation (eval_<task>.json) as a point at the runs' end, with the base model's as a
     grey line. False (and nothing drawn) when no run was evaluated."""
-    from cory.lab.learning import heldout_value
-
     fig, ax = _axes(f"{setting_name(exp)}: held-out task reward (mean ± std over seeds)",
                     "iterations completed", f"held-out task reward ({_reward_unit(exp, scored=True)})")
     drawn = 0

@@ -13,11 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cory.lab.results import POLICY, LAST_N, Experiment, Group, curve, fmt
+from cory.lab.results import POLICY, LAST_N, Experiment, Group, curve, fmt, heldout_value
 
 ALPHA = 0.05
-# the reward an evaluation reports: reward tasks' task_reward, else pass@k tasks' accuracy
-HELDOUT_KEYS = ("task_reward", "accuracy")
 
 LEARNING_RULE = (
     "First, did the baseline learn? A comparison of methods that did not learn their task tests nothing. PPO learned "
@@ -51,14 +49,6 @@ def _base_error(result: dict) -> float:
     if isinstance(p, (int, float)) and isinstance(questions, int) and isinstance(samples, int) and questions * samples:
         return math.sqrt(max(p * (1 - p), 0.0) / (questions * samples))
     return 0.0
-
-
-def heldout_value(result: dict | None) -> float | None:
-    for key in HELDOUT_KEYS:
-        v = (result or {}).get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            return float(v)
-    return None
 
 
 def _gains(exp: Experiment, group: Group, agent: str) -> tuple[str, np.ndarray, float, float, float]:

@@ -32,9 +32,9 @@ import numpy as np
 from cory.lab.figures import (DEGENERATION_METRICS, MAIN_FIGURE_METRICS, METRICS, plot_heldout, plot_metric, plot_sweep,
                               write_atomically)
 from cory.lab.results import (ABLATION_METHODS, CONFOUND_METHODS, LAST_N, LLM1, LLM2, MAIN_METHODS, METHOD_NAMES,
-                              curve, Experiment, final_value, finite, fmt, fmt_final, Group, load_experiment,
-                              ReportError, setting_name, sweep_points)
-from cory.lab.learning import LEARNING_RULE, heldout_value
+                              curve, Experiment, final_value, finite, fmt, fmt_final, Group, heldout_value,
+                              load_experiment, ReportError, setting_name, sweep_points)
+from cory.lab.learning import LEARNING_RULE
 from cory.lab.frontier import FRONTIER_RULE, frontier
 from cory.lab.verdict import NOT_LEARNED, VERDICT_RULE, ablation_lines, verdict
 from cory.outputs import read_jsonl

@@ -388,13 +388,24 @@ def heldout_curve(group: Group, agent: str, metric: str = "task_reward") -> Curv
                  {s: len(d) for s, d in present.items()}, [s for s, d in per_seed.items() if not d])
 
 
+# the reward an evaluation reports: reward tasks' task_reward, else pass@k tasks' accuracy
+HELDOUT_KEYS = ("task_reward", "accuracy")
+
+
+def heldout_value(result: dict | None) -> float | None:
+    """The reward a held-out evaluation reports (the first finite one of ``HELDOUT_KEYS``), else None."""
+    for key in HELDOUT_KEYS:
+        if (v := finite((result or {}).get(key))) is not None:
+            return v
+    return None
+
+
 def heldout_final(group: Group, agent: str) -> Final | None:
     """Each seed's held-out task reward of its final ``agent`` model (``SeedRun.final_evaluation``), as a Final of
     one value per seed; None unless every seed of the group has one."""
     values = []
     for seed, run in sorted(group.runs.items()):
-        result = run.final_evaluation(agent) or {}
-        value = finite(result.get("task_reward", result.get("accuracy")))
+        value = heldout_value(run.final_evaluation(agent))
         if value is None:
             return None
         values.append(value)

@@ -51,10 +51,13 @@ class Setting:
     seconds_per_iteration: float | None
     steps: int | None
 
+    @property
+    def cut_off(self) -> list[SeedResult]:
+        """The seeds stopped before the setting's steps (their "final" is their last evaluation point)."""
+        return [r for r in self.seeds if self.steps and r.iterations < self.steps]
+
     def seeds_cell(self) -> str:
-        """How many seeds, and which were cut off before the setting's steps (their "final" is their last point)."""
-        cut = [f"seed {r.seed} cut off at {r.iterations}" for r in self.seeds
-               if self.steps and r.iterations < self.steps]
+        cut = [f"seed {r.seed} cut off at {r.iterations}" for r in self.cut_off]
         return str(len(self.seeds)) + (f" ({'; '.join(cut)})" if cut else "")
 
     @property
@@ -163,17 +166,19 @@ def _ranking(settings: list[Setting], base_d2: float | None) -> str:
     """The design's rule for the choice: the settings that meet the criterion with every seed run to the end, by
     their mean held-out reward at the last evaluation point; a final distinct-2 under the English bar is named. A
     one-seed run (a check such as trl's stock step, not a candidate) is not ranked."""
-    whole = [s for s in settings if s.meets and len(s.seeds) >= 2
-             and not any(s.steps and r.iterations < s.steps for r in s.seeds)]
-    if not whole:
-        return ""
-    whole.sort(key=lambda s: -np.mean([r.final["task_reward"] for r in s.seeds]))
+    def final_mean(s: Setting, metric: str) -> float:
+        return float(np.mean([r.final[metric] for r in s.seeds]))
+
+    whole = [s for s in settings if s.meets and len(s.seeds) >= 2 and not s.cut_off]
+    whole.sort(key=lambda s: -final_mean(s, "task_reward"))
     items = []
     for rank, s in enumerate(whole, 1):
-        d2 = float(np.mean([r.final["distinct_2"] for r in s.seeds]))
+        d2 = final_mean(s, "distinct_2")
         note = (f" (final distinct-2 {fmt(d2)}: under {MIN_DISTINCT:g} × the base model's, its answers degenerate "
                 "by the end)" if base_d2 and d2 < MIN_DISTINCT * base_d2 else "")
-        items.append(f"{rank}. `{s.name}` {fmt(float(np.mean([r.final['task_reward'] for r in s.seeds])))}{note}")
+        items.append(f"{rank}. `{s.name}` {fmt(final_mean(s, 'task_reward'))}{note}")
+    if not items:
+        return ""
     return ("Ranked by the design's rule (mean held-out reward at the last evaluation point, among the settings "
             "that meet the criterion with 2 seeds or more, every one run to the end): " + "; ".join(items) + ".")
 
@@ -204,9 +209,7 @@ def build_summary(root: str | Path, min_gain: float = MIN_GAIN, max_minutes: flo
             raise ReportError(f"--also: {folder} holds no PPO runs")
         settings.append(setting)
     # the longer runs last, each stage's settings in the order of their best held-out gain
-    settings.sort(key=lambda s: (s.exp.runs_json.get("steps") or next(iter(s.exp.groups["ppo"].runs.values())).config
-                                 .get("steps", 0),
-                                 -np.mean([r.best[1] - r.base for r in s.seeds if r.best] or [-9])))
+    settings.sort(key=lambda s: (s.steps or 0, -np.mean([r.best[1] - r.base for r in s.seeds if r.best] or [-9])))
     bases = [r.base for s in settings for r in s.seeds]
     base = float(np.mean(bases)) if bases else None
     base_d2 = [r.points[0]["distinct_2"] for s in settings for r in s.seeds]
