@@ -167,7 +167,7 @@ class PeriodicEvaluation:
         from cory.tasks import make_eval_task, task_spec
 
         evaluation = task_spec(cfg.task).evaluation
-        reward = evaluation.scored_as.get(cfg.reward_model, cfg.reward_model)
+        reward = evaluation.scored_reward(cfg.reward_model)
         self.task = make_eval_task(dataclasses.replace(cfg, reward_model=reward), tokenizer)
         self.reward = reward
         self.examples = self.task.eval_examples(evaluation.limit)

@@ -412,6 +412,18 @@ def test_make_reward_names_and_errors(tmp_path):
         assert repr(bad) in msg and "'vader'" in msg and "'distilbert-imdb'" in msg
 
 
+def test_shaped_rewards_are_evaluated_as_the_reward_they_shape():
+    """Held-out evaluations put every IMDB run on VADER's [-1, 1] scale, whatever shaping it trained on."""
+    from cory.tasks import registered
+
+    evaluation = registered()["imdb"].evaluation
+    assert evaluation.scored_reward("vader-scaled") == "vader"
+    assert evaluation.scored_reward("vader-gain") == "vader"
+    assert evaluation.scored_reward("vader") == "vader"
+    assert evaluation.scored_reward("distilbert-imdb") == "distilbert-imdb"
+    assert evaluation.scored_reward(None) is None
+
+
 # --------------------------------------------------------------------------- hub path (faked)
 
 

@@ -364,7 +364,7 @@ def _reward(args, spec, inherited: dict) -> str:
     run_reward = inherited.get("reward_model")
     if spec.rewards and run_reward not in spec.rewards:
         run_reward = None  # a config without a task field, of another task's run
-    run_reward = spec.evaluation.scored_as.get(run_reward, run_reward)
+    run_reward = spec.evaluation.scored_reward(run_reward)
     reward = (args.reward or run_reward or spec.evaluation.reward
               or (spec.rewards[0] if len(spec.rewards) == 1 else None))
     if reward is None:

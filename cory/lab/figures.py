@@ -103,7 +103,7 @@ def _reward_unit(exp: Experiment, scored: bool = False) -> str:
         from cory.tasks import registered
 
         spec = registered().get(exp.runs_json.get("task") or exp.any_config("task"))
-        name = spec.evaluation.scored_as.get(name, name) if spec is not None else name
+        name = spec.evaluation.scored_reward(name) if spec is not None else name
     return REWARD_UNITS.get(name, str(name) if name else "task's reward")
 
 

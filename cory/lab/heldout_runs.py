@@ -62,7 +62,7 @@ def commands(task: str, runs: list[tuple[str, Path]], out: Path, eval_args: list
     if done_runs and not base_result.is_file():
         cfg = _saved(done_runs[0][1])
         spec = registered()[task]
-        reward = spec.evaluation.scored_as.get(cfg.get("reward_model"), cfg.get("reward_model"))
+        reward = spec.evaluation.scored_reward(cfg.get("reward_model"))
         flags = ["--model", str(cfg.get("model_name")), "--reference", str(cfg.get("model_name"))]
         for flag, value in (("--dataset", cfg.get("dataset")), ("--dataset_path", cfg.get("dataset_path")),
                             ("--reward", reward)):

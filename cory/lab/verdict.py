@@ -135,7 +135,7 @@ def _scored_reward(group: Group) -> str | None:
     """The reward the group's evaluations score with (a shaped training reward: the one it shapes)."""
     name = group.config_value("reward_model")
     spec = registered().get(group.config_value("task"))
-    return spec.evaluation.scored_as.get(name, name) if spec is not None else name
+    return spec.evaluation.scored_reward(name) if spec is not None else name
 
 
 def margin_of(base: Group, agent: str, final: Final) -> Margin | None:

@@ -149,3 +149,8 @@ class Evaluation:
     def __post_init__(self):
         if self.metrics not in (REWARD_METRICS, PASS_AT_K):
             raise ValueError(f"Evaluation.metrics: {self.metrics!r} is not one of {REWARD_METRICS}, {PASS_AT_K}")
+
+    def scored_reward(self, training_reward: str | None) -> str | None:
+        """The reward an evaluation scores a run trained on ``training_reward`` with: a shaped reward is scored
+        as the reward it shapes, so every run of the task is measured on one scale."""
+        return self.scored_as.get(training_reward, training_reward)
