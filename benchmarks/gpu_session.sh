@@ -6,18 +6,22 @@
 #     source .device/setup.sh && bash benchmarks/gpu_session.sh 2      # GSM8K: 1B tf32, 7B bf16 + LoRA
 #     source .device/setup.sh && bash benchmarks/gpu_session.sh 3      # generation levers, the test suite
 #     source .device/setup.sh && gguf_assemble && bash benchmarks/gpu_session.sh results   # results/imdb_gpu
+#     source .device/setup.sh && bash benchmarks/gpu_session.sh results_scaled            # results/imdb_gpu_scaled
 #
 # `results` (issue 18's step 2) needs the real SmolLM2 weights: send .gguf1 and .gguf2 in the two calls before it
 # (`gguf_put`) and .gguf3 with it. It runs PPO and CORY at the paper's Table 1 (configs/imdb/*_gpu.yaml) for
 # SEEDS (default 0,1,2), JOBS runs at a time (default 6: SmolLM2 fills little of the GPU), stops them cleanly
 # (checkpointed) before LIMIT seconds (default 500) and packs the experiment folder without weights into
 # $OUT/partresults/imdb_gpu.tgz. The same command on the same machine resumes the runs cut off.
+# `results_scaled` is issue 27's fallback when PPO does not learn there: the CPU search's reward form and learning
+# rate (vader-scaled, 3e-5; results/imdb_cpu_search) at the same batch 256, into results/imdb_gpu_scaled, packed
+# into $OUT/partresults_scaled/imdb_gpu_scaled.tgz (the real weights must already be assembled on that machine).
 #
 # Each part writes its JSON, logs and an nvidia-smi memory trace under $OUT/part<N>/ (the device tool brings
 # $OUT back). Every command has its own time limit, so a slow one costs its own figure, not the part's.
 # DRY_RUN=1 prints the commands instead of running them.
 set -u
-part=${1:?usage: gpu_session.sh 1|2|3}
+part=${1:?usage: gpu_session.sh 1|2|3|results|results_scaled}
 PY=${PYTHON:-python3}
 dest=${OUT:-/tmp/gpu_session}/part$part
 mkdir -p "$dest"
@@ -66,14 +70,20 @@ case $part in
     run pytest_gpu 150 $PY -m pytest -q -m gpu -p no:cacheprovider
     run pytest_all 230 $PY -m pytest -q -p no:cacheprovider --maxfail=10 --durations=15
     ;;
-results)  # PPO and CORY at Table 1 with the embedded SmolLM2 and VADER: the committed results/imdb_gpu
-    run imdb_gpu "${LIMIT:-500}" $PY -m cory.lab.experiments --task imdb --preset gpu --methods ppo,cory \
-        --seeds "${SEEDS:-0,1,2}" --out results/imdb_gpu --jobs "${JOBS:-6}"
+results|results_scaled)  # PPO and CORY at Table 1 with the embedded SmolLM2: the committed results/imdb_gpu[_scaled]
+    name=imdb_gpu
+    shaping=()
+    if [ "$part" = results_scaled ]; then
+        name=imdb_gpu_scaled
+        shaping=(--set reward_model=vader-scaled --set learning_rate=3e-5)
+    fi
+    run "$name" "${LIMIT:-500}" $PY -m cory.lab.experiments --task imdb --preset gpu --methods ppo,cory \
+        --seeds "${SEEDS:-0,1,2}" --out "results/$name" --jobs "${JOBS:-6}" "${shaping[@]}"
     if [ -z "${DRY_RUN:-}" ]; then
-        tar czf "$dest/imdb_gpu.tgz" --exclude=checkpoints --exclude=final --exclude=.cory.lock results/imdb_gpu \
-            && echo "packed $dest/imdb_gpu.tgz: tar xzf it in the checkout's root here"
+        tar czf "$dest/$name.tgz" --exclude=checkpoints --exclude=final --exclude=.cory.lock "results/$name" \
+            && echo "packed $dest/$name.tgz: tar xzf it in the checkout's root here"
     fi
     ;;
-*)  echo "gpu_session.sh: part must be 1, 2, 3 or results, got '$part'" >&2
+*)  echo "gpu_session.sh: part must be 1, 2, 3, results or results_scaled, got '$part'" >&2
     exit 2 ;;
 esac

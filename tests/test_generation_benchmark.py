@@ -55,7 +55,7 @@ def test_static_cache_samples_as_the_dynamic_cache(tmp_path):
         assert r["greedy_equal_to_dynamic"] == 1.0
 
 
-@pytest.mark.parametrize("part", ["1", "2", "3", "results"])
+@pytest.mark.parametrize("part", ["1", "2", "3", "results", "results_scaled"])
 def test_gpu_session_commands_pass_their_benchmarks_checks(part, tmp_path, monkeypatch):
     """The commands benchmarks/gpu_session.sh sends to a lent GPU (few, 10-minute calls) must not fail on a
     flag there: each one's arguments go through its benchmark's own parser, with CUDA stubbed as present."""
@@ -86,5 +86,11 @@ def test_gpu_session_commands_pass_their_benchmarks_checks(part, tmp_path, monke
             args.out = str(tmp_path / "imdb_gpu")
             pairs, spec = experiments.plan(args)
             assert spec["preset"] == "gpu" and {p.method for p in pairs} == {"ppo", "cory"}
+            # the fallback runs the CPU search's reward form and learning rate at the paper's batch
+            shaped = {"reward_model": "vader-scaled", "learning_rate": 3e-5} if part == "results_scaled" else {}
+            for pair in pairs:
+                assert pair.intended["reward_model"] == ("vader-scaled" if shaped else "vader")
+                assert {k: pair.intended[k] for k in shaped} == shaped
+                assert "batch_size" not in pair.intended  # the script's own: the paper's 256
         else:
             assert cmd[1:3] == ["-m", "pytest"]
