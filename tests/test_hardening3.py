@@ -214,21 +214,22 @@ def test_figures_and_reports_are_written_whole(tmp_path, monkeypatch):
     assert target.read_bytes() == b"old figure" and sorted(p.name for p in tmp_path.iterdir()) == ["fig.png"]
 
 
-def _output_until(proc, marker: str, timeout: float) -> list[str]:
-    """Collect the process's output in a thread; return once ``marker`` shows (the command is at work, past its
-    imports: a signal during an import can be swallowed by library code, so a fixed sleep is flaky on a busy
-    machine) or the timeout passes."""
+def _output_until(proc, marker: str, timeout: float) -> tuple[list[str], threading.Thread]:
+    """Collect the process's output in a thread (it ends with the output); return once ``marker`` shows (the
+    command is at work, past its imports: a signal during an import can be swallowed by library code, so a fixed
+    sleep is flaky on a busy machine) or the timeout passes."""
     chunks: list[str] = []
 
     def read():
         for chunk in iter(lambda: proc.stdout.read(64), ""):
             chunks.append(chunk)
 
-    threading.Thread(target=read, daemon=True).start()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     deadline = time.monotonic() + timeout
     while marker not in "".join(chunks) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
-    return chunks
+    return chunks, reader
 
 
 @pytest.mark.parametrize("module,args,marker", [
@@ -244,11 +245,11 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path, module, args, marker):
     proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    chunks = _output_until(proc, marker, timeout=300)
+    chunks, reader = _output_until(proc, marker, timeout=300)
     time.sleep(1)
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=600)
-    time.sleep(0.5)  # the reader thread takes the last of the output
+    reader.join(timeout=60)  # the last of the output
     err = "".join(chunks)
     assert proc.returncode == 130, err[-2000:]
     assert "Traceback" not in err and "interrupted" in err.strip().splitlines()[-1]

@@ -22,8 +22,7 @@ from functools import cached_property
 
 from cory.lab.learning import baseline_learned
 from cory.lab.results import (LAST_N, METHOD_NAMES, POLICY, REWARD_RANGES, curve, Experiment, Final, final_value, fmt,
-                              fmt_final, Group, heldout_final,
-                              heldout_value)
+                              fmt_final, Group, heldout_final, heldout_value)
 from cory.lab.stats import (ALPHA, POWER_TARGET, Diff, difference, holm, holm_adjusted, min_detectable, p_value, pct,
                             power, trend)
 from cory.tasks import registered
