@@ -131,12 +131,13 @@ def main(argv=None) -> int:
     from cory import models
 
     from cory.assets import locate
-    from cory.agent import precision_context, set_precision
+    from cory.agent import precision_context, resolve_precision, set_precision
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda: no CUDA GPU here", file=sys.stderr)
         return 2
     set_precision(args.precision)
+    args.precision = resolve_precision(args.precision, args.device)[0]
     tokenizer = models.load_tokenizer(locate(args.model))
     model = models.load_causal_lm(locate(args.model)).to(args.device).eval()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

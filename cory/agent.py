@@ -116,7 +116,11 @@ class Agent:
         Within one autocast region each weight is cast to bf16 once and the copy reused: right for a whole
         generation (one cast instead of one per token), wrong across optimizer steps (a stale copy), so a PPO
         step casts afresh (``training``)."""
-        return precision_context(self.cfg.precision, self.trainer.accelerator.device.type, cache=not training)
+        return precision_context(self.precision, self.trainer.accelerator.device.type, cache=not training)
+
+    @property
+    def precision(self) -> str:
+        return resolve_precision(self.cfg.precision, self.trainer.accelerator.device.type)[0]
 
     @torch.inference_mode()
     def generate(self, prompts: list[torch.Tensor], **generation_kwargs) -> list[torch.Tensor]:
@@ -171,6 +175,26 @@ class Agent:
         self.normalizer.load_state_dict(state["normalizer"])
 
 
+def native_bf16_cpu() -> bool:
+    """Whether this CPU computes bfloat16 in hardware (AVX-512 BF16 or AMX tiles); without, torch emulates it
+    and bf16 autocast runs slower than float32."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def resolve_precision(precision: str, device_type: str, native_bf16: bool | None = None) -> tuple[str, str]:
+    """(the precision a run computes in, why): ``auto`` is tf32 on CUDA, bf16 on a CPU with native bfloat16, fp32
+    on any other CPU; a named precision is itself. ``native_bf16`` (tests): the CPU's answer, else asked."""
+    if precision != "auto":
+        return precision, "as configured"
+    if device_type == "cuda":
+        return "tf32", "auto on CUDA: TF32 matmuls, float32 weights"
+    if native_bf16 is None:
+        native_bf16 = native_bf16_cpu()
+    if native_bf16:
+        return "bf16", "auto on a CPU with native bfloat16 (AVX-512 BF16 or AMX)"
+    return "fp32", "auto on a CPU without native bfloat16, where torch emulates it slower than float32"
+
+
 def precision_context(precision: str, device_type: str, cache: bool = True):
     """bf16: an autocast region (``cache``: each weight cast once for the whole region); otherwise nothing."""
     if precision != "bf16":
@@ -179,8 +203,9 @@ def precision_context(precision: str, device_type: str, cache: bool = True):
 
 
 def set_precision(precision: str) -> None:
-    """TF32 matmuls on CUDA for ``tf32`` and ``bf16`` (float32 work outside autocast), off for exact ``fp32``."""
-    fast = precision in ("tf32", "bf16")
+    """TF32 matmuls on CUDA for ``tf32``, ``bf16`` (float32 work outside autocast) and ``auto``, off for exact
+    ``fp32``."""
+    fast = precision in ("tf32", "bf16", "auto")
     torch.backends.cuda.matmul.allow_tf32 = fast
     torch.backends.cudnn.allow_tf32 = fast
 
@@ -192,7 +217,8 @@ def make_agents(cfg: PPOArgs, spec, names: list[str], tokenizer, *, shared_base:
     reference = models.load_reference(spec, use_peft=cfg.use_peft)
     # with LoRA the base is frozen (never updated), so under bf16 compute it is stored in bf16: half the memory;
     # the adapters and value heads, which train, stay float32
-    frozen_bf16 = cfg.use_peft and cfg.precision == "bf16" and not cfg.load_in_4bit
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    frozen_bf16 = cfg.use_peft and resolve_precision(cfg.precision, device)[0] == "bf16" and not cfg.load_in_4bit
     policies = models.load_policies(spec, names, use_peft=cfg.use_peft, shared_base=shared_base,
                                     lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                                     load_in_4bit=cfg.load_in_4bit,

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from cory import game, memory, models, parallel, preflight
-from cory.agent import make_agents, set_precision
+from cory.agent import make_agents, resolve_precision, set_precision
 from cory.assets import locate
 from cory.config import INVOCATION_FIELDS, PPOArgs, to_dict
 from cory.errors import ConfigError, NonFinite, RunError, Stopped
@@ -277,6 +277,9 @@ def prepare_run(cfg: PPOArgs) -> Run:
 def _load_run(cfg: PPOArgs, spec, method: Method, rank: int, world: int) -> Run:
     return_freed_memory()
     set_precision(cfg.precision)
+    if rank == 0:
+        precision, why = resolve_precision(cfg.precision, "cuda" if torch.cuda.is_available() else "cpu")
+        print(f"precision: {precision} ({why})", flush=True)
 
     torch.manual_seed(cfg.seed)
     spec = locate(spec)

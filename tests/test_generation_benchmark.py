@@ -18,7 +18,7 @@ import generation  # noqa: E402
     ("--new_tokens", "9,3", "must be N or MIN,MAX with 1 <= MIN <= MAX"),
     ("--prompt_tokens", "ten", "is not N or MIN,MAX"),
     ("--device", "tpu", "'tpu' is not one of cpu, cuda"),
-    ("--precision", "fp16", "'fp16' is not one of fp32, tf32, bf16"),
+    ("--precision", "fp16", "'fp16' is not one of auto, fp32, tf32, bf16"),
     ("--calls", "0", "must be >= 1"),
 ])
 def test_bad_input_is_one_line_before_any_model(flag, value, says):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import IMDB_PPO
-from cory.agent import Agent, set_precision
+from cory.agent import Agent, resolve_precision, set_precision
 from cory.config import build
 from cory.errors import ConfigError
 
@@ -60,5 +60,29 @@ def test_tf32_is_a_cuda_switch():
 
 
 def test_precision_is_checked():
-    with pytest.raises(ConfigError, match="precision: 'fp16' is not one of fp32, tf32, bf16"):
+    with pytest.raises(ConfigError, match="precision: 'fp16' is not one of auto, fp32, tf32, bf16"):
         build(IMDB_PPO, {"precision": "fp16"})
+
+
+def test_auto_is_the_default_and_follows_the_hardware_not_this_machine():
+    """auto: bf16 only on a CPU that computes it natively (emulated bf16 is slower than fp32), tf32 on CUDA; a
+    named precision is never changed. The CPU's answer is passed in, so the test holds on any machine."""
+    assert build(IMDB_PPO, {}).precision == "auto"
+    assert resolve_precision("auto", "cpu", native_bf16=True)[0] == "bf16"
+    assert resolve_precision("auto", "cpu", native_bf16=False)[0] == "fp32"
+    assert resolve_precision("auto", "cuda", native_bf16=False)[0] == "tf32"
+    for named in ("fp32", "tf32", "bf16"):
+        for native in (True, False):
+            assert resolve_precision(named, "cpu", native_bf16=native) == (named, "as configured")
+    assert "emulates" in resolve_precision("auto", "cpu", native_bf16=False)[1]
+
+
+def test_an_agent_computes_in_the_resolved_precision(setup, tmp_path, monkeypatch):
+    tok, reference, policy, _, _ = setup
+    cfg = build(IMDB_PPO, {"model_name": "tiny", "reward_model": "vader", "batch_size": 4, "mini_batch_size": 4,
+                          "output_dir": str(tmp_path)})
+    agent = Agent("policy", cfg, policy, reference, tok)
+    for native, want in ((True, torch.bfloat16), (False, None)):
+        monkeypatch.setattr("cory.agent.native_bf16_cpu", lambda: native)
+        with agent.compute():
+            assert (torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None) == want

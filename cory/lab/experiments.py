@@ -9,6 +9,9 @@ the ways the authors' runs differ from a like-for-like comparison:
 
 * ``ppo_norm``: PPO with ``--score_norm true``. The authors normalise CORY's scores but not PPO's (so do the
   IMDB CORY presets here), so CORY vs ``ppo_norm`` compares the two with the same score normalisation.
+* ``cory_norm``: CORY with ``--score_norm true``, as the authors run it. Normalising by the running sd of
+  r1 + r2 roughly doubles CORY's KL coefficient relative to its reward, so the cpu presets run both methods
+  without it and this variant shows how much of CORY's "lower KL" the normaliser alone makes.
 * ``cory_authors``: CORY with ``--reset_on_swap true --init_kl_coef 0.4``, as the authors' released code runs
   it: its role exchange reloads both models into fresh trainers, which resets Adam, the adaptive KL controller
   and the score statistics, and its KL coefficient starts from 0.4 (the paper's Table 1 says 0.3). The method
@@ -60,6 +63,7 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "ppo_2x": ("ppo", []),
     # the confounds (see the module docstring)
     "ppo_norm": ("ppo", ["--score_norm", "true"]),
+    "cory_norm": ("cory", ["--score_norm", "true"]),
     "cory_authors": ("cory", ["--reset_on_swap", "true", "--init_kl_coef", "0.4"]),
 }
 # ppo_2x: a model of the same family with about twice the parameters (the paper: GPT2-Large -> GPT2-XL)
@@ -91,7 +95,7 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"comma-separated, from {', '.join(METHODS)} (default ppo,cory). Ablations: cory_no_kt "
                         "(--knowledge_transfer false), cory_no_swap (--swap_period 0), ppo_2x (a model twice the "
                         "size). Confounds: ppo_norm = PPO with --score_norm true (the authors normalise CORY's "
-                        "scores, not PPO's); cory_authors = CORY with --reset_on_swap true --init_kl_coef 0.4 "
+                        "scores, not PPO's); cory_norm = CORY with --score_norm true; cory_authors = CORY with --reset_on_swap true --init_kl_coef 0.4 "
                         "(the authors' code resets Adam, the KL controller and the score statistics at each role "
                         "exchange and starts from eta 0.4; its own --init_kl_coef wins over --kl_coefs and --set, "
                         "so each of its sweep folders runs at 0.4)")
