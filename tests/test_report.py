@@ -196,7 +196,9 @@ def test_verdict_not_decided_without_cory(tmp_path):
     shutil.rmtree(tmp_path / "runs" / "cory")
     assert verdict(load_experiment(tmp_path)).answer == "not decided"
     text = build_report(tmp_path).read_text()
-    assert "not decided" not in text.split("## Verdict")[0] and "no cory runs" in text
+    head, claim = text.split("## The claim at matched KL")
+    assert "not decided" not in head and "no cory runs" in text
+    assert "**not decided** — no PPO and CORY runs with metrics to compare." in claim.split("## Verdict")[0]
 
 
 def test_partial_results_nan_none_and_different_lengths(tmp_path):

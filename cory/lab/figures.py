@@ -221,3 +221,38 @@ def plot_heldout(exp: Experiment, path: Path, series: list[tuple[Group, str]], b
     ax.legend(fontsize=8, loc="best")
     save_figure(fig, path)
     return True
+
+
+def plot_reward_vs_kl(exp: Experiment, path: Path, series: list[tuple[Group, str]], base: float | None,
+                      grid: tuple[float, ...] = ()) -> bool:
+    """The matched-KL reading's picture: held-out reward against held-out KL along training (eval.jsonl), every
+    seed's path thin, the mean path per method and agent (mean KL and mean reward at each evaluation) thick, the
+    base model as a point at KL 0 and the design's KL grid as vertical lines. False when no run has a path."""
+    fig, ax = _axes(f"{setting_name(exp)}: held-out reward against held-out KL along training",
+                    "held-out KL(π‖π₀), nats per answer", f"held-out task reward ({_reward_unit(exp, scored=True)})")
+    drawn = 0
+    for group, agent in series:
+        kl, reward = heldout_curve(group, agent, "kl"), heldout_curve(group, agent, "task_reward")
+        if kl is None or reward is None or len(kl.steps) < 2:
+            continue
+        steps = np.intersect1d(kl.steps, reward.steps)
+        seeds = [s for s in kl.seeds if s in reward.seeds]
+        k = kl.values[[kl.seeds.index(s) for s in seeds]][:, np.isin(kl.steps, steps)]
+        r = reward.values[[reward.seeds.index(s) for s in seeds]][:, np.isin(reward.steps, steps)]
+        style = dict(color=colour(group.method), linestyle=LINESTYLES.get(agent, "-"))
+        for row_k, row_r in zip(k, r):
+            ax.plot(row_k, row_r, linewidth=0.7, alpha=0.35, **style)
+        ax.plot(k.mean(axis=0), r.mean(axis=0), marker="o", markersize=3, linewidth=2.0,
+                label=f"{group.name(agent)} ({len(seeds)} seed{'s' * (len(seeds) != 1)}, iterations "
+                      f"{steps[0]}–{steps[-1]})", **style)
+        drawn += 1
+    if not drawn:
+        return False
+    if base is not None:
+        ax.plot([0.0], [base], marker="*", markersize=12, color="#555555", linestyle="none",
+                label=f"base model ({base:.3g})")
+    for k in grid:
+        ax.axvline(k, color="#999999", linewidth=0.8, linestyle=":")
+    ax.legend(fontsize=8, loc="best")
+    save_figure(fig, path)
+    return True

@@ -1,0 +1,281 @@
+"""The paper's claim read as a trade-off: each CORY agent's held-out reward against PPO's at the same held-out KL.
+
+At matched iterations a method that learns slower always shows "lower KL at lower reward"; the paper's claim is
+that CORY reaches similar reward at lower KL (its reward-vs-KL curve lies above PPO's), so it is read at matched
+KL, as reward-vs-KL curves along training are read in the reward-overoptimisation literature (Gao et al. 2022).
+
+Each run's held-out evaluations (``eval.jsonl``: the base model at iteration 0, then every ``eval_every``) form a
+path of (held-out KL, held-out reward) points in iteration order. A path's reward at KL k is the linear
+interpolation between the first two consecutive points whose KL brackets k (the first time the run reaches k).
+Per seed and CORY agent, the endpoint is the agent's reward minus PPO's at the grid's KL values, averaged over the
+grid points both paths reached. The design (grid, margin, level) is read from ``design.yaml`` in the experiment
+folder, written before its runs; a folder without one gets ``DEFAULT_DESIGN`` and the verdict says so.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from cory.errors import ReportError
+from cory.lab.learning import baseline_learned
+from cory.lab.results import POLICY, Experiment, Group, fmt
+from cory.lab.stats import Diff, holm, min_detectable, p_value
+
+DESIGN_FILE = "design.yaml"
+ENDPOINT = "reward_at_matched_kl"
+
+SECONDARY_KL = (8.0, 12.0)  # also read (shown, not tested) where both paths reached them
+
+# The six answers; a folder's verdict is one of them.
+YES, NO, COULD_NOT_TELL = "yes", "no", "could not tell"
+PPO_DID_NOT_LEARN, CORY_DID_NOT_LEARN = "not tested (PPO did not learn)", "not tested (CORY did not learn)"
+NOT_DECIDED = "not decided"
+
+
+@dataclass(frozen=True)
+class Design:
+    kl_grid: tuple[float, ...]
+    margin: float          # held-out reward units: "higher" needs more than this to matter
+    alpha: float = 0.05    # one-sided, Holm over the CORY agents
+    min_seeds: int = 3
+    source: str = "the report's defaults"
+
+    def text(self) -> str:
+        grid = ", ".join(f"{k:g}" for k in self.kl_grid)
+        return (f"KL grid {grid} nats, margin {self.margin:g} reward units, α = {self.alpha:g} one-sided with Holm "
+                f"over the CORY agents, at least {self.min_seeds} paired seeds (from {self.source})")
+
+
+# No design of the folder's own: these are used and the verdict says so. KL 2-6 nats is where a CPU run's held-out
+# path spends its first tens of iterations; 0.05 is 2.5% of VADER's [-1, 1] range, about 1.5 times the sampling
+# error of one 110-prompt held-out evaluation.
+DEFAULT_DESIGN = Design(kl_grid=(2.0, 4.0, 6.0), margin=0.05)
+
+
+def load_design(folder: str | Path) -> Design:
+    """The folder's ``design.yaml``, checked; ``DEFAULT_DESIGN`` when it has none."""
+    path = Path(folder) / DESIGN_FILE
+    if not path.exists():
+        return DEFAULT_DESIGN
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ReportError(f"{path}: cannot be read as YAML ({type(e).__name__}); fix or remove it") from None
+    if not isinstance(doc, dict):
+        raise ReportError(f"{path}: must be a mapping of endpoint, kl_grid, margin, alpha, min_seeds")
+    unknown = set(doc) - {"endpoint", "kl_grid", "margin", "alpha", "min_seeds"}
+    if unknown:
+        raise ReportError(f"{path}: unknown key {sorted(unknown)[0]!r}; allowed: endpoint, kl_grid, margin, alpha, "
+                          "min_seeds")
+    if doc.get("endpoint", ENDPOINT) != ENDPOINT:
+        raise ReportError(f"{path}: endpoint {doc['endpoint']!r} is not one this report knows ({ENDPOINT})")
+
+    def number(key, default, ok, allowed):
+        v = doc.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not ok(v):
+            raise ReportError(f"{path}: {key} {v!r} is not allowed; {allowed}")
+        return v
+
+    grid = doc.get("kl_grid", list(DEFAULT_DESIGN.kl_grid))
+    if (not isinstance(grid, list) or not grid
+            or any(isinstance(k, bool) or not isinstance(k, (int, float)) or not math.isfinite(k) or k <= 0
+                   for k in grid)):
+        raise ReportError(f"{path}: kl_grid {grid!r} is not allowed; a non-empty list of KL values > 0 (nats)")
+    margin = number("margin", DEFAULT_DESIGN.margin, lambda v: v >= 0, "a number >= 0 (reward units)")
+    alpha = number("alpha", DEFAULT_DESIGN.alpha, lambda v: 0 < v < 1, "a number in (0, 1)")
+    seeds = number("min_seeds", DEFAULT_DESIGN.min_seeds, lambda v: int(v) == v and v >= 2, "an integer >= 2")
+    return Design(tuple(sorted(float(k) for k in grid)), float(margin), float(alpha), int(seeds), DESIGN_FILE)
+
+
+# ----------------------------------------------------------------------------- paths
+
+@dataclass
+class HeldoutPath:
+    """One run's (one agent's) held-out path, in iteration order."""
+    iterations: np.ndarray
+    kl: np.ndarray
+    reward: np.ndarray
+
+
+def heldout_path(group: Group, seed: int, agent: str) -> HeldoutPath | None:
+    run = group.runs[seed]
+    kl, reward = run.heldout_series(agent, "kl"), run.heldout_series(agent, "task_reward")
+    its = sorted(set(kl) & set(reward))
+    if len(its) < 2:
+        return None
+    return HeldoutPath(np.array(its), np.array([kl[i] for i in its]), np.array([reward[i] for i in its]))
+
+
+def reward_at(path: HeldoutPath, k: float) -> float | None:
+    """The path's reward where its KL first reaches ``k`` (linear between the two points that bracket it), None if it
+    never does."""
+    for i in range(len(path.kl) - 1):
+        a, b = path.kl[i], path.kl[i + 1]
+        if a == k:
+            return float(path.reward[i])
+        if min(a, b) < k <= max(a, b):
+            t = (k - a) / (b - a)
+            return float(path.reward[i] + t * (path.reward[i + 1] - path.reward[i]))
+    if len(path.kl) and path.kl[-1] == k:
+        return float(path.reward[-1])
+    return None
+
+
+@dataclass
+class SeedReading:
+    seed: int
+    points: dict[float, float]  # grid KL -> agent's reward minus PPO's, where both reached it
+
+    @property
+    def value(self) -> float:
+        return float(np.mean(list(self.points.values())))
+
+
+def seed_reading(seed: int, mine: HeldoutPath, ppo: HeldoutPath, grid: tuple[float, ...]) -> SeedReading:
+    points = {}
+    for k in grid:
+        a, b = reward_at(mine, k), reward_at(ppo, k)
+        if a is not None and b is not None:
+            points[k] = a - b
+    return SeedReading(seed, points)
+
+
+# ----------------------------------------------------------------------------- one agent against PPO
+
+@dataclass
+class AgentReading:
+    name: str
+    readings: list[SeedReading]
+    left_out: list[int]          # seeds with no grid point both paths reached, or no path
+    design: Design
+    learned: bool | None = None
+    by_point: dict[float, list[float]] = field(default_factory=dict)  # every KL read (grid and SECONDARY_KL)
+    p_higher: float = float("nan")
+    p_below_margin: float = float("nan")
+    p_lower: float = float("nan")
+    answer: str = NOT_DECIDED
+
+    @property
+    def values(self) -> np.ndarray:
+        return np.array([r.value for r in self.readings if r.points], dtype=float)
+
+    @property
+    def diff(self) -> Diff:
+        d = self.values
+        n = len(d)
+        if n < 2:
+            return Diff(True, float(d.mean()) if n else float("nan"), float("nan"), float("nan"), n)
+        return Diff(True, float(d.mean()), float(d.std(ddof=1) / math.sqrt(n)), float(n - 1), n)
+
+    @property
+    def judged(self) -> bool:
+        return len(self.values) >= self.design.min_seeds and self.learned is not False
+
+    def test(self) -> None:
+        d = self.diff
+        self.p_higher = p_value(d, "greater")
+        self.p_below_margin = p_value(d, "less", self.design.margin)
+        self.p_lower = p_value(d, "less")
+
+    def line(self) -> str:
+        d = self.diff
+        per_seed = ", ".join(f"seed {r.seed} {'+' if r.value >= 0 else ''}{fmt(r.value)} "
+                             f"(at {', '.join(f'{k:g}' for k in r.points)})" for r in self.readings if r.points)
+        out = (f"- {self.name} − PPO at matched held-out KL: {fmt(d.mean)} ± {fmt(d.se)} (SE, {d.n} paired seeds); "
+               f"per seed: {per_seed or 'none'}.")
+        points = [f"{k:g}: {'+' if np.mean(v) >= 0 else ''}{fmt(float(np.mean(v)))} ({len(v)})"
+                  for k, v in sorted(self.by_point.items()) if v]
+        if points:
+            out += f" By KL point (nats: mean difference (seeds)): {'; '.join(points)}."
+        if self.left_out:
+            out += f" Left out (no grid point both paths reached): seeds {', '.join(map(str, self.left_out))}."
+        if self.learned is False:
+            return out + f" {self.name} did not learn: not tested."
+        if not self.judged:
+            return out + f" Not judged: {d.n} seed(s), the design needs {self.design.min_seeds}."
+        mdd = min_detectable(d, self.design.alpha / 2)
+        return (out + f" One-sided p (higher) {fmt(self.p_higher)}, p (below PPO + {self.design.margin:g}) "
+                f"{fmt(self.p_below_margin)}: **{self.answer}**; the smallest advantage these seeds would show at "
+                f"80% power (α/2): {fmt(mdd)}.")
+
+
+@dataclass
+class MatchedKL:
+    answer: str
+    text: str
+    agents: list[AgentReading] = field(default_factory=list)
+    design: Design = DEFAULT_DESIGN
+
+
+RULE = (
+    "**The claim at matched KL** (primary; `cory.lab.matched_kl`). The paper claims similar reward at lower KL: "
+    "CORY's reward-vs-KL curve above PPO's. Each run's held-out evaluations (every `eval_every` iterations, the base "
+    "model at iteration 0) form a path of (held-out KL, held-out reward); a path's reward at KL k is interpolated "
+    "linearly where the run first reaches k. Per seed and CORY agent, the endpoint is the agent's reward minus PPO's "
+    "(same seed) at the design's KL grid, averaged over the grid points both paths reached; a seed with none is "
+    "left out and named. One-sample t-tests over seeds, one-sided, Holm over the two agents at the design's α. Per "
+    "agent: _yes_ — shown higher than PPO's; _no_ — not shown higher and shown below PPO's + the margin (shown "
+    "lower, or not higher by an amount that matters); _could not tell_ — neither. The folder: _yes_ if an agent's "
+    "is yes and none is shown lower; _no_ if every agent's is no; else _could not tell_. Before any of it: _not "
+    "tested (PPO did not learn)_ when PPO's final held-out reward is not above the base model's beyond noise, _not "
+    "tested (CORY did not learn)_ when neither agent's is.")
+
+
+def matched_kl(exp: Experiment) -> MatchedKL:
+    design = load_design(exp.path)
+    ppo, cory = exp.main_group("ppo"), exp.main_group("cory")
+    if ppo is None or cory is None:
+        return MatchedKL(NOT_DECIDED, "**not decided** — no PPO and CORY runs with metrics to compare.", [], design)
+    learning = baseline_learned(exp, ppo)
+    head = f"Design: {design.text()}."
+    if learning.learned is not True:
+        why = learning.text.split(" — ", 1)[-1]
+        answer = PPO_DID_NOT_LEARN if learning.learned is False else NOT_DECIDED
+        return MatchedKL(answer, f"**{answer}** — {why} {head}", [], design)
+    readings = []
+    for agent in cory.agents:
+        reading = AgentReading(cory.name(agent), [], [], design, learned=baseline_learned(exp, cory, agent).learned)
+        for seed in sorted(set(cory.runs) & set(ppo.runs)):
+            mine, base = heldout_path(cory, seed, agent), heldout_path(ppo, seed, POLICY)
+            r = seed_reading(seed, mine, base, design.kl_grid) if mine is not None and base is not None else None
+            if r is not None:
+                every = seed_reading(seed, mine, base, tuple(sorted(set(design.kl_grid) | set(SECONDARY_KL))))
+                for k, d in every.points.items():
+                    reading.by_point.setdefault(k, []).append(d)
+            if r is None or not r.points:
+                reading.left_out.append(seed)
+            else:
+                reading.readings.append(r)
+        reading.test()
+        readings.append(reading)
+    if all(r.learned is False for r in readings):
+        return MatchedKL(CORY_DID_NOT_LEARN, f"**{CORY_DID_NOT_LEARN}** — no CORY agent's final held-out reward is "
+                         f"above the base model's beyond noise. {head}\n\n" + "\n".join(r.line() for r in readings),
+                         readings, design)
+    judged = [r for r in readings if r.judged]
+    if not judged:
+        answer = NOT_DECIDED
+        summary = f"too few paired seeds with matched-KL points (the design needs {design.min_seeds})."
+    else:
+        higher = holm([r.p_higher for r in judged], design.alpha)
+        below = holm([r.p_below_margin for r in judged], design.alpha)
+        lower = holm([r.p_lower for r in judged], design.alpha)
+        for r, h, b in zip(judged, higher, below):
+            r.answer = YES if h else (NO if b else COULD_NOT_TELL)
+        if any(r.answer == YES for r in judged) and not any(lower):
+            answer = YES
+            summary = "a CORY agent's held-out reward is higher than PPO's at the same held-out KL."
+        elif all(r.answer == NO for r in judged) and len(judged) == len(readings):
+            answer = NO
+            summary = (f"no CORY agent reaches a held-out reward above PPO's + {design.margin:g} at the same "
+                       "held-out KL" + (" (shown lower)" if all(lower) else "") + ".")
+        else:
+            answer = COULD_NOT_TELL
+            summary = "neither shown higher nor shown not higher by the margin at these seeds."
+    lines = [r.line() for r in readings]
+    return MatchedKL(answer, f"**{answer}** — {summary} {learning.text} {head}\n\n" + "\n".join(lines),
+                     readings, design)

@@ -1,0 +1,128 @@
+"""The claim at matched KL (cory.lab.matched_kl) on synthetic held-out paths: a CORY that only learns slower along
+PPO's own reward-vs-KL line is never "yes"; a line twice as steep is "yes"; a much flatter one is "no"; and the
+interpolation, the design file and the learning checks that come first."""
+import json
+
+import numpy as np
+import pytest
+
+from cory.errors import ReportError
+from cory.lab.matched_kl import (CORY_DID_NOT_LEARN, DEFAULT_DESIGN, PPO_DID_NOT_LEARN, HeldoutPath, load_design,
+                                 matched_kl, reward_at)
+from cory.lab.report import build_report
+from cory.lab.results import load_experiment
+from test_report import cory_rows, ppo_rows, write_run
+
+STEPS, EVERY, BASE = 30, 3, 0.1
+
+
+def line(slope, kl_rate, rng, noise=0.02):
+    """A held-out path: KL grows by ``kl_rate`` nats per iteration, reward = base + slope * KL + noise."""
+    its = np.arange(0, STEPS + 1, EVERY)
+    kl = kl_rate * its * (1 + rng.normal(0, 0.03, len(its)))
+    reward = BASE + slope * kl + rng.normal(0, noise, len(its))
+    kl[0], reward[0] = 0.0, BASE
+    return its, kl, reward
+
+
+def write_paths(root, seeds, ppo, llm1, llm2, rng=0):
+    """Runs whose eval.jsonl holds the given paths ((slope, KL rate) each); training rows are flat filler."""
+    g = np.random.default_rng(rng)
+    flat = np.zeros(STEPS)
+    for s in seeds:
+        for label, agents, rows in (("ppo", {"policy": ppo}, ppo_rows(flat, flat)),
+                                    ("cory", {"llm1": llm1, "llm2": llm2}, cory_rows(flat, flat, flat, flat))):
+            d = write_run(root, label, s, rows, heldout=None)
+            evals = []
+            for agent, (slope, rate) in agents.items():
+                for it, k, r in zip(*line(slope, rate, g)):
+                    evals.append({"iterations": int(it), "agent": agent, "task_reward": float(r), "kl": float(k),
+                                  "reward_sd": 0.37, "n_prompts": 110})
+            (d / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+
+
+def test_only_slower_on_ppos_own_line_is_never_yes(tmp_path):
+    # CORY moves along PPO's reward-vs-KL line at half the speed: lower KL at lower reward, the same trade-off
+    write_paths(tmp_path, range(8), ppo=(0.05, 1.0), llm1=(0.05, 0.5), llm2=(0.05, 0.4))
+    v = matched_kl(load_experiment(tmp_path))
+    assert v.answer != "yes", v.text
+    assert v.answer == "no", v.text  # its reward is shown not to exceed PPO's by the margin
+    assert all(abs(r.diff.mean) < 0.03 for r in v.agents)
+
+
+@pytest.mark.parametrize("seeds", [range(8), range(3)])
+def test_a_line_twice_as_steep_is_yes(tmp_path, seeds):
+    write_paths(tmp_path, seeds, ppo=(0.05, 1.0), llm1=(0.10, 0.5), llm2=(0.10, 0.4))
+    v = matched_kl(load_experiment(tmp_path))
+    assert v.answer == "yes", v.text
+    assert all(r.answer == "yes" for r in v.agents)
+
+
+def test_a_much_flatter_line_is_no(tmp_path):
+    write_paths(tmp_path, range(8), ppo=(0.05, 1.0), llm1=(0.01, 1.0), llm2=(0.015, 1.0))
+    v = matched_kl(load_experiment(tmp_path))
+    assert v.answer == "no" and "shown lower" in v.text, v.text
+
+
+def test_noise_with_few_seeds_could_not_tell(tmp_path):
+    write_paths(tmp_path, range(3), ppo=(0.05, 1.0), llm1=(0.06, 0.5), llm2=(0.06, 0.5))
+    for s in range(3):  # a large spread of one seed's endpoint
+        p = tmp_path / "runs" / "cory" / f"seed_{s}" / "eval.jsonl"
+        rows = [json.loads(x) for x in p.read_text().splitlines()]
+        for r in rows:
+            if r["iterations"]:
+                r["task_reward"] += (0.3, -0.25, 0.2)[s]
+        p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    v = matched_kl(load_experiment(tmp_path))
+    assert v.answer == "could not tell", v.text
+
+
+def test_ppo_that_did_not_learn_tests_nothing(tmp_path):
+    write_paths(tmp_path, range(4), ppo=(0.0, 1.0), llm1=(0.10, 0.5), llm2=(0.10, 0.5))
+    assert matched_kl(load_experiment(tmp_path)).answer == PPO_DID_NOT_LEARN
+
+
+def test_cory_that_did_not_learn_is_named(tmp_path):
+    write_paths(tmp_path, range(4), ppo=(0.05, 1.0), llm1=(0.0, 0.5), llm2=(0.0, 0.5))
+    assert matched_kl(load_experiment(tmp_path)).answer == CORY_DID_NOT_LEARN
+
+
+def test_reward_at_reads_where_the_path_first_reaches_k():
+    p = HeldoutPath(np.array([0, 3, 6, 9]), np.array([0.0, 2.0, 5.0, 4.0]), np.array([0.1, 0.3, 0.6, 0.9]))
+    assert reward_at(p, 1.0) == pytest.approx(0.2)
+    assert reward_at(p, 4.5) == pytest.approx(0.55)   # on the way up, not where it came back down
+    assert reward_at(p, 5.0) == pytest.approx(0.6)
+    assert reward_at(p, 6.0) is None                  # never reached
+    assert reward_at(p, 0.0) == pytest.approx(0.1)
+
+
+def test_endpoint_uses_only_grid_points_both_reached(tmp_path):
+    # CORY's KL stops at 3 nats (rate 0.1 over 30 iterations): only the grid point 2 is common
+    write_paths(tmp_path, range(3), ppo=(0.05, 1.0), llm1=(0.10, 0.1), llm2=(0.10, 0.1))
+    v = matched_kl(load_experiment(tmp_path))
+    assert all(list(r.points) == [2.0] for a in v.agents for r in a.readings), v.text
+    # a CORY that never reaches the grid's first point is left out and named
+    write_paths(tmp_path, range(3), ppo=(0.05, 1.0), llm1=(0.10, 0.05), llm2=(0.10, 0.05))
+    v = matched_kl(load_experiment(tmp_path))
+    assert v.answer == "not decided" and "Left out (no grid point both paths reached): seeds 0, 1, 2" in v.text
+
+
+def test_design_file_is_read_and_checked(tmp_path):
+    assert load_design(tmp_path) == DEFAULT_DESIGN
+    (tmp_path / "design.yaml").write_text("kl_grid: [3, 1]\nmargin: 0.1\n")
+    d = load_design(tmp_path)
+    assert d.kl_grid == (1.0, 3.0) and d.margin == 0.1 and d.source == "design.yaml"
+    for bad, what in (("kl_grid: []", "kl_grid"), ("kl_grid: [0]", "kl_grid"), ("margin: -1", "margin"),
+                      ("alpha: 2", "alpha"), ("min_seeds: 1.5", "min_seeds"), ("endpoint: final_kl", "endpoint"),
+                      ("colour: red", "unknown key"), ("- 1", "mapping"), ("kl_grid: [", "YAML")):
+        (tmp_path / "design.yaml").write_text(bad + "\n")
+        with pytest.raises(ReportError, match=what):
+            load_design(tmp_path)
+
+
+def test_report_leads_with_the_matched_kl_answer_and_its_figure(tmp_path):
+    write_paths(tmp_path, range(3), ppo=(0.05, 1.0), llm1=(0.10, 0.5), llm2=(0.10, 0.4))
+    text = build_report(tmp_path).read_text()
+    assert text.index("## The claim at matched KL") < text.index("## Verdict")
+    assert "**yes**" in text and "the report's defaults" in text
+    assert (tmp_path / "fig_reward_vs_kl.png").exists() and "fig_reward_vs_kl.png" in text
