@@ -80,7 +80,8 @@ class Agent:
         """(the PPOTrainer class, its extra arguments): ``cory.ppo``'s step unless ``fast_ppo`` is off."""
         if not self.cfg.fast_ppo:
             return PPOTrainer, {}
-        return AgentTrainer, {"max_pass_tokens": self.cfg.max_pass_tokens}
+        return AgentTrainer, {"max_pass_tokens": self.cfg.max_pass_tokens,
+                              "compute": lambda cache: self.compute(training=not cache)}
 
     def reserve_for_training(self, reserve_bytes: float) -> None:
         """The memory every agent's gradients and Adam moments will take, kept out of an ``auto`` pass budget."""
@@ -114,8 +115,9 @@ class Agent:
         Adam state stay float32), else nothing (TF32 is a process-wide switch, see ``set_precision``).
 
         Within one autocast region each weight is cast to bf16 once and the copy reused: right for a whole
-        generation (one cast instead of one per token), wrong across optimizer steps (a stale copy), so a PPO
-        step casts afresh (``training``)."""
+        generation (one cast instead of one per token) and for one optimizer step's passes, wrong across optimizer
+        steps (a stale copy): ``training`` casts afresh at every pass, for trl's stock step, which runs whole in
+        one region; ``cory.ppo``'s step opens a cached region per optimizer step instead."""
         return precision_context(self.precision, self.trainer.accelerator.device.type, cache=not training)
 
     @property
@@ -143,7 +145,10 @@ class Agent:
             everyone = parallel.gather_floats(scores)
             rank = parallel.rank()
             scores = self.normalizer(everyone)[rank * len(scores): (rank + 1) * len(scores)]
-        with warnings.catch_warnings(), self.compute(training=True):
+        # cory.ppo's step opens its own precision regions (a weight cast once per optimizer step); trl's stock step
+        # runs whole in one region that casts afresh at every pass
+        region = contextlib.nullcontext() if isinstance(self.trainer, AgentTrainer) else self.compute(training=True)
+        with warnings.catch_warnings(), region:
             warnings.simplefilter("ignore", UserWarning)
             return self.trainer.step(queries, responses, [torch.tensor(s, dtype=torch.float32) for s in scores])
 

@@ -91,15 +91,20 @@ class AgentTrainer(PPOTrainer):
     is also epoch 0's training pass, so that pass is not run twice."""
 
     def __init__(self, *args, max_pass_tokens: int | str = 0, reserve_bytes: float = 0.0, pack: bool = True,
-                 reuse_rollout: bool = True, **kwargs):
+                 reuse_rollout: bool = True, compute=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.max_pass_tokens, self.reserve_bytes = max_pass_tokens, reserve_bytes
         self.pack, self.reuse_rollout = pack, reuse_rollout
+        # compute(cache): the precision region the passes run in (bf16: autocast); with ``cache`` each weight is
+        # cast once per region. A region lasts while the weights stand still: the rollout pass, then each
+        # mini-batch's passes and backward, closed before its optimizer step (a copy cast before it would be stale)
+        self.compute = compute or (lambda cache: contextlib.nullcontext())
 
     @PPODecorators.empty_device_cache()
     def step(self, queries, responses, scores, response_masks=None):
         if response_masks is not None or self.is_encoder_decoder or not self._windowable():
-            return super().step(queries, responses, scores, response_masks)
+            with self.compute(False):
+                return super().step(queries, responses, scores, response_masks)
         queries, responses, scores, _ = self._step_safety_checker(self.config.batch_size, queries, responses, scores)
         scores = torch.tensor(scores, device=self.current_device)
         if self.config.score_clip is not None:
@@ -110,7 +115,7 @@ class AgentTrainer(PPOTrainer):
 
         # 1. the rollout pass: log-probs, values, the reference's log-probs and the per-token KL
         reuse = self._reuses_rollout(queries, responses)
-        with torch.set_grad_enabled(reuse):
+        with torch.set_grad_enabled(reuse), self.compute(True):
             rollout = self._passes(queries, responses, keep_logits=reuse, reference=True)
         batch = PPOBatch(queries, responses, scores, rollout.logprobs.detach(), rollout.values.detach(),
                          rollout.masks, rollout.ref_logprobs, self._token_kl(rollout))
@@ -178,18 +183,20 @@ class AgentTrainer(PPOTrainer):
         window, total = mb.masks.shape[1], mb.masks.sum()
         plan = [list(range(len(mb.queries)))] if reused is not None else self._plan(mb.queries, mb.responses)
         outputs = [None] * len(mb.queries)
-        for j, idx in enumerate(plan):
-            # in data-parallel runs the gradients are averaged over processes once, on the last pass
-            last = j == len(plan) - 1
-            sync = contextlib.nullcontext() if last or not self.is_distributed else self.accelerator.no_sync(self.model)
-            with sync:
-                out = reused if reused is not None else self._passes([mb.queries[i] for i in idx],
-                                                                     [mb.responses[i] for i in idx], keep_logits=True,
-                                                                     window=window, max_pass_tokens=0)
-                pg_loss, vf_loss = clipped_losses(mb, out.logprobs, out.values, self.config, idx)
-                self.accelerator.backward((pg_loss + vf_loss) * (mb.masks[idx].sum() / total))
-            for row, i in enumerate(idx):
-                outputs[i] = (out.logprobs[row].detach(), out.logits[row].detach(), out.values[row].detach())
+        with self.compute(True):
+            for j, idx in enumerate(plan):
+                # in data-parallel runs the gradients are averaged over processes once, on the last pass
+                last = j == len(plan) - 1
+                sync = (contextlib.nullcontext() if last or not self.is_distributed
+                        else self.accelerator.no_sync(self.model))
+                with sync:
+                    out = reused if reused is not None else self._passes(
+                        [mb.queries[i] for i in idx], [mb.responses[i] for i in idx], keep_logits=True, window=window,
+                        max_pass_tokens=0)
+                    pg_loss, vf_loss = clipped_losses(mb, out.logprobs, out.values, self.config, idx)
+                    self.accelerator.backward((pg_loss + vf_loss) * (mb.masks[idx].sum() / total))
+                for row, i in enumerate(idx):
+                    outputs[i] = (out.logprobs[row].detach(), out.logits[row].detach(), out.values[row].detach())
         logprobs, logits, vpreds = (torch.stack([o[k] for o in outputs]) for k in range(3))
         # trl's statistics of the mini-batch (its loss function, on the detached outputs: the entropy needs logits)
         _, _, stats = self.loss(mb.logprobs, mb.values, logits, vpreds, logprobs, mb.masks, mb.advantages, mb.returns)

@@ -20,7 +20,7 @@ GSM8K_DIR = Path(os.environ.get("CORY_GSM8K_DIR", REPO.parent / "shared" / "data
 
 @pytest.fixture(autouse=True)
 def _fp32_matmuls_between_tests():
-    """A run in the test process switches TF32 on (``precision: tf32``, the default), a process-wide flag: put
+    """A run in the test process switches TF32 on (``precision: tf32``, or ``auto`` on CUDA), a process-wide flag: put
     it back, so that on a GPU machine a later test's tolerances are not met or missed by the order tests ran in
     (on a CPU the flag does nothing)."""
     import torch
@@ -133,7 +133,7 @@ def ppo_step(ppo_batch):
 
     def step(tmp_path, cls=Agent, **over):
         cfg = build(IMDB_PPO, {"model_name": "tiny", "reward_model": "vader", "batch_size": 4, "mini_batch_size": 4,
-                              "ppo_epochs": 2, "init_kl_coef": 0.2, "learning_rate": 1e-3,
+                              "ppo_epochs": 2, "init_kl_coef": 0.2, "learning_rate": 1e-3, "precision": "fp32",
                               "output_dir": str(tmp_path), **over})
         agent = cls("policy", cfg, copy.deepcopy(policy), reference, tok)
         np.random.seed(0)  # trl shuffles mini-batches with numpy

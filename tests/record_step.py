@@ -1,6 +1,7 @@
 """Record what training produces, to hold a change of the PPO step to the same numbers (issue 26).
 
     python tests/record_step.py            # writes tests/data/step_record.json
+    python tests/record_step.py bf16       # the same runs in bfloat16: tests/data/step_record_bf16.json
 
 Runs, in this process, tiny PPO and CORY (3 iterations) and the embedded-model PPO and CORY at batch 8 (2
 iterations), and keeps each run's metrics rows (times and memory aside) and, per final model, the norm of its
@@ -22,16 +23,19 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 RECORD = REPO / "tests" / "data" / "step_record.json"
+RECORD_BF16 = REPO / "tests" / "data" / "step_record_bf16.json"
 DIRECTIONS = 8
-# (name, script, config, extra flags): explicit values, so the record does not follow later preset changes
+# (name, script, config, extra flags): explicit values, so the record does not follow later preset changes (the
+# precision default became auto, the cpu CORY preset's score_norm false, after the record was made)
+CPU = {"steps": 2, "batch_size": 8, "mini_batch_size": 8, "learning_rate": 1e-4, "reward_model": "vader", "eval_every": 0}
 RUNS = [
-    ("tiny_ppo", "ppo", "configs/imdb/ppo_tiny.yaml", {"steps": 3}),
-    ("tiny_cory", "cory", "configs/imdb/cory_tiny.yaml", {"steps": 3}),
-    ("cpu_ppo", "ppo", "configs/imdb/ppo_cpu.yaml",
-     {"steps": 2, "batch_size": 8, "mini_batch_size": 8, "learning_rate": 1e-4, "reward_model": "vader", "eval_every": 0}),
-    ("cpu_cory", "cory", "configs/imdb/cory_cpu.yaml",
-     {"steps": 2, "batch_size": 8, "mini_batch_size": 8, "learning_rate": 1e-4, "reward_model": "vader", "eval_every": 0}),
+    ("tiny_ppo", "ppo", "configs/imdb/ppo_tiny.yaml", {"steps": 3, "precision": "fp32"}),
+    ("tiny_cory", "cory", "configs/imdb/cory_tiny.yaml", {"steps": 3, "precision": "fp32"}),
+    ("cpu_ppo", "ppo", "configs/imdb/ppo_cpu.yaml", {**CPU, "precision": "fp32"}),
+    ("cpu_cory", "cory", "configs/imdb/cory_cpu.yaml", {**CPU, "precision": "fp32", "score_norm": True}),
 ]
+# the same runs computing in bfloat16 (precision: bf16, what auto picks on a CPU with native bf16), recorded apart
+BF16_RUNS = [(f"{name}_bf16", method, config, {**over, "precision": "bf16"}) for name, method, config, over in RUNS]
 
 
 def script_class(method: str, task: str = "imdb"):
@@ -78,18 +82,32 @@ def record_run(method: str, config: str, over: dict, out: Path) -> dict:
 
 
 def main() -> None:
+    """``python tests/record_step.py [bf16]``: the float32 record, or with ``bf16`` the bfloat16 one."""
     import subprocess
 
+    bf16 = sys.argv[1:] == ["bf16"]
+    runs, path = (BF16_RUNS, RECORD_BF16) if bf16 else (RUNS, RECORD)
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     record = {"commit": commit, "runs": {}}
+    if bf16:
+        record["cpu_flags"] = cpu_flags()
     with tempfile.TemporaryDirectory() as tmp:
-        for name, method, config, over in RUNS:
+        for name, method, config, over in runs:
             record["runs"][name] = record_run(method, config, over, Path(tmp) / name)
             print(f"recorded {name}", file=sys.stderr)
-    RECORD.parent.mkdir(parents=True, exist_ok=True)
-    RECORD.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {RECORD}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
+def cpu_flags() -> list[str]:
+    """The CPU's bfloat16-relevant flags (a record in bf16 depends on the kernels these select)."""
+    try:
+        words = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return []
+    return sorted(words & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
 
 
 if __name__ == "__main__":
