@@ -60,7 +60,7 @@ def test_plan_kl_sweep_folders(tmp_path):
     (["--task", "mnist"], "--task: 'mnist' is not one of gsm8k, imdb"),
     (["--preset", "huge"], "--preset: 'huge' is not one of cpu, gpu, paper, tiny"),
     (["--methods", "ppo,dpo"], "--methods: 'dpo' is not one of ppo, cory, cory_no_kt, cory_no_swap, ppo_2x, "
-                               "ppo_norm, cory_authors"),
+                               "ppo_norm, cory_norm, cory_authors"),
     (["--seeds", "0,x"], "--seeds: expected an integer, got 'x'"),
     (["--steps", "0"], "--steps: must be >= 1, got 0"),
     (["--kl_coefs", "0.1,-1"], "--kl_coefs: must be finite and >= 0, got -1"),
