@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from cory.errors import ReportError
-from cory.lab.matched_kl import (CORY_DID_NOT_LEARN, DEFAULT_DESIGN, PPO_DID_NOT_LEARN, HeldoutPath, load_design,
+from cory.lab.design import Design, load_design
+from cory.lab.matched_kl import (CORY_DID_NOT_LEARN, PPO_DID_NOT_LEARN, HeldoutPath,
                                  matched_kl, reward_at)
 from cory.lab.report import build_report
 from cory.lab.results import load_experiment
@@ -108,12 +109,12 @@ def test_endpoint_uses_only_grid_points_both_reached(tmp_path):
 
 
 def test_design_file_is_read_and_checked(tmp_path):
-    assert load_design(tmp_path) == DEFAULT_DESIGN
+    assert load_design(tmp_path) == Design()
     (tmp_path / "design.yaml").write_text("kl_grid: [3, 1]\nmargin: 0.1\n")
     d = load_design(tmp_path)
     assert d.kl_grid == (1.0, 3.0) and d.margin == 0.1 and d.source == "design.yaml"
     for bad, what in (("kl_grid: []", "kl_grid"), ("kl_grid: [0]", "kl_grid"), ("margin: -1", "margin"),
-                      ("alpha: 2", "alpha"), ("min_seeds: 1.5", "min_seeds"), ("endpoint: final_kl", "endpoint"),
+                      ("alpha: 2", "alpha"), ("min_seeds: 1.5", "min_seeds"), ("endpoint: final_kl", "endpoint"), ("collapse_share: 0", "collapse_share"),
                       ("colour: red", "unknown key"), ("- 1", "mapping"), ("kl_grid: [", "YAML")):
         (tmp_path / "design.yaml").write_text(bad + "\n")
         with pytest.raises(ReportError, match=what):

@@ -9,24 +9,20 @@ path of (held-out KL, held-out reward) points in iteration order. A path's rewar
 interpolation between the first two consecutive points whose KL brackets k (the first time the run reaches k).
 Per seed and CORY agent, the endpoint is the agent's reward minus PPO's at the grid's KL values, averaged over the
 grid points both paths reached. The design (grid, margin, level) is read from ``design.yaml`` in the experiment
-folder, written before its runs; a folder without one gets ``DEFAULT_DESIGN`` and the verdict says so.
+folder, written before its runs; a folder without one gets ``cory.lab.design.Design()`` and the verdict says so.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
-import yaml
 
-from cory.errors import ReportError
+from cory.lab.design import Design, load_design
 from cory.lab.learning import baseline_learned
 from cory.lab.results import POLICY, Experiment, Group, fmt
 from cory.lab.stats import Diff, holm, min_detectable, p_value
 
-DESIGN_FILE = "design.yaml"
-ENDPOINT = "reward_at_matched_kl"
 
 SECONDARY_KL = (8.0, 12.0)  # also read (shown, not tested) where both paths reached them
 
@@ -34,61 +30,6 @@ SECONDARY_KL = (8.0, 12.0)  # also read (shown, not tested) where both paths rea
 YES, NO, COULD_NOT_TELL = "yes", "no", "could not tell"
 PPO_DID_NOT_LEARN, CORY_DID_NOT_LEARN = "not tested (PPO did not learn)", "not tested (CORY did not learn)"
 NOT_DECIDED = "not decided"
-
-
-@dataclass(frozen=True)
-class Design:
-    kl_grid: tuple[float, ...]
-    margin: float          # held-out reward units: "higher" needs more than this to matter
-    alpha: float = 0.05    # one-sided, Holm over the CORY agents
-    min_seeds: int = 3
-    source: str = "the report's defaults"
-
-    def text(self) -> str:
-        grid = ", ".join(f"{k:g}" for k in self.kl_grid)
-        return (f"KL grid {grid} nats, margin {self.margin:g} reward units, α = {self.alpha:g} one-sided with Holm "
-                f"over the CORY agents, at least {self.min_seeds} paired seeds (from {self.source})")
-
-
-# No design of the folder's own: these are used and the verdict says so. KL 2-6 nats is where a CPU run's held-out
-# path spends its first tens of iterations; 0.05 is 2.5% of VADER's [-1, 1] range, about 1.5 times the sampling
-# error of one 110-prompt held-out evaluation.
-DEFAULT_DESIGN = Design(kl_grid=(2.0, 4.0, 6.0), margin=0.05)
-
-
-def load_design(folder: str | Path) -> Design:
-    """The folder's ``design.yaml``, checked; ``DEFAULT_DESIGN`` when it has none."""
-    path = Path(folder) / DESIGN_FILE
-    if not path.exists():
-        return DEFAULT_DESIGN
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise ReportError(f"{path}: cannot be read as YAML ({type(e).__name__}); fix or remove it") from None
-    if not isinstance(doc, dict):
-        raise ReportError(f"{path}: must be a mapping of endpoint, kl_grid, margin, alpha, min_seeds")
-    unknown = set(doc) - {"endpoint", "kl_grid", "margin", "alpha", "min_seeds"}
-    if unknown:
-        raise ReportError(f"{path}: unknown key {sorted(unknown)[0]!r}; allowed: endpoint, kl_grid, margin, alpha, "
-                          "min_seeds")
-    if doc.get("endpoint", ENDPOINT) != ENDPOINT:
-        raise ReportError(f"{path}: endpoint {doc['endpoint']!r} is not one this report knows ({ENDPOINT})")
-
-    def number(key, default, ok, allowed):
-        v = doc.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not ok(v):
-            raise ReportError(f"{path}: {key} {v!r} is not allowed; {allowed}")
-        return v
-
-    grid = doc.get("kl_grid", list(DEFAULT_DESIGN.kl_grid))
-    if (not isinstance(grid, list) or not grid
-            or any(isinstance(k, bool) or not isinstance(k, (int, float)) or not math.isfinite(k) or k <= 0
-                   for k in grid)):
-        raise ReportError(f"{path}: kl_grid {grid!r} is not allowed; a non-empty list of KL values > 0 (nats)")
-    margin = number("margin", DEFAULT_DESIGN.margin, lambda v: v >= 0, "a number >= 0 (reward units)")
-    alpha = number("alpha", DEFAULT_DESIGN.alpha, lambda v: 0 < v < 1, "a number in (0, 1)")
-    seeds = number("min_seeds", DEFAULT_DESIGN.min_seeds, lambda v: int(v) == v and v >= 2, "an integer >= 2")
-    return Design(tuple(sorted(float(k) for k in grid)), float(margin), float(alpha), int(seeds), DESIGN_FILE)
 
 
 # ----------------------------------------------------------------------------- paths
@@ -208,7 +149,7 @@ class MatchedKL:
     answer: str
     text: str
     agents: list[AgentReading] = field(default_factory=list)
-    design: Design = DEFAULT_DESIGN
+    design: Design = field(default_factory=Design)
 
 
 RULE = (

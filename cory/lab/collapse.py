@@ -1,0 +1,157 @@
+"""The paper's second claim: CORY resists the distribution collapse PPO falls into (at a large learning rate, PPO's
+answers degenerate into repeated words while CORY's stay fluent; Ma et al., NeurIPS 2024, the GSM8K lr 1e-4 runs).
+
+A final model has **collapsed** when its held-out distinct-2 (unique word bigrams over bigrams of its answers to the
+held-out prompts) is under ``collapse_share`` of the base model's (``design.yaml``). Paired by seed, each CORY agent
+against PPO: the seeds where exactly one of the two collapsed decide an exact one-sided sign test (McNemar's exact
+test), Holm over the agents. Where PPO collapsed in fewer than half of the seeds, the setting did not make PPO
+collapse and nothing is tested.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cory.lab.design import Design, load_design
+from cory.lab.results import POLICY, Experiment, Group, finite, fmt, heldout_value
+from cory.lab.stats import holm
+
+YES, NO, COULD_NOT_TELL = "yes", "no", "could not tell"
+PPO_DID_NOT_COLLAPSE, NOT_DECIDED = "not tested (PPO did not collapse)", "not decided"
+
+RULE = (
+    "**The collapse test** (`cory.lab.collapse`). The paper's second claim: where PPO's answers degenerate, CORY's do "
+    "not. A final model has _collapsed_ when its held-out distinct-2 is under the design's share of the base model's. "
+    "Paired by seed, each CORY agent against PPO: the seeds where exactly one of the two collapsed decide an exact "
+    "one-sided sign test (McNemar's), Holm over the two agents at the design's α. Per agent: _yes_ — PPO collapsed in "
+    "more seeds than the agent beyond chance; _no_ — the agent collapsed in at least as many seeds as PPO; _could not "
+    "tell_ — neither. The folder: _yes_ if an agent's is yes; _no_ if every agent's is no; else _could not tell_. "
+    "Before it: _not tested (PPO did not collapse)_ when PPO collapsed in fewer than half of the seeds.")
+
+
+def sign_test_p(wins: int, losses: int) -> float:
+    """One-sided exact p of ``wins`` or more successes in ``wins + losses`` fair coin flips (1 with none)."""
+    n = wins + losses
+    return float(sum(math.comb(n, k) for k in range(wins, n + 1)) / 2 ** n) if n else 1.0
+
+
+@dataclass
+class FinalModel:
+    seed: int
+    distinct_2: float | None
+    reward: float | None
+    collapsed: bool | None
+    sample: str = ""
+
+
+def final_models(group: Group, agent: str, floor: float) -> dict[int, FinalModel]:
+    out = {}
+    for seed, run in sorted(group.runs.items()):
+        result = run.final_evaluation(agent) or {}
+        d2 = finite(result.get("distinct_2"))
+        samples = result.get("samples") or []
+        first = samples[0] if samples and isinstance(samples[0], dict) else {}
+        text = f"{first.get('query', '')}{first.get('response', '')}"
+        out[seed] = FinalModel(seed, d2, heldout_value(result), None if d2 is None else d2 < floor,
+                               " ".join(text.split())[:160])
+    return out
+
+
+@dataclass
+class AgentCollapse:
+    name: str
+    pairs: list[tuple[FinalModel, FinalModel]]  # (PPO's, the agent's) per seed where both are known
+    p: float = float("nan")
+    answer: str = "not tested"
+
+    @property
+    def wins(self) -> int:  # PPO collapsed, the agent did not
+        return sum(1 for a, b in self.pairs if a.collapsed and not b.collapsed)
+
+    @property
+    def losses(self) -> int:
+        return sum(1 for a, b in self.pairs if b.collapsed and not a.collapsed)
+
+    @property
+    def count(self) -> int:
+        return sum(1 for _, b in self.pairs if b.collapsed)
+
+    def line(self) -> str:
+        d2 = [b.distinct_2 for _, b in self.pairs if b.distinct_2 is not None]
+        reward = [b.reward for _, b in self.pairs if b.reward is not None]
+        return (f"- {self.name}: collapsed in {self.count} of {len(self.pairs)} seeds; final held-out distinct-2 "
+                f"{_mean_sd(d2)}, reward {_mean_sd(reward)}; seeds where only PPO collapsed {self.wins}, only "
+                f"{self.name} {self.losses}: one-sided exact p {fmt(self.p)} — **{self.answer}**.")
+
+
+def _mean_sd(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    a = np.asarray(values, dtype=float)
+    return fmt(float(a.mean())) + (f" ± {fmt(float(a.std(ddof=1)))}" if len(a) > 1 else "")
+
+
+@dataclass
+class Collapse:
+    answer: str
+    text: str
+    agents: list[AgentCollapse] = field(default_factory=list)
+
+
+def collapse_test(exp: Experiment) -> Collapse:
+    design = load_design(exp.path)
+    ppo, cory = exp.main_group("ppo"), exp.main_group("cory")
+    base = finite((exp.base_evaluation() or {}).get("distinct_2"))
+    if ppo is None or cory is None or base is None:
+        return Collapse(NOT_DECIDED, "**not decided** — it needs PPO and CORY runs and the base model's held-out "
+                                     "distinct-2.")
+    floor = design.collapse_share * base
+    head = (f"Collapsed: final held-out distinct-2 under {design.collapse_share:g} × the base model's "
+            f"{fmt(base)} = {fmt(floor)}; α = {design.alpha:g}, Holm over the agents (from {design.source}).")
+    ppo_models = final_models(ppo, POLICY, floor)
+    known = [m for m in ppo_models.values() if m.collapsed is not None]
+    ppo_count = sum(1 for m in known if m.collapsed)
+    ppo_line = (f"- PPO: collapsed in {ppo_count} of {len(known)} seeds; final held-out distinct-2 "
+                f"{_mean_sd([m.distinct_2 for m in known])}, reward {_mean_sd([m.reward for m in known if m.reward is not None])}.")
+    readings = []
+    for agent in cory.agents:
+        mine = final_models(cory, agent, floor)
+        pairs = [(ppo_models[s], mine[s]) for s in sorted(set(ppo_models) & set(mine))
+                 if ppo_models[s].collapsed is not None and mine[s].collapsed is not None]
+        reading = AgentCollapse(cory.name(agent), pairs)
+        reading.p = sign_test_p(reading.wins, reading.losses)
+        readings.append(reading)
+    samples = _samples(ppo, cory, ppo_models, floor)
+    if len(known) < design.min_seeds:
+        return Collapse(NOT_DECIDED, f"**not decided** — {len(known)} PPO seed(s) with a held-out distinct-2, the "
+                                     f"design needs {design.min_seeds}. {head}\n\n{ppo_line}", readings)
+    if 2 * ppo_count < len(known):
+        answer = PPO_DID_NOT_COLLAPSE
+        return Collapse(answer, f"**{answer}** — PPO collapsed in {ppo_count} of {len(known)} seeds, fewer than "
+                                f"half: this setting does not make PPO collapse. {head}\n\n"
+                        + "\n".join([ppo_line] + [r.line() for r in readings]) + samples, readings)
+    for r, shown in zip(readings, holm([r.p for r in readings], design.alpha)):
+        r.answer = YES if shown else (NO if r.count >= ppo_count else COULD_NOT_TELL)
+    if any(r.answer == YES for r in readings):
+        answer, summary = YES, "where PPO collapsed, a CORY agent did not, beyond chance."
+    elif all(r.answer == NO for r in readings):
+        answer, summary = NO, "every CORY agent collapsed in at least as many seeds as PPO."
+    else:
+        answer, summary = COULD_NOT_TELL, "CORY collapsed less often than PPO, but not beyond chance at these seeds."
+    return Collapse(answer, f"**{answer}** — {summary} {head}\n\n"
+                    + "\n".join([ppo_line] + [r.line() for r in readings]) + samples, readings)
+
+
+def _samples(ppo: Group, cory: Group, ppo_models: dict[int, FinalModel], floor: float) -> str:
+    """The first held-out answer of every final model: what collapse looks like, or does not."""
+    lines = []
+    for group, agents in ((ppo, [POLICY]), (cory, cory.agents)):
+        for agent in agents:
+            models = ppo_models if group is ppo else final_models(group, agent, floor)
+            for m in models.values():
+                if m.sample:
+                    mark = " (collapsed)" if m.collapsed else ""
+                    lines.append(f"  - {group.name(agent)} seed {m.seed}{mark}: “{m.sample}”")
+    return ("\n- The first held-out answer of each final model:\n" + "\n".join(lines)) if lines else ""

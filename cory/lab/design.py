@@ -1,0 +1,78 @@
+"""An experiment folder's design, fixed before its runs: ``design.yaml`` beside its DESIGN.md, read by the report.
+
+``endpoint`` names the primary test: ``reward_at_matched_kl`` (``cory.lab.matched_kl``: CORY's held-out reward
+against PPO's at the same held-out KL) or ``collapse`` (``cory.lab.collapse``: do the final models' answers
+degenerate?). A folder without the file, such as a user's own experiment, gets ``Design()``'s values and the report
+says it used them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from cory.errors import ReportError
+
+DESIGN_FILE = "design.yaml"
+ENDPOINTS = ("reward_at_matched_kl", "collapse")
+DEFAULTS = "the report's defaults"
+
+
+@dataclass(frozen=True)
+class Design:
+    endpoint: str = "reward_at_matched_kl"
+    # KL 2-6 nats is where a CPU run's held-out path spends its first tens of iterations
+    kl_grid: tuple[float, ...] = (2.0, 4.0, 6.0)
+    # held-out reward units: 2.5% of VADER's [-1, 1], about 1.5 times one 110-prompt evaluation's sampling error
+    margin: float = 0.05
+    alpha: float = 0.05     # one-sided, Holm over the CORY agents
+    min_seeds: int = 3
+    # a final model has collapsed when its held-out distinct-2 is under this share of the base model's
+    collapse_share: float = 0.5
+    source: str = DEFAULTS
+
+    def text(self) -> str:
+        grid = ", ".join(f"{k:g}" for k in self.kl_grid)
+        return (f"KL grid {grid} nats, margin {self.margin:g} reward units, α = {self.alpha:g} one-sided with Holm "
+                f"over the CORY agents, at least {self.min_seeds} paired seeds (from {self.source})")
+
+
+def load_design(folder: str | Path) -> Design:
+    """The folder's ``design.yaml``, checked (one line naming the file and the bad value); ``Design()`` without."""
+    path = Path(folder) / DESIGN_FILE
+    if not path.exists():
+        return Design()
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ReportError(f"{path}: cannot be read as YAML ({type(e).__name__}); fix or remove it") from None
+    keys = ("endpoint", "kl_grid", "margin", "alpha", "min_seeds", "collapse_share")
+    if not isinstance(doc, dict):
+        raise ReportError(f"{path}: must be a mapping of {', '.join(keys)}")
+    unknown = sorted(set(map(str, doc)) - set(keys))
+    if unknown:
+        raise ReportError(f"{path}: unknown key {unknown[0]!r}; allowed: {', '.join(keys)}")
+    default = Design()
+    endpoint = doc.get("endpoint", default.endpoint)
+    if endpoint not in ENDPOINTS:
+        raise ReportError(f"{path}: endpoint {endpoint!r} is not one of {', '.join(ENDPOINTS)}")
+
+    def number(key, ok, allowed):
+        v = doc.get(key, getattr(default, key))
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not ok(v):
+            raise ReportError(f"{path}: {key} {v!r} is not allowed; {allowed}")
+        return v
+
+    grid = doc.get("kl_grid", list(default.kl_grid))
+    if (not isinstance(grid, list) or not grid
+            or any(isinstance(k, bool) or not isinstance(k, (int, float)) or not math.isfinite(k) or k <= 0
+                   for k in grid)):
+        raise ReportError(f"{path}: kl_grid {grid!r} is not allowed; a non-empty list of KL values > 0 (nats)")
+    return Design(endpoint, tuple(sorted(float(k) for k in grid)),
+                  float(number("margin", lambda v: v >= 0, "a number >= 0 (reward units)")),
+                  float(number("alpha", lambda v: 0 < v < 1, "a number in (0, 1)")),
+                  int(number("min_seeds", lambda v: int(v) == v and v >= 2, "an integer >= 2")),
+                  float(number("collapse_share", lambda v: 0 < v <= 1, "a number in (0, 1]")),
+                  DESIGN_FILE)
