@@ -1,6 +1,6 @@
 """The verdict rule on synthetic experiments, one test per case the rule distinguishes: a clear yes, a well-powered
 no, a could-not-tell, a trivial reward dip under the non-inferiority margin, paired against unpaired seeds, Holm's
-control of "partly" on pure noise, the power figures, and the η frontier."""
+control of "partly" on pure noise and the power figures."""
 import math
 
 import numpy as np
@@ -9,7 +9,6 @@ import pytest
 from cory.lab import results
 from cory.lab.report import build_report
 from cory.lab.results import load_experiment
-from cory.lab.frontier import frontier
 from cory.lab.stats import ALPHA, difference, holm, min_detectable, p_value, power
 from cory.lab.verdict import Comparison, Margin, Pairing, decide, verdict
 from test_report import cory_rows, ppo_rows, write_run
@@ -189,51 +188,6 @@ def test_partly_fires_on_pure_noise_at_most_alpha():
     # the two agents share PPO's values, so their tests are correlated; still the uncorrected rate is well above α
     assert fired / reps <= ALPHA + 0.015, fired / reps
     assert uncorrected / reps > ALPHA + 0.015, uncorrected / reps
-
-
-# ----------------------------------------------------------------------------- the η frontier
-
-ETAS = (0.01, 0.05, 0.2)
-
-
-def sweep(root, cory_kl_share, seeds=range(4), noise=0.03):
-    """PPO and CORY at three η; CORY's KL is ``cory_kl_share[η]`` of PPO's at equal reward."""
-    for i, eta in enumerate(ETAS):
-        kl = 30.0 / (1 + 20 * eta)
-        experiment(root, seeds, (1.0, kl), (1.0, kl * cory_kl_share[eta]), (1.0, kl * cory_kl_share[eta]),
-                   noise=noise, label=f"_kl{eta:g}", eta=eta, rng=10 + i)
-
-
-def test_frontier_above_at_every_eta(tmp_path):
-    sweep(tmp_path, {e: 0.5 for e in ETAS})
-    f = frontier(load_experiment(tmp_path))
-    assert f.answer == "yes" and len(f.tests) == 6, f.text
-    assert f.text.startswith("**yes (power ") and "η = 0.01, 0.05, 0.2" in f.text
-    text = build_report(tmp_path).read_text()
-    assert "## The η frontier" in text and "reward at that η" in text
-    data = (tmp_path / "fig_kl_sweep.png").read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and "](fig_kl_sweep.png)" in text
-
-
-def test_frontier_partly_names_the_eta(tmp_path):
-    sweep(tmp_path, {0.01: 1.0, 0.05: 1.0, 0.2: 0.3})
-    f = frontier(load_experiment(tmp_path))
-    assert f.answer == "partly", f.text
-    assert "Higher at η=0.2 (CORY-LLM1 (η=0.2)), η=0.2 (CORY-LLM2 (η=0.2))" in f.text
-
-
-def test_frontier_negative_reads_by_its_power(tmp_path):
-    sweep(tmp_path / "tight", {e: 1.0 for e in ETAS}, seeds=range(8), noise=0.003)
-    sweep(tmp_path / "loose", {e: 1.0 for e in ETAS}, seeds=range(3), noise=0.3)
-    tight, loose = frontier(load_experiment(tmp_path / "tight")), frontier(load_experiment(tmp_path / "loose"))
-    assert tight.answer == "no" and tight.power >= 0.8, tight.text
-    assert loose.answer == "could not tell" and loose.power < 0.8 and "could not tell (power" in loose.text
-
-
-def test_no_frontier_with_one_shared_eta(tmp_path):
-    experiment(tmp_path, range(3), (1.0, 10.0), (1.0, 5.0), (1.0, 5.0))
-    assert frontier(load_experiment(tmp_path)) is None
-    assert "## The η frontier" not in build_report(tmp_path).read_text()
 
 
 def test_the_margin_has_a_floor_of_a_share_of_the_rewards_range():

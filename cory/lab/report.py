@@ -15,7 +15,8 @@ Conventions, stated again in the report itself:
 * the verdict (``cory.lab.verdict.VERDICT_RULE``) compares each CORY agent with PPO on the per-seed final values:
   t-tests paired by seed when the runs shared their draws, "similar reward" as a non-inferiority test, the agents'
   claims Holm-corrected together, and the power to show the paper's effect, which turns a weak negative into
-  "could not tell"; ``FRONTIER_RULE`` tests the eta frontier the same way. The confounds ``ppo_norm`` and
+  "could not tell" (the secondary reading; ``cory.lab.matched_kl`` reads the claim at matched KL first, and
+  ``cory.lab.collapse`` tests the collapse claim). The confounds ``ppo_norm`` and
   ``cory_authors`` get the same test on extra lines and their own figures, the ablations two-sided tests.
 
 This module writes the markdown (final values, samples, provenance) and puts it together in ``build_report``;
@@ -36,7 +37,6 @@ from cory.lab.results import (ABLATION_METHODS, CONFOUND_METHODS, LAST_N, LLM1, 
                               curve, Experiment, final_value, finite, fmt, fmt_final, Group, heldout_value,
                               load_experiment, ReportError, setting_name, sweep_points)
 from cory.lab.learning import LEARNING_RULE
-from cory.lab.frontier import FRONTIER_RULE, frontier
 from cory.lab.collapse import RULE as COLLAPSE_RULE, collapse_test
 from cory.lab.matched_kl import RULE as MATCHED_KL_RULE, matched_kl
 from cory.lab.verdict import NOT_LEARNED, VERDICT_RULE, ablation_lines, verdict
@@ -343,8 +343,10 @@ def draw_figures(exp: Experiment, main: list[tuple[Group, str]]) -> tuple[list[t
     points = sweep_points(exp)
     if points:
         plot_sweep(exp, root / "fig_kl_sweep.png", points)
-        figures.append(("fig_kl_sweep.png", "the η frontier: final task reward vs final KL, one small point per seed, "
-                                            "a large one per η (mean ± std over seeds) (paper Fig. 2c)"))
+        figures.append(("fig_kl_sweep.png", "the η sweep: final task reward vs final KL, one small point per seed, "
+                                            "a large one per η (mean ± std over seeds) (paper Fig. 2c); no test is made of it: "
+                                            "the old one compared r − η·KL at one η, which a method that learns "
+                                            "little can win"))
 
     return figures, notes
 
@@ -394,10 +396,6 @@ def build_report(path: str | Path) -> Path:
     ablations_text = ablation_lines(exp)
     if ablations_text:
         md += [ablations_text if tested else "The ablations' tests are not shown: the baseline did not learn.", ""]
-    front = frontier(exp)
-    if front is not None:
-        md += ["## The η frontier", "", FRONTIER_RULE, "",
-               front.text if tested else "Not tested: the baseline did not learn (see the verdict).", ""]
     md += ["## Figures", ""]
     md += [f"![{cap}]({name})\n\n_{name}: {cap}._\n" for name, cap in figures] or ["_No figures: no metrics yet._\n"]
     md += ["## Final values", "",

@@ -1,7 +1,7 @@
-"""The verdicts of REPORT.md: does CORY reach similar task reward at lower KL than PPO, and does its reward-vs-KL
-frontier lie above PPO's? (Ma et al., NeurIPS 2024, arXiv 2410.06101: Fig. 3 and Fig. 2c.)
+"""The matched-iterations verdict of REPORT.md (secondary since the claim is read at matched KL, ``cory.lab.matched_kl``):
+does CORY reach similar task reward at lower KL than PPO at the same iteration? (Ma et al., NeurIPS 2024, Fig. 3.)
 
-The rule is spelled out in ``VERDICT_RULE`` (and the frontier's in ``cory.lab.frontier``), which the report prints
+The rule is spelled out in ``VERDICT_RULE``, which the report prints
 before the numbers. In
 short: each seed's final value is its mean over an explicit window of the last ``LAST_N`` iterations; PPO and CORY are
 compared by t-tests over those per-seed values, paired by seed when the two methods' runs of a seed shared their
