@@ -28,7 +28,9 @@ class Hyperparameters(ppo.Hyperparameters, CoryArgs):
     other_reward_coef: float = 1.0         # reward = own + coef * partner's; 0 independent, -1 competitive
     knowledge_transfer: bool = True        # False: the observer sees only the query (ablation)
     # the one change to PPO's settings: the authors' CORY run normalises its scores (use_score_scaling and
-    # use_score_norm in Harry67Hu/CORY imdb_train/cory.py), their PPO run does not
+    # use_score_norm in Harry67Hu/CORY imdb_train/cory.py), their PPO run does not. An asymmetry: dividing by the sd
+    # of r1 + r2 roughly doubles CORY's KL coefficient relative to its reward, so part of "lower KL" may be this
+    # alone; the cpu preset turns it off for a like-for-like comparison (configs/imdb/cory_cpu.yaml)
     score_norm: bool = True
     output_dir: str = "runs/imdb_cory"
 
