@@ -99,7 +99,10 @@ def matmul_peak_gflops(size: int = 2048, repeats: int = 5, device: str = "cpu", 
 
 def matmul_peaks(device: str) -> dict:
     if device != "cuda":
-        return {"fp32": matmul_peak_gflops()}
+        from cory.agent import native_bf16_cpu
+
+        # bf16 on a CPU that computes it natively (AVX-512 BF16 or AMX); emulated, it is no peak to measure against
+        return {"fp32": matmul_peak_gflops(), **({"bf16": matmul_peak_gflops(kind="bf16")} if native_bf16_cpu() else {})}
     return {kind: matmul_peak_gflops(8192, 10, "cuda", kind) for kind in ("fp32", "tf32", "bf16")}
 
 
@@ -333,6 +336,7 @@ def worker(args) -> dict:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    from cory.agent import resolve_precision
     from cory.game import cory_iteration, is_swap_step, ppo_iteration
     from cory.method import CORY
     from cory.train import prepare_run
@@ -356,8 +360,10 @@ def worker(args) -> dict:
     weights = weight_counts(next(iter(run.agents.values())).policy)
     rss_loaded = rss_mb()
     cuda = args.device == "cuda"
-    kind = cfg.precision if cuda else "fp32"  # MFU against the peak of the precision the run computes in
     all_peaks = [matmul_peaks(args.device)]
+    # MFU against the peak of the precision the run computes in (a CPU's TF32 is fp32)
+    kind = resolve_precision(cfg.precision, args.device)[0]
+    kind = kind if kind in all_peaks[0] else "fp32"
     peaks = [all_peaks[0][kind]]
     load_avg = [os.getloadavg()[0]]
     if cuda:
@@ -586,7 +592,7 @@ def parse(argv):
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--model", "--model_name", dest="model_name", default=None,
                    help="a model spec instead of the preset's, e.g. random:gpt2-large, random:llama-2-7b")
-    p.add_argument("--precision", default=None, help="fp32 | tf32 | bf16 (default: the preset's)")
+    p.add_argument("--precision", default=None, help="auto | fp32 | tf32 | bf16 (default: the preset's)")
     p.add_argument("--mini_batch_size", type=int, default=None, help="default: the whole batch in one mini-batch")
     p.add_argument("--gradient_accumulation_steps", type=int, default=1)
     p.add_argument("--batch_size", type=int, default=16)
@@ -623,8 +629,8 @@ def parse(argv):
         import torch
         if not torch.cuda.is_available():
             raise UsageError("--device cuda: no CUDA GPU is visible here")
-    if args.precision is not None and args.precision not in ("fp32", "tf32", "bf16"):
-        raise UsageError(f"--precision: {args.precision!r} is not one of fp32, tf32, bf16")
+    if args.precision is not None and args.precision not in ("auto", "fp32", "tf32", "bf16"):
+        raise UsageError(f"--precision: {args.precision!r} is not one of auto, fp32, tf32, bf16")
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     bad = [v for v in variants if v not in VARIANTS]
     if bad or not variants:
