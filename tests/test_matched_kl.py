@@ -127,3 +127,46 @@ def test_report_leads_with_the_matched_kl_answer_and_its_figure(tmp_path):
     assert text.index("## The claim at matched KL") < text.index("## Verdict")
     assert "**yes**" in text and "the report's defaults" in text
     assert (tmp_path / "fig_reward_vs_kl.png").exists() and "fig_reward_vs_kl.png" in text
+
+
+# ----------------------------------------------------------------------------- the η frontier at matched KL
+
+def sweep(root, ppo_slope, cory_slope, seeds=range(4), rng=0):
+    """PPO and CORY at three η: lower η, higher final KL; each method's final reward = base + slope × KL (held-out
+    final evaluations, a little noise per seed)."""
+    from cory.lab.frontier import frontier  # noqa: F401  (the module under test)
+    g = np.random.default_rng(rng)
+    flat = np.zeros(STEPS)
+    for eta, kl in ((0.01, 24.0), (0.05, 12.0), (0.2, 5.0)):
+        for s in seeds:
+            for label, agents, rows in (("ppo", {"policy": (ppo_slope, 1.0)}, ppo_rows(flat, flat)),
+                                        ("cory", {"llm1": (cory_slope, 0.8), "llm2": (cory_slope, 0.7)},
+                                         cory_rows(flat, flat, flat, flat))):
+                d = write_run(root, f"{label}_kl{eta:g}", s, rows, {"init_kl_coef": eta}, heldout=None)
+                evals = []
+                for agent, (slope, share) in agents.items():
+                    k = kl * share * (1 + g.normal(0, 0.03))
+                    evals += [{"iterations": 0, "agent": agent, "task_reward": BASE, "kl": 0.0},
+                              {"iterations": STEPS, "agent": agent, "kl": k,
+                               "task_reward": BASE + slope * k + g.normal(0, 0.02)}]
+                (d / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+
+
+def test_frontier_steeper_is_yes_and_the_same_line_is_not(tmp_path):
+    from cory.lab.frontier import frontier
+
+    sweep(tmp_path / "steeper", 0.03, 0.06)
+    sweep(tmp_path / "same", 0.03, 0.03)
+    steeper, same = frontier(load_experiment(tmp_path / "steeper")), frontier(load_experiment(tmp_path / "same"))
+    assert steeper.answer == "yes", steeper.text
+    assert same.answer == "no" and "held-out evaluations of the final models" in same.text, same.text
+    text = build_report(tmp_path / "same").read_text()
+    assert "## The η frontier at matched KL" in text
+
+
+def test_no_frontier_with_one_shared_eta(tmp_path):
+    from cory.lab.frontier import frontier
+
+    write_paths(tmp_path, range(3), ppo=(0.05, 1.0), llm1=(0.10, 0.5), llm2=(0.10, 0.4))
+    assert frontier(load_experiment(tmp_path)) is None
+    assert "## The η frontier" not in build_report(tmp_path).read_text()

@@ -197,26 +197,26 @@ def matched_kl(exp: Experiment) -> MatchedKL:
         return MatchedKL(CORY_DID_NOT_LEARN, f"**{CORY_DID_NOT_LEARN}** — no CORY agent's final held-out reward is "
                          f"above the base model's beyond noise. {head}\n\n" + "\n".join(r.line() for r in readings),
                          readings, design)
-    judged = [r for r in readings if r.judged]
-    if not judged:
-        answer = NOT_DECIDED
-        summary = f"too few paired seeds with matched-KL points (the design needs {design.min_seeds})."
-    else:
-        higher = holm([r.p_higher for r in judged], design.alpha)
-        below = holm([r.p_below_margin for r in judged], design.alpha)
-        lower = holm([r.p_lower for r in judged], design.alpha)
-        for r, h, b in zip(judged, higher, below):
-            r.answer = YES if h else (NO if b else COULD_NOT_TELL)
-        if any(r.answer == YES for r in judged) and not any(lower):
-            answer = YES
-            summary = "a CORY agent's held-out reward is higher than PPO's at the same held-out KL."
-        elif all(r.answer == NO for r in judged) and len(judged) == len(readings):
-            answer = NO
-            summary = (f"no CORY agent reaches a held-out reward above PPO's + {design.margin:g} at the same "
-                       "held-out KL" + (" (shown lower)" if all(lower) else "") + ".")
-        else:
-            answer = COULD_NOT_TELL
-            summary = "neither shown higher nor shown not higher by the margin at these seeds."
+    answer, summary = judge(readings, design, "at the same held-out KL")
     lines = [r.line() for r in readings]
     return MatchedKL(answer, f"**{answer}** — {summary} {learning.text} {head}\n\n" + "\n".join(lines),
                      readings, design)
+
+
+def judge(readings: list[AgentReading], design: Design, where: str) -> tuple[str, str]:
+    """The answers of the agents' tests (Holm over the agents judged) and the folder's, with a one-line summary;
+    an agent that did not learn is not tested, and named as such in its line."""
+    judged = [r for r in readings if r.judged]
+    if not judged:
+        return NOT_DECIDED, f"too few paired seeds with points to compare (the design needs {design.min_seeds})."
+    higher = holm([r.p_higher for r in judged], design.alpha)
+    below = holm([r.p_below_margin for r in judged], design.alpha)
+    lower = holm([r.p_lower for r in judged], design.alpha)
+    for r, h, b in zip(judged, higher, below):
+        r.answer = YES if h else (NO if b else COULD_NOT_TELL)
+    if any(r.answer == YES for r in judged) and not any(lower):
+        return YES, f"a CORY agent's held-out reward is higher than PPO's {where}."
+    if all(r.answer == NO for r in judged):
+        return NO, (f"no CORY agent reaches a held-out reward above PPO's + {design.margin:g} {where}"
+                    + (" (shown lower)" if all(lower) else "") + ".")
+    return COULD_NOT_TELL, "neither shown higher nor shown not higher by the margin at these seeds."

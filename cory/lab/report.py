@@ -38,6 +38,7 @@ from cory.lab.results import (ABLATION_METHODS, CONFOUND_METHODS, LAST_N, LLM1, 
                               load_experiment, ReportError, setting_name, sweep_points)
 from cory.lab.learning import LEARNING_RULE
 from cory.lab.collapse import RULE as COLLAPSE_RULE, collapse_test
+from cory.lab.frontier import RULE as FRONTIER_RULE, frontier
 from cory.lab.matched_kl import RULE as MATCHED_KL_RULE, matched_kl
 from cory.lab.verdict import NOT_LEARNED, VERDICT_RULE, ablation_lines, verdict
 from cory.outputs import read_jsonl
@@ -344,9 +345,8 @@ def draw_figures(exp: Experiment, main: list[tuple[Group, str]]) -> tuple[list[t
     if points:
         plot_sweep(exp, root / "fig_kl_sweep.png", points)
         figures.append(("fig_kl_sweep.png", "the η sweep: final task reward vs final KL, one small point per seed, "
-                                            "a large one per η (mean ± std over seeds) (paper Fig. 2c); no test is made of it: "
-                                            "the old one compared r − η·KL at one η, which a method that learns "
-                                            "little can win"))
+                                            "a large one per η (mean ± std over seeds) (paper Fig. 2c); tested at matched KL in "
+                                            "the section on the η frontier"))
 
     return figures, notes
 
@@ -396,6 +396,10 @@ def build_report(path: str | Path) -> Path:
     ablations_text = ablation_lines(exp)
     if ablations_text:
         md += [ablations_text if tested else "The ablations' tests are not shown: the baseline did not learn.", ""]
+    front = frontier(exp)
+    if front is not None:
+        md += ["## The η frontier at matched KL", "", FRONTIER_RULE, "",
+               front.text if tested else "Not tested: the baseline did not learn (see the verdict).", ""]
     md += ["## Figures", ""]
     md += [f"![{cap}]({name})\n\n_{name}: {cap}._\n" for name, cap in figures] or ["_No figures: no metrics yet._\n"]
     md += ["## Final values", "",
