@@ -2,6 +2,7 @@
 PPO's own reward-vs-KL line is never "yes"; a line twice as steep is "yes"; a much flatter one is "no"; and the
 interpolation, the design file and the learning checks that come first."""
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -170,3 +171,13 @@ def test_no_frontier_with_one_shared_eta(tmp_path):
     write_paths(tmp_path, range(3), ppo=(0.05, 1.0), llm1=(0.10, 0.5), llm2=(0.10, 0.4))
     assert frontier(load_experiment(tmp_path)) is None
     assert "## The η frontier" not in build_report(tmp_path).read_text()
+
+
+def test_the_normalised_cory_is_read_beside_the_answer(tmp_path):
+    write_paths(tmp_path, range(3), ppo=(0.05, 1.0), llm1=(0.05, 0.5), llm2=(0.05, 0.4))
+    shutil.copytree(tmp_path / "runs" / "cory", tmp_path / "runs" / "cory_norm")
+    assert matched_kl(load_experiment(tmp_path), "cory_norm").answer == matched_kl(load_experiment(tmp_path)).answer
+    text = build_report(tmp_path).read_text()
+    claim = text.split("## The claim at matched KL")[1].split("## The collapse test")[0]
+    assert "CORY with score normalisation (`cory_norm`, as the authors run it) against PPO" in claim
+    assert "CORY with score normalisation (`cory_norm`, as the authors run it; score_norm" in text

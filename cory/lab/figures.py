@@ -42,6 +42,7 @@ PALETTE = {
     "ppo_2x": "#ff7f0e",
     "ppo_norm": "#8c564b",
     "cory_authors": "#17becf",
+    "cory_norm": "#e377c2",
 }
 _SPARE_COLOURS = ("#e377c2", "#7f7f7f", "#bcbd22", "#843c39", "#5254a3")
 LINESTYLES = {POLICY: "-", LLM1: "-", LLM2: "--"}

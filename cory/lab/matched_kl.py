@@ -166,11 +166,13 @@ RULE = (
     "tested (CORY did not learn)_ when neither agent's is.")
 
 
-def matched_kl(exp: Experiment) -> MatchedKL:
+def matched_kl(exp: Experiment, method: str = "cory") -> MatchedKL:
+    """PPO against ``method`` (CORY, or a variant of it such as ``cory_norm``) at matched held-out KL."""
     design = load_design(exp.path)
-    ppo, cory = exp.main_group("ppo"), exp.main_group("cory")
+    ppo, cory = exp.main_group("ppo"), exp.main_group(method)
     if ppo is None or cory is None:
-        return MatchedKL(NOT_DECIDED, "**not decided** — no PPO and CORY runs with metrics to compare.", [], design)
+        return MatchedKL(NOT_DECIDED, f"**not decided** — no PPO and {method} runs with metrics to compare.", [],
+                         design)
     learning = baseline_learned(exp, ppo)
     head = f"Design: {design.text()}."
     if learning.learned is not True:

@@ -380,6 +380,10 @@ def build_report(path: str | Path) -> Path:
                     "_fig_reward_vs_kl.png: held-out reward against held-out KL along training, each seed's path "
                     "thin, the mean path per method and agent thick, the base model as a star; dotted lines: the "
                     "design's KL grid._", ""]
+    norm = matched_kl(exp, "cory_norm") if exp.main_group("cory_norm") is not None else None
+    if norm is not None:  # the authors' normalised CORY: how much of "lower KL" the normaliser alone makes
+        matched += ["CORY with score normalisation (`cory_norm`, as the authors run it) against PPO, the same "
+                    "reading (not part of the answer above):", "", norm.text, ""]
     collapsing = ["## The collapse test", "", COLLAPSE_RULE, "", collapse.text, ""]
     first, second = (collapsing, matched) if claim.design.endpoint == "collapse" else (matched, collapsing)
     second[0] += " (secondary: not this folder's primary endpoint)"

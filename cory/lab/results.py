@@ -43,10 +43,11 @@ METHOD_NAMES = {
     "ppo_2x": "PPO, 2x model",
     "ppo_norm": "PPO with score normalisation",
     "cory_authors": "CORY with the authors' resets",
+    "cory_norm": "CORY with score normalisation",
 }
 MAIN_METHODS = ("ppo", "cory")
-# the two differences between the authors' runs and a like-for-like comparison (see cory.lab.experiments)
-CONFOUND_METHODS = ("ppo_norm", "cory_authors")
+# the differences between the authors' runs and a like-for-like comparison (see cory.lab.experiments)
+CONFOUND_METHODS = ("ppo_norm", "cory_norm", "cory_authors")
 ABLATION_METHODS = ("cory_no_kt", "cory_no_swap", "ppo_2x")
 _LABEL = re.compile(r"^(?P<method>.+?)(?:_kl(?P<kl>[0-9.eE+-]+))?$")
 

@@ -468,7 +468,7 @@ def confound_lines(exp: Experiment, ppo: Group, cory: Group) -> str:
     """The same test against the two confounds, when their runs exist: CORY vs PPO with CORY's score normalisation
     (``ppo_norm``), and CORY as the authors' code runs it (``cory_authors``) vs PPO. Not part of the answer."""
     parts = []
-    norm, authors = exp.main_group("ppo_norm"), exp.main_group("cory_authors")
+    norm, authors, cory_norm = exp.main_group("ppo_norm"), exp.main_group("cory_authors"), exp.main_group("cory_norm")
 
     def setting(g: Group, key: str) -> str:
         v = g.config_value(key)
@@ -478,6 +478,10 @@ def confound_lines(exp: Experiment, ppo: Group, cory: Group) -> str:
     if norm is not None:
         pairs.append((f"CORY vs PPO with score normalisation (`ppo_norm`; score_norm: {norm.label} "
                       f"{setting(norm, 'score_norm')}, {cory.label} {setting(cory, 'score_norm')})", norm, cory))
+    if cory_norm is not None:
+        pairs.append(("CORY with score normalisation (`cory_norm`, as the authors run it; score_norm "
+                      f"{setting(cory_norm, 'score_norm')}) vs PPO (score_norm {setting(ppo, 'score_norm')})",
+                      ppo, cory_norm))
     if authors is not None:
         pairs.append(("CORY with the authors' resets (`cory_authors`: Adam, the KL controller and the score statistics "
                       f"reset at each role exchange; reset_on_swap {setting(authors, 'reset_on_swap')}, η from "
