@@ -57,7 +57,7 @@ def test_a_stubbed_small_card_takes_more_passes_and_the_same_step(tmp_path, monk
     def step(max_pass_tokens):
         cfg = build(IMDB_PPO, {"model_name": "tiny", "reward_model": "vader", "batch_size": 4, "mini_batch_size": 4,
                               "ppo_epochs": 2, "learning_rate": 1e-3, "init_kl_coef": 0.2,
-                              "max_pass_tokens": max_pass_tokens, "output_dir": str(tmp_path)})
+                              "max_pass_tokens": max_pass_tokens, "precision": "fp32", "output_dir": str(tmp_path)})
         agent = Agent("policy", cfg, copy.deepcopy(policy), reference, tok)
         agent.reserve_for_training(123.0)
         np.random.seed(0)

@@ -25,7 +25,7 @@ def hand_kl(policy, reference, query, response) -> float:
 def test_reported_kl_is_full_vocabulary_kl(tmp_path):
     torch.manual_seed(0)
     cfg = build(IMDB_PPO, {"model_name": "tiny", "reward_model": "vader", "batch_size": 2, "mini_batch_size": 2,
-                          "ppo_epochs": 1, "init_kl_coef": 0.2, "output_dir": str(tmp_path)})
+                          "ppo_epochs": 1, "init_kl_coef": 0.2, "precision": "fp32", "output_dir": str(tmp_path)})
     tok = models.load_tokenizer(locate("tiny"))
     reference = models.load_reference(locate("tiny"))
     policy = models.load_policy(locate("tiny"))

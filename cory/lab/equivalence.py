@@ -12,6 +12,7 @@ Writes ``EQUIVALENCE.md`` and ``fig_equivalence.png`` into the first folder.
 from __future__ import annotations
 
 import math
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,8 +126,17 @@ def build(first_dir: str, second_dir: str, upto: int) -> Path:
 
 
 def _precision(exp: Experiment) -> str:
-    values = {run.config.get("precision") for run in exp.groups["ppo"].runs.values()}
-    return "/".join(sorted(map(str, values)))
+    """The runs' configured precision, with what ``auto`` resolved to where their logs say (``precision: X (why)``,
+    the first line a run prints)."""
+    values = set()
+    for seed, run in exp.groups["ppo"].runs.items():
+        value = str(run.config.get("precision"))
+        log = exp.path / "logs" / "ppo" / f"seed_{seed}.log"
+        if value == "auto" and log.is_file():
+            said = re.search(r"^precision: (\w+)", log.read_text(errors="replace"), re.M)
+            value = f"auto → {said.group(1)}" if said else value
+        values.add(value)
+    return "/".join(sorted(values))
 
 
 def _rel(path: str) -> str:

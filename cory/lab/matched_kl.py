@@ -20,7 +20,7 @@ import numpy as np
 
 from cory.lab.design import Design, load_design
 from cory.lab.learning import baseline_learned
-from cory.lab.results import POLICY, Experiment, Group, fmt
+from cory.lab.results import METHOD_NAMES, POLICY, Experiment, Group, fmt
 from cory.lab.stats import Diff, holm, min_detectable, p_value
 
 
@@ -171,8 +171,8 @@ def matched_kl(exp: Experiment, method: str = "cory") -> MatchedKL:
     design = load_design(exp.path)
     ppo, cory = exp.main_group("ppo"), exp.main_group(method)
     if ppo is None or cory is None:
-        return MatchedKL(NOT_DECIDED, f"**not decided** — no PPO and {method} runs with metrics to compare.", [],
-                         design)
+        name = METHOD_NAMES.get(method, method)
+        return MatchedKL(NOT_DECIDED, f"**not decided** — no PPO and {name} runs with metrics to compare.", [], design)
     learning = baseline_learned(exp, ppo)
     head = f"Design: {design.text()}."
     if learning.learned is not True:
