@@ -188,3 +188,24 @@ def test_a_second_stop_during_the_base_models_evaluation_is_one_line(tmp_path, m
         prepare_run(cfg).fit()
     assert e.value.exit_status == 130 and "no checkpoint yet" in str(e.value)
     assert not os.path.exists(tmp_path / "run" / "checkpoints")
+
+
+# ----------------------------------------------------------------------------- what the runner passes on, checked first
+
+@pytest.mark.parametrize("argv,message", [
+    (["--eval_args", "--limit 0"], "--eval_args '--limit 0': argument --limit: must be >= 1, got 0"),
+    (["--eval_args", "--k 4"], "--eval_args '--k 4': --k applies to pass@k tasks, not --task imdb"),
+    (["--eval_args", "--json mine.json"], "--eval_args '--json mine.json': --json is set by the runner itself"),
+    (["--eval_args", "'--limit"], "--eval_args: No closing quotation"),
+    (["--seeds", "0,2147483648"], "--seeds: must be below 2**31, got 2147483648"),
+])
+def test_what_the_runner_passes_on_is_checked_before_the_first_run(tmp_path, capsys, argv, message):
+    from cory.lab import experiments
+
+    out = tmp_path / "exp"
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["--task", "imdb", "--preset", "tiny", "--methods", "ppo", "--seeds", "0", "--out", str(out),
+                          *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"error: {message}") and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()

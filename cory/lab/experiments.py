@@ -46,7 +46,7 @@ import yaml
 
 from cory.assets import check_hub_asset
 from cory.cli import CONFIG_MARKER
-from cory.config import CoryArgs, PPOArgs, load_yaml, on_resume_fields
+from cory.config import SEED_LIMIT, CoryArgs, PPOArgs, load_yaml, on_resume_fields
 from cory.errors import AssetError, ConfigError, ExperimentError, OneLineParser, ReportError
 from cory.lab import heldout_runs
 from cory.lab.report import build_report
@@ -138,6 +138,28 @@ def _int(text: str, what: str, minimum: int) -> int:
     return value
 
 
+def _seed(text: str) -> int:
+    """A seed the training scripts take (a run refused for it would only show in the report)."""
+    seed = _int(text, "seeds", 0)
+    if seed >= SEED_LIMIT:
+        raise ExperimentError(f"--seeds: must be below 2**31, got {seed}")
+    return seed
+
+
+def _check_eval_args(args, task: str, cfg: dict) -> None:
+    """--eval_args as the held-out evaluations will take them (``cfg``: a run's config), checked before the first
+    run: cory.lab.evaluate would refuse them only after the training."""
+    try:
+        eval_args = shlex.split(args.eval_args)
+    except ValueError as e:
+        raise ExperimentError(f"--eval_args: {e} in {args.eval_args!r}") from None
+    if args.no_eval or heldout_runs.wanted(task, eval_args):  # no evaluation, nothing to check
+        return
+    why = heldout_runs.check_eval_args(task, cfg, eval_args)
+    if why:
+        raise ExperimentError(f"--eval_args {args.eval_args!r}: {why}")
+
+
 def _overrides(items: list[str]) -> dict[str, str]:
     out = {}
     for item in items:
@@ -203,7 +225,7 @@ def plan(args: argparse.Namespace) -> tuple[list[Pair], dict]:
     for m in methods:
         if m not in METHODS:
             raise ExperimentError(f"--methods: {m!r} is not one of {', '.join(METHODS)}")
-    seeds = [_int(s, "seeds", 0) for s in _split(args.seeds, "seeds")]
+    seeds = [_seed(s) for s in _split(args.seeds, "seeds")]
     steps = None if args.steps is None else _int(args.steps, "steps", 1)
     jobs = _int(args.jobs, "jobs", 1)
     kl_coefs = _kl_coefs(args)
@@ -225,6 +247,7 @@ def plan(args: argparse.Namespace) -> tuple[list[Pair], dict]:
             raise ExperimentError(f"--set {key}: unknown field; see `python {' '.join(scripts.commands['cory'])} "
                                   "--help`")
     task = next(iter(bases.values()))["task"]
+    _check_eval_args(args, task, next(iter(bases.values())))
 
     pairs = []
     for method in methods:
