@@ -153,7 +153,7 @@ def _check_eval_args(args, task: str, cfg: dict) -> None:
         eval_args = shlex.split(args.eval_args)
     except ValueError as e:
         raise ExperimentError(f"--eval_args: {e} in {args.eval_args!r}") from None
-    if args.no_eval or heldout_runs.wanted(task, eval_args):  # no evaluation, nothing to check
+    if not eval_args or args.no_eval or heldout_runs.wanted(task, eval_args):  # nothing of the user's to check
         return
     why = heldout_runs.check_eval_args(task, cfg, eval_args)
     if why:
