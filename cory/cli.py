@@ -173,6 +173,10 @@ def main(cls, argv: list[str] | None = None) -> None:
         print(CONFIG_MARKER)
         print(yaml.safe_dump({"method": cfg.method, "config": to_dict(cfg)}, sort_keys=False), end="")
         return
+    finished = preflight.nothing_to_do(cfg)  # a finished run's --resume: before anything loads or is written
+    if finished:
+        print(finished)
+        return
     # the training stack (torch, trl) loads only now, so that --help and --print_config answer at once
     from cory.train import train
 

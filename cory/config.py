@@ -153,6 +153,7 @@ class CoryArgs(PPOArgs):
 INVOCATION_FIELDS = ("resume", "overwrite")
 # folders, where a leading ~ is the home folder
 PATH_FIELDS = ("output_dir", "dataset_path", "resume")
+SEED_LIMIT = 2 ** 31  # numpy seeds below 2**32, and each process adds its rank
 
 
 def on_resume_fields(cls) -> tuple[str, ...]:
@@ -386,7 +387,7 @@ def validate(cfg: PPOArgs) -> None:
             raise ConfigError(f"{name}: must be > 0, got {getattr(cfg, name)}")
     for name in ("learning_rate", "target", "horizon", "temperature", "repetition_penalty"):
         positive(name, integer=False)
-    if not 0 <= cfg.seed < 2 ** 31:  # numpy seeds below 2**32, and each process adds its rank
+    if not 0 <= cfg.seed < SEED_LIMIT:
         raise ConfigError(f"seed: must be in [0, 2**31), got {cfg.seed}")
     if not cfg.task.strip():
         raise ConfigError("task: must not be empty")

@@ -112,12 +112,86 @@ def checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
 
 
 def read_manifest(run_dir: str | os.PathLike) -> dict | None:
-    """The marker a run writes when it starts (``{"project": "cory", "method", "task"}``), or None."""
+    """The marker a run writes when it starts (``{"project": "cory", "method", "task", "folder"}``), or None."""
     try:
         data = json.loads((Path(run_dir) / MANIFEST).read_text())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and data.get("project") == "cory" else None
+
+
+def folder_id(path: str | os.PathLike) -> int:
+    """What tells a folder from a copy of it: its inode number, which a copy (``cp -r``, a git clone, a move to
+    another file system) does not keep and a rename within the file system does. A run's manifest records it."""
+    return os.stat(path).st_ino
+
+
+def written_here(run_dir: str | os.PathLike) -> bool:
+    """The run in ``run_dir`` was made in this folder: its manifest records this folder, not the one it was copied or
+    cloned from. A committed results/ folder's rows are results no command here wrote (and git keeps no weights)."""
+    return (read_manifest(run_dir) or {}).get("folder") == folder_id(run_dir)
+
+
+def evaluations(run_dir: str | os.PathLike) -> list[Path]:
+    """cory.lab.evaluate's results beside a run (``eval_<task>.json``)."""
+    return sorted(p for p in Path(run_dir).iterdir() if p.is_file() and _is_eval_file(p.name))
+
+
+def _results(run_dir: Path) -> list[str]:
+    """A run's results in ``run_dir``, named for a refusal: its rows, its final models, their evaluations."""
+    held = [f"{name} ({len(rows)} rows)" for name in ("metrics.jsonl", "eval.jsonl", "samples.jsonl")
+            if (rows := read_jsonl(run_dir / name))]
+    held += ["final/"] if (run_dir / "final").is_dir() else []
+    return held + [p.name for p in evaluations(run_dir)]
+
+
+def _listing(names: list[str]) -> str:
+    return ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+
+
+def _finished(run_dir: Path) -> bool:
+    """A finished run's results: its final models or their evaluation, or a metrics row for every iteration its
+    config.yaml asks for (its checkpoints and final/ deleted, or never kept)."""
+    if (run_dir / "final").is_dir() or evaluations(run_dir):
+        return True
+    try:
+        steps = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("steps")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return False
+    logged = {row.get("step") for row in read_jsonl(run_dir / "metrics.jsonl")}
+    return isinstance(steps, int) and set(range(steps)) <= logged
+
+
+def copied_run(run_dir: str | os.PathLike) -> str | None:
+    """"RUN holds a run copied or cloned from another folder (its results)" when ``run_dir`` holds results that no
+    command wrote in this folder, else None: no command here may replace or delete them."""
+    run_dir = Path(run_dir)
+    held = _results(run_dir)
+    if not held or written_here(run_dir):
+        return None
+    return f"{run_dir} holds a run copied or cloned from another folder ({_listing(held)})"
+
+
+def restart_refusal(run_dir: str | os.PathLike) -> str | None:
+    """Why starting the run in ``run_dir`` again from iteration 0 (``--resume`` without a checkpoint, or the runner
+    rerunning a run cut off before its first checkpoint) would delete what it cannot give back, as "RUN holds ...";
+    None for a run cut off before its first checkpoint in this folder, whose rows the restart redoes."""
+    run_dir = Path(run_dir)
+    copied = copied_run(run_dir)
+    if copied or not _finished(run_dir):
+        return copied
+    return f"{run_dir} holds a finished run's results ({_listing(_results(run_dir))})"
+
+
+def evaluation_refusal(run_dir: str | os.PathLike) -> str | None:
+    """Why continuing the run in ``run_dir`` from its checkpoint may not delete its evaluations (they describe the
+    final models it replaces): they came with a run copied or cloned from another folder, so no command here wrote
+    them. None when there are none, or they were written here."""
+    found = evaluations(run_dir)
+    if not found or written_here(run_dir):
+        return None
+    return (f"{run_dir} holds {_listing([p.name for p in found])}, the evaluation of a run copied or cloned from "
+            "another folder")
 
 
 def check_writable(path: Path, name: str = "output_dir") -> None:
@@ -168,6 +242,10 @@ def check_output_dir(output_dir: str, *, resume: bool, overwrite: bool, method: 
         raise ConfigError(f"output_dir: {output_dir} also holds files no run writes ({', '.join(foreign[:3])}"
                           f"{', ...' if len(foreign) > 3 else ''}); --overwrite would delete them, so it refuses: "
                           "move them or choose another output_dir")
+    copied = copied_run(path)
+    if copied:
+        raise ConfigError(f"output_dir: {copied}; --overwrite replaces only a run made in its own folder, so it "
+                          "refuses: leave it as it is and start the new run in another output_dir")
 
 
 class RunLock:
@@ -349,8 +427,10 @@ class RunDir:
                     _remove(entry, kind)
         self.path.mkdir(parents=True, exist_ok=True)
         if read_manifest(self.path) is None:
+            # the folder's id tells the run's files from those of a copy (copied_run)
             _atomic_write(self.path / MANIFEST, json.dumps({"project": "cory", "method": method,
-                                                            "task": cfg_dict.get("task")}) + "\n")
+                                                            "task": cfg_dict.get("task"),
+                                                            "folder": folder_id(self.path)}) + "\n")
         saved = {k: v for k, v in cfg_dict.items() if k not in ("resume", "overwrite")}
         _atomic_write(self.path / "config.yaml", yaml.safe_dump(saved, sort_keys=False))
         if resume_step is not None:

@@ -10,8 +10,8 @@ from cory.assets import ModelSpec, check_4bit, model_spec
 from cory.config import INVOCATION_FIELDS, PPOArgs, on_resume_fields, to_dict
 from cory.errors import AssetError, ConfigError
 from cory.method import method_of
-from cory.outputs import (check_checkpoint_file, check_output_dir, latest_checkpoint, load_checkpoint_file,
-                          read_manifest)
+from cory.outputs import (check_checkpoint_file, check_output_dir, checkpoints, evaluation_refusal, latest_checkpoint,
+                          load_checkpoint_file, read_manifest, restart_refusal)
 from cory.tasks import check_config as check_task
 from cory.tasks import REWARD_METRICS, task_spec
 
@@ -98,14 +98,36 @@ def check_identity(run_dir: Path, method: str, task: str | None) -> None:
                           f"{was_task}_train/{was}.py")
 
 
+def nothing_to_do(cfg: PPOArgs) -> str | None:
+    """For ``--resume`` of a run that has done its ``steps`` iterations and holds its final models: the line that
+    says so, and the resume then changes nothing (no config, row, evaluation or model rewritten); else None."""
+    run_dir = Path(cfg.output_dir)
+    done = checkpoints(run_dir)
+    if cfg.resume is None or not done or done[-1][0] != cfg.steps:
+        return None
+    if not all((run_dir / "final" / name / "config.json").is_file() for name in method_of(cfg).agents):
+        return None  # cut off while saving them: the resume writes them
+    return (f"nothing to do: {run_dir} has done its {cfg.steps} iterations and holds its final models; nothing "
+            "changed (--steps N, more iterations, extends it)")
+
+
 def check_resumable(run_dir: Path, cfg: PPOArgs) -> None:
-    """The run in ``run_dir`` is one this script continues (same method and task), and its newest
-    checkpoint's state can be read."""
+    """The run in ``run_dir`` is one this script continues (same method and task), what the resume replaces was
+    written here, and its newest checkpoint's state can be read."""
     method = method_of(cfg)
     check_identity(run_dir, method.name, cfg.task)
     checkpoint = latest_checkpoint(run_dir)
-    if checkpoint is None:
+    if checkpoint is None:  # the run would start again from iteration 0, deleting every row
+        refusal = restart_refusal(run_dir)
+        if refusal:
+            raise ConfigError(f"resume: {refusal} and no checkpoint to resume from; resuming would start it again "
+                              "and delete them, so it refuses: leave it as it is and start a new run in another "
+                              f"folder (--config {run_dir / 'config.yaml'} --output_dir NEW)")
         return
+    refusal = evaluation_refusal(run_dir)  # continuing replaces the final models they describe
+    if refusal:
+        raise ConfigError(f"resume: {refusal}; continuing the run replaces the models it describes and would delete "
+                          f"it, so it refuses: move it out of {run_dir}, then resume")
     state = load_checkpoint_file(checkpoint / "state.pt")
     if not isinstance(state, dict) or not isinstance(state.get("step"), int):
         raise ConfigError(f"resume: {checkpoint / 'state.pt'} holds no iteration count; move that checkpoint "

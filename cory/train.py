@@ -68,6 +68,7 @@ class Run:
         self.heldout = self.heldout_evaluation()
         self.stop, self.logger = _StopSignals(verbose=self.run_dir.enabled), _Logger(cfg, self.run_dir.enabled)
         self.logged = 0  # iterations this invocation logged (a skipped batch logs none)
+        self.bar = None  # progress() makes it; a second stop signal can come before (the base model's evaluation)
         self.iteration = getattr(game, self.method.iteration)
         try:
             with self.stop, self.logger:
@@ -136,7 +137,8 @@ class Run:
 
     def stopped_at_once(self) -> Stopped:
         """A second signal: the current iteration is half done, so nothing new is saved."""
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
         last = latest_checkpoint(self.run_dir.path) if self.run_dir.enabled else None
         advice = (f"the last checkpoint is {last}; continue with --resume {self.cfg.output_dir}" if last else
                   f"no checkpoint yet; start again with --resume {self.cfg.output_dir} (it restarts from "
@@ -310,7 +312,10 @@ def _load_run(cfg: PPOArgs, spec, method: Method, rank: int, world: int) -> Run:
 
 
 def train(cfg: PPOArgs) -> Path:
-    """Run PPO (one agent) or CORY (two agents) as configured; returns the output folder."""
+    """Run PPO (one agent) or CORY (two agents) as configured; returns the output folder. Resuming a finished run
+    changes nothing."""
+    if preflight.nothing_to_do(cfg):
+        return Path(cfg.output_dir)
     return prepare_run(cfg).fit()
 
 

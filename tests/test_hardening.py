@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO, TINY, rejected, run_script, start_script, wait_for_rows
-from cory.outputs import latest_checkpoint, read_jsonl
+from cory.outputs import folder_id, latest_checkpoint, read_jsonl
 
 
 # ----------------------------------------------------------------------------- data loss
@@ -98,7 +98,9 @@ def test_stopped_before_a_checkpoint_the_advice_leads_somewhere(tmp_path):
 def test_resume_of_a_run_without_checkpoint_restarts_it(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
-    (out / "cory_run.json").write_text('{"project": "cory", "method": "ppo", "task": "imdb"}')
+    # a run stopped before its first checkpoint in this folder (its manifest records the folder)
+    (out / "cory_run.json").write_text(json.dumps({"project": "cory", "method": "ppo", "task": "imdb",
+                                                   "folder": folder_id(out)}))
     cfg = yaml.safe_load((REPO / "configs/imdb/ppo_tiny.yaml").read_text())
     (out / "config.yaml").write_text(yaml.safe_dump({**cfg, "steps": 2, "output_dir": str(out)}))
     (out / "metrics.jsonl").write_text('{"step": 0, "policy/kl": 1.0}\n')  # a row from before the stop
@@ -186,7 +188,7 @@ def test_a_corrupted_checkpoint(finished, tmp_path):
     run = tmp_path / "cory"
     shutil.copytree(finished / "cory", run)
     (latest_checkpoint(run) / "state.pt").write_bytes(b"\x00garbage")
-    line = rejected("imdb", "cory", ["--resume", run])
+    line = rejected("imdb", "cory", ["--resume", run, "--steps", "3"])  # (a finished run's own: nothing to do)
     assert "state.pt" in line and "cannot be read" in line
 
 

@@ -46,12 +46,13 @@ import yaml
 
 from cory.assets import check_hub_asset
 from cory.cli import CONFIG_MARKER
-from cory.config import CoryArgs, PPOArgs, load_yaml, on_resume_fields
+from cory.config import SEED_LIMIT, CoryArgs, PPOArgs, load_yaml, on_resume_fields
 from cory.errors import AssetError, ConfigError, ExperimentError, OneLineParser, ReportError
 from cory.lab import heldout_runs
 from cory.lab.report import build_report
-from cory.lab.runs import REPO, Children, Pair, Record, execute, git_state, mismatch, now, pair_state, rel
-from cory.outputs import MANIFEST, RunLock
+from cory.lab.runs import (REPO, Children, Pair, Record, execute, git_state, lost_by, mismatch, now, pair_state,
+                           rel)
+from cory.outputs import LOCK, MANIFEST, RunLock, in_use
 
 
 # method -> (script, flags that make the method); ppo_2x gets its --model_name at plan time
@@ -137,6 +138,28 @@ def _int(text: str, what: str, minimum: int) -> int:
     return value
 
 
+def _seed(text: str) -> int:
+    """A seed the training scripts take (a run refused for it would only show in the report)."""
+    seed = _int(text, "seeds", 0)
+    if seed >= SEED_LIMIT:
+        raise ExperimentError(f"--seeds: must be below 2**31, got {seed}")
+    return seed
+
+
+def _check_eval_args(args, task: str, cfg: dict) -> None:
+    """--eval_args as the held-out evaluations will take them (``cfg``: a run's config), checked before the first
+    run: cory.lab.evaluate would refuse them only after the training."""
+    try:
+        eval_args = shlex.split(args.eval_args)
+    except ValueError as e:
+        raise ExperimentError(f"--eval_args: {e} in {args.eval_args!r}") from None
+    if not eval_args or args.no_eval or heldout_runs.wanted(task, eval_args):  # nothing of the user's to check
+        return
+    why = heldout_runs.check_eval_args(task, cfg, eval_args)
+    if why:
+        raise ExperimentError(f"--eval_args {args.eval_args!r}: {why}")
+
+
 def _overrides(items: list[str]) -> dict[str, str]:
     out = {}
     for item in items:
@@ -202,7 +225,7 @@ def plan(args: argparse.Namespace) -> tuple[list[Pair], dict]:
     for m in methods:
         if m not in METHODS:
             raise ExperimentError(f"--methods: {m!r} is not one of {', '.join(METHODS)}")
-    seeds = [_int(s, "seeds", 0) for s in _split(args.seeds, "seeds")]
+    seeds = [_seed(s) for s in _split(args.seeds, "seeds")]
     steps = None if args.steps is None else _int(args.steps, "steps", 1)
     jobs = _int(args.jobs, "jobs", 1)
     kl_coefs = _kl_coefs(args)
@@ -224,6 +247,7 @@ def plan(args: argparse.Namespace) -> tuple[list[Pair], dict]:
             raise ExperimentError(f"--set {key}: unknown field; see `python {' '.join(scripts.commands['cory'])} "
                                   "--help`")
     task = next(iter(bases.values()))["task"]
+    _check_eval_args(args, task, next(iter(bases.values())))
 
     pairs = []
     for method in methods:
@@ -288,7 +312,8 @@ def _kl_coefs(args) -> list[float | None]:
 
 
 def _out(args) -> Path:
-    """The experiment folder: a folder or nothing yet, and not a training run's own folder."""
+    """The experiment folder: nothing yet, an empty folder or one of the runner's own experiments (it has
+    runs.json), and never inside a training run's folder. A symbolic link is judged by the folder it leads to."""
     if not args.out.strip():  # "" would resolve to the current folder and fill it with the experiment
         raise ExperimentError(f"--out: must name the experiment folder, got {args.out!r}")
     out = Path(args.out).expanduser().resolve()
@@ -297,6 +322,14 @@ def _out(args) -> Path:
     if (out / MANIFEST).is_file():
         raise ExperimentError(f"--out: {args.out} is a training run's folder, not an experiment folder; choose "
                               "another --out")
+    run = next((d for d in out.parents if (d / MANIFEST).is_file()), None)
+    if run is not None:  # the run's --overwrite would then refuse its folder, and its --resume misread it
+        raise ExperimentError(f"--out: {args.out} is inside the training run {run}; choose a folder outside it")
+    held = sorted(p.name for p in out.iterdir() if p.name != LOCK) if out.is_dir() else []
+    if held and not (out / "runs.json").is_file():
+        raise ExperimentError(f"--out: {args.out} holds files ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}"
+                              ") and no runs.json, so it is not an experiment folder; the runner writes only into a "
+                              "new or empty folder or one of its own experiments: choose another --out")
     return out
 
 
@@ -320,6 +353,13 @@ def run(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     pairs, spec = plan(args)
     out: Path = spec["out"]
+    # a refusal comes before the lock, so that a refused command leaves nothing behind; _run checks again once
+    # no other runner can change the folder
+    busy = in_use(out, "--out", "experiment runner") if out.is_dir() else None
+    if busy:
+        raise ExperimentError(busy)
+    _check_experiment_folder(args, spec, out)
+    _states(pairs)
     try:  # one runner per experiment folder (its runs.json); each run locks its own folder too
         lock = RunLock(out, "--out", "experiment runner").acquire()
     except ConfigError as e:
@@ -391,7 +431,8 @@ def _check_experiment_folder(args, spec: dict, out: Path) -> None:
 
 def _states(pairs: list[Pair]) -> dict[str, tuple[str, str]]:
     """Each run's state (``pair_state``); a folder holding a run made otherwise (other settings, or more
-    iterations than --steps) is refused before anything is written: a runner never replaces or shortens a run."""
+    iterations than --steps), or what rerunning or continuing it would delete, is refused before anything is
+    written: a runner never replaces or shortens a run, nor deletes a result."""
     states = {}
     for pair in pairs:
         state, why = pair_state(pair)
@@ -400,6 +441,9 @@ def _states(pairs: list[Pair]) -> dict[str, tuple[str, str]]:
             if bad:
                 raise ExperimentError(f"{rel(pair.run_dir)} holds a run with {bad}; use another --out or move that "
                                       "folder away")
+        refusal = lost_by(pair, state)
+        if refusal:
+            raise ExperimentError(refusal)
         states[pair.key] = (state, why)
     return states
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from cory.config import load_yaml
-from cory.errors import ConfigError
+from cory.errors import AssetError, ConfigError, EvalError
 from cory.tasks import REWARD_METRICS, registered
 
 
@@ -60,18 +60,43 @@ def commands(task: str, runs: list[tuple[str, Path]], out: Path, eval_args: list
                          result))
     base_result = out / f"eval_base_{task}.json"
     if done_runs and not base_result.is_file():
-        cfg = _saved(done_runs[0][1])
-        spec = registered()[task]
-        reward = spec.evaluation.scored_reward(cfg.get("reward_model"))
-        flags = ["--model", str(cfg.get("model_name")), "--reference", str(cfg.get("model_name"))]
-        for flag, value in (("--dataset", cfg.get("dataset")), ("--dataset_path", cfg.get("dataset_path")),
-                            ("--reward", reward)):
-            if value is not None:
-                flags += [flag, str(value)]
-        if spec.evaluation.metrics == REWARD_METRICS:
-            flags += ["--allow_early_eos", "true" if cfg.get("allow_early_eos") else "false"]
+        flags = base_flags(task, _saved(done_runs[0][1]))
         todo.append(("base model", evaluate + flags + ["--json", rel(base_result), *eval_args], base_result))
     return todo
+
+
+def base_flags(task: str, cfg: dict) -> list[str]:
+    """cory.lab.evaluate's flags for the base model of runs with config ``cfg``: its model, data and scored reward,
+    as the runs read them."""
+    spec = registered()[task]
+    reward = spec.evaluation.scored_reward(cfg.get("reward_model"))
+    flags = ["--model", str(cfg.get("model_name")), "--reference", str(cfg.get("model_name"))]
+    for flag, value in (("--dataset", cfg.get("dataset")), ("--dataset_path", cfg.get("dataset_path")),
+                        ("--reward", reward)):
+        if value is not None:
+            flags += [flag, str(value)]
+    if spec.evaluation.metrics == REWARD_METRICS:
+        flags += ["--allow_early_eos", "true" if cfg.get("allow_early_eos") else "false"]
+    return flags
+
+
+# what the runner sets in each evaluation's command itself
+RUNNER_FLAGS = ("--task", "--task_file", "--model", "--no_base", "--json")
+
+
+def check_eval_args(task: str, cfg: dict, eval_args: list[str]) -> str | None:
+    """Why ``python -m cory.lab.evaluate`` would refuse ``eval_args`` (one line), or None: checked before the first
+    run, as the base model's evaluation will run them (after training would be hours too late)."""
+    own = next((a for a in eval_args if a.split("=")[0] in RUNNER_FLAGS), None)
+    if own is not None:
+        return f"{own.split('=')[0]} is set by the runner itself"
+    from cory.lab import evaluate  # torch: only when there are evaluations to check
+
+    try:  # (a task file's task is not evaluated by the runner: see wanted)
+        evaluate.plan(["--task", task, *base_flags(task, cfg), *eval_args])
+    except (EvalError, ConfigError, AssetError) as e:
+        return str(e)
+    return None
 
 
 def run_evaluations(todo: list[tuple[str, list[str], Path]], out: Path, env: dict, children, write,

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from cory.config import load_yaml
 from cory.errors import ConfigError
-from cory.outputs import LOCK, latest_checkpoint, read_jsonl
+from cory.outputs import (LOCK, check_output_dir, evaluation_refusal, latest_checkpoint, read_jsonl,
+                          restart_refusal)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -107,6 +108,33 @@ def mismatch(pair: Pair) -> str | None:
                                  and not isinstance(have, bool) and math.isclose(have, want, rel_tol=1e-9)))
         if not same:
             return f"{key}={have!r} (this command asks for {want!r})"
+    return None
+
+
+def lost_by(pair: Pair, state: str) -> str | None:
+    """Why running ``pair`` as ``state`` says would delete what its folder holds and no rerun gives back (one line),
+    else None. "overwrite" starts the run again from iteration 0 with --overwrite: refused for a run copied or cloned
+    from another folder (a committed results/ folder), a finished run's results, or files no run writes; "resume"
+    deletes the evaluations of the models it replaces: refused where they came with a copied run."""
+    d = pair.run_dir
+    if state == "resume":
+        refusal = evaluation_refusal(d)
+        return refusal and (f"{refusal}; continuing the run replaces the models it describes and would delete it, so "
+                            f"the runner refuses: move it out of {rel(d)}, then rerun")
+    if state != "overwrite":
+        return None
+    refusal = restart_refusal(d)
+    if refusal:
+        saved = _saved_config(d)
+        advice = ("its config.yaml is missing: put it back, or use a new --out" if saved is None else
+                  f"extending a run needs its checkpoints: rerun with --steps {pair.steps} into a new --out"
+                  if saved.get("steps") != pair.steps else "leave it as it is and use a new --out")
+        return (f"{refusal} and no checkpoint; the runner would start it again and delete them, so it refuses: "
+                f"{advice}")
+    try:  # what the run's own --overwrite refuses (files no run writes, a folder no run made), refused here first
+        check_output_dir(str(d), resume=False, overwrite=True)
+    except ConfigError as e:
+        return str(e)
     return None
 
 
