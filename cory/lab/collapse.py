@@ -115,15 +115,16 @@ def collapse_test(exp: Experiment) -> Collapse:
     ppo_count = sum(1 for m in known if m.collapsed)
     ppo_line = (f"- PPO: collapsed in {ppo_count} of {len(known)} seeds; final held-out distinct-2 "
                 f"{_mean_sd([m.distinct_2 for m in known])}, reward {_mean_sd([m.reward for m in known if m.reward is not None])}.")
-    readings = []
+    readings, models = [], [(ppo.name(POLICY), ppo_models)]
     for agent in cory.agents:
         mine = final_models(cory, agent, floor)
+        models.append((cory.name(agent), mine))
         pairs = [(ppo_models[s], mine[s]) for s in sorted(set(ppo_models) & set(mine))
                  if ppo_models[s].collapsed is not None and mine[s].collapsed is not None]
         reading = AgentCollapse(cory.name(agent), pairs)
         reading.p = sign_test_p(reading.wins, reading.losses)
         readings.append(reading)
-    samples = _samples(ppo, cory, ppo_models, floor)
+    samples = _samples(models)
     if len(known) < design.min_seeds:
         return Collapse(NOT_DECIDED, f"**not decided** — {len(known)} PPO seed(s) with a held-out distinct-2, the "
                                      f"design needs {design.min_seeds}. {head}\n\n{ppo_line}", readings)
@@ -144,14 +145,8 @@ def collapse_test(exp: Experiment) -> Collapse:
                     + "\n".join([ppo_line] + [r.line() for r in readings]) + samples, readings)
 
 
-def _samples(ppo: Group, cory: Group, ppo_models: dict[int, FinalModel], floor: float) -> str:
-    """The first held-out answer of every final model: what collapse looks like, or does not."""
-    lines = []
-    for group, agents in ((ppo, [POLICY]), (cory, cory.agents)):
-        for agent in agents:
-            models = ppo_models if group is ppo else final_models(group, agent, floor)
-            for m in models.values():
-                if m.sample:
-                    mark = " (collapsed)" if m.collapsed else ""
-                    lines.append(f"  - {group.name(agent)} seed {m.seed}{mark}: “{m.sample}”")
+def _samples(models: list[tuple[str, dict[int, FinalModel]]]) -> str:
+    """The first held-out answer of every final model (named), what collapse looks like, or does not."""
+    lines = [f"  - {name} seed {m.seed}{' (collapsed)' if m.collapsed else ''}: “{m.sample}”"
+             for name, per_seed in models for m in per_seed.values() if m.sample]
     return ("\n- The first held-out answer of each final model:\n" + "\n".join(lines)) if lines else ""

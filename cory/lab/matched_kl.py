@@ -184,11 +184,12 @@ def matched_kl(exp: Experiment, method: str = "cory") -> MatchedKL:
         reading = AgentReading(cory.name(agent), [], [], design, learned=baseline_learned(exp, cory, agent).learned)
         for seed in sorted(set(cory.runs) & set(ppo.runs)):
             mine, base = heldout_path(cory, seed, agent), heldout_path(ppo, seed, POLICY)
-            r = seed_reading(seed, mine, base, design.kl_grid) if mine is not None and base is not None else None
-            if r is not None:
+            r = None
+            if mine is not None and base is not None:
                 every = seed_reading(seed, mine, base, tuple(sorted(set(design.kl_grid) | set(SECONDARY_KL))))
                 for k, d in every.points.items():
                     reading.by_point.setdefault(k, []).append(d)
+                r = SeedReading(seed, {k: d for k, d in every.points.items() if k in design.kl_grid})
             if r is None or not r.points:
                 reading.left_out.append(seed)
             else:
