@@ -9,17 +9,19 @@ The package, from the top level down; imports run one way, down this list (the R
     agent         one trainable LLM: a trl PPOTrainer with its optimizer, KL controller, score normaliser
     heldout       answers to held-out prompts: reward, KL to the base model, degeneration (eval_every, evaluate)
     game          the paper's game, top to bottom: roles, collective reward, the PPO and CORY iterations
-    ppo           one agent's PPO update, top to bottom (the PPOTrainer's step, written out)
+    ppo           one agent's PPO update, top to bottom: rewards, GAE, clipped losses, statistics, η's update
     rollout       prompts -> sampled answers -> task rewards
     models        policies, the shared frozen reference, tokenizers, from a resolved ModelSpec
     tasks/        the task registry; each task's prompts, data, reward, prompt budget, stop string, evaluation
     outputs       the run folder: config, metrics, samples, evaluations, checkpoints
     config        the fields: documented and checked; their paper values live in the scripts
-    method        which method a config plays: its agents, its iteration, whether an observer reads the pioneer
+    method        which method a config plays: its agents, whether an observer reads the pioneer
     metrics       distinct-n and repeated tokens: a collapsing policy in numbers
     assets        model specs (ModelSpec) and the offline models
     errors        the project's errors, and the lab commands' one-line argparse
-    speedups/     PPO's forward passes (response window, token budget, packing) and other speed-ups (fast_ppo)
+    passes        PPO's forward passes: the response window, the token budget (max_pass_tokens), the full KL
+    packing       padding-free forward passes (every sequence of a pass in one row)
+    patches       process-wide patches: glibc's allocator, accelerate's frozen models, CUDA's allocator
     parallel      accelerate's collectives for data-parallel runs
     memory        peak memory
 """

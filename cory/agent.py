@@ -7,50 +7,17 @@ model, so nothing but the role changes at an exchange.
 from __future__ import annotations
 
 import contextlib
-import math
 import warnings
 
-import numpy as np
 import torch
 from trl import PPOConfig, PPOTrainer
 from trl.trainer.utils import AdaptiveKLController, FixedKLController
 
 from cory import models, parallel
-from cory.ppo import AgentTrainer
 from cory.config import PPOArgs, trl_fields
-from cory.speedups.budget import trainable_state_bytes
-from cory.speedups.patches import frozen_models_not_wrapped
-
-
-class ScoreNormalizer:
-    """Running mean/std of training scores (the authors' use_score_scaling + use_score_norm).
-
-    trl 0.11.4's own option crashes ('float' object has no attribute 'to'), so we normalise before
-    ``step()``, with trl's update rule: merge the batch moments into the running ones, then scale.
-    """
-
-    def __init__(self):
-        self.mean, self.var, self.count = 0.0, 1.0, 1e-24
-
-    @property
-    def std(self) -> float:
-        return math.sqrt(self.var * self.count / max(self.count - 1, 1e-24)) if self.count > 1 else 1.0
-
-    def __call__(self, scores: list[float]) -> list[float]:
-        xs = np.asarray(scores, dtype=np.float64)
-        n, mean, var = xs.size, xs.mean(), xs.var()
-        delta, total = mean - self.mean, self.count + n
-        self.var = (self.var * self.count + delta ** 2 * self.count * n / total + var * n) / total
-        self.mean += delta * n / total
-        self.count = total
-        scale = self.std + float(np.finfo(np.float32).eps)
-        return [float((x - self.mean) / scale) for x in xs]
-
-    def state_dict(self) -> dict:
-        return {"mean": self.mean, "var": self.var, "count": self.count}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
+from cory.passes import trainable_state_bytes
+from cory.patches import frozen_models_not_wrapped
+from cory.ppo import AgentTrainer, ScoreNormalizer, StepStats
 
 
 def ppo_config(cfg: PPOArgs):
@@ -136,8 +103,9 @@ class Agent:
             return self.trainer.generate(prompts, batch_size=len(prompts), return_prompt=False,
                                          **generation_kwargs)
 
-    def step(self, queries, responses, scores: list[float]) -> dict:
-        """One PPO update on (queries, responses, scores); trl adds the per-token KL penalty to the scores."""
+    def step(self, queries, responses, scores: list[float]) -> StepStats:
+        """One PPO update on (queries, responses, scores) (``cory.ppo``: the per-token KL penalty is added to the
+        scores there); the scores normalised first with ``score_norm``."""
         self.use_own_adapter()
         if self.cfg.score_norm:
             # statistics over the whole data-parallel batch (as trl's own score scaling), so every
@@ -150,7 +118,8 @@ class Agent:
         region = contextlib.nullcontext() if isinstance(self.trainer, AgentTrainer) else self.compute(training=True)
         with warnings.catch_warnings(), region:
             warnings.simplefilter("ignore", UserWarning)
-            return self.trainer.step(queries, responses, [torch.tensor(s, dtype=torch.float32) for s in scores])
+            stats = self.trainer.step(queries, responses, [torch.tensor(s, dtype=torch.float32) for s in scores])
+        return stats if isinstance(stats, StepStats) else StepStats.from_trl(stats)
 
     def reset_optimizer_state(self) -> None:
         """The authors' exchange reloads fresh PPOTrainers: new Adam moments, KL coefficient and score stats."""

@@ -99,7 +99,7 @@ class PPOArgs:
                          "a CPU); bf16: bfloat16 compute (generation and PPO passes) with float32 weights, Adam "
                          "state, log-probabilities and KL", choices=("auto", "fp32", "tf32", "bf16"))
     # ---- speed and memory (results do not change, up to float rounding)
-    fast_ppo: bool = arg(True, "cory.speedups: PPO passes on the response window, packed, within max_pass_tokens, "
+    fast_ppo: bool = arg(True, "cory.passes: PPO passes on the response window, packed, within max_pass_tokens, "
                          "fused Adam; false = trl's stock PPOTrainer and Adam", on_resume=True)
     max_pass_tokens: int | str = arg("auto", "the most tokens one forward pass of a PPO step may hold (packed: "
                                      "real tokens; padded: samples x longest); a mini-batch over it runs as several "

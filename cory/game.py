@@ -10,13 +10,15 @@ CORY copies the pretrained model into two agents, LLM1 and LLM2. In each iterati
 5. every ``swap_period`` iterations the agents exchange roles.
 
 Single-agent PPO, the paper's baseline, is the same iteration with one agent and no partner. The pure
-rules come first (with table tests in tests/test_rules.py), then the two iterations.
+rules come first (with table tests in tests/test_rules.py), then the two iterations; the run loop
+(``cory.train``) plays ``ITERATIONS[method]`` once per batch.
 """
 from __future__ import annotations
 
 import contextlib
 import time
 import warnings
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import numpy as np
 
@@ -25,14 +27,32 @@ from cory.errors import NonFinite
 from cory.method import CORY, PPO
 from cory.metrics import degeneration
 
+if TYPE_CHECKING:
+    from cory.agent import Agent
+    from cory.config import CoryArgs, PPOArgs
+    from cory.ppo import StepStats
+    from cory.rollout import Answers, Rollout
+    from cory.tasks.base import Example
+
 
 # ----------------------------------------------------------------------------- the rules
 
-def pioneer_name(step: int, swap_period: int) -> str:
-    """Who plays pioneer at iteration ``step`` (0-based): LLM1 first, roles flip every ``swap_period``."""
-    if swap_period <= 0:
-        return CORY.agents[0]
-    return CORY.agents[(step // swap_period) % 2]
+class Roles(NamedTuple):
+    pioneer: str   # the agent that answers the query first
+    observer: str  # the agent that answers after reading the pioneer's answer
+
+
+def swap_roles(roles: Roles) -> Roles:
+    return Roles(pioneer=roles.observer, observer=roles.pioneer)
+
+
+def roles_at(step: int, swap_period: int) -> Roles:
+    """The roles at iteration ``step`` (0-based): LLM1 pioneers first, and the agents swap roles every
+    ``swap_period`` iterations (0: never, the ablation)."""
+    roles = Roles(*CORY.agents)
+    if swap_period > 0 and (step // swap_period) % 2 == 1:
+        roles = swap_roles(roles)
+    return roles
 
 
 def is_swap_step(step: int, swap_period: int) -> bool:
@@ -68,8 +88,8 @@ def rewards_are_finite(step: int, agent: str, rewards: list[float], on_nonfinite
     raise NonFinite(step, agent, "reward", where)
 
 
-def check_loss(step: int, agent: str, stats: dict) -> None:
-    if not np.isfinite(float(stats["ppo/loss/total"])):
+def check_loss(step: int, agent: str, stats: StepStats) -> None:
+    if not np.isfinite(stats.total_loss):
         raise NonFinite(step, agent, "PPO loss")
 
 
@@ -88,11 +108,13 @@ class Timer:
             self.seconds[f"time/{name}_s"] = time.perf_counter() - t0
 
 
-def agent_metrics(prefix: str, task_rewards, train_rewards, stats: dict, answers, kl_coef: float) -> dict:
-    """One agent's row of metrics.jsonl; ``kl`` is trl's full-vocabulary KL summed over the response; distinct-n
-    and the share of answers repeating a token 4+ times in a row show a policy collapsing (``cory.metrics``)."""
+def agent_metrics(prefix: str, task_rewards: list[float], train_rewards: list[float], stats: StepStats,
+                  answers: Answers, kl_coef: float) -> dict:
+    """One agent's row of metrics.jsonl; ``kl`` is the full-vocabulary KL summed over the response; ``entropy`` the
+    answers' sampled entropy (``StepStats.sequence_entropy``); distinct-n and the share of answers repeating a
+    token 4+ times in a row show a policy collapsing (``cory.metrics``)."""
     task_reward = float(np.mean(task_rewards))
-    kl = float(stats["objective/kl"])
+    kl = stats.kl
     degenerate = {f"{prefix}/{name}": value for name, value in degeneration(answers.texts, answers.ids).items()}
     return {
         f"{prefix}/task_reward": task_reward,
@@ -102,17 +124,20 @@ def agent_metrics(prefix: str, task_rewards, train_rewards, stats: dict, answers
         f"{prefix}/combined_reward": combined_reward(task_reward, kl, kl_coef),
         f"{prefix}/response_length": float(np.mean([len(r) for r in answers.ids])),
         **degenerate,
-        f"{prefix}/entropy": float(stats["objective/entropy"]),
-        f"{prefix}/policy_loss": float(stats["ppo/loss/policy"]),
-        f"{prefix}/value_loss": float(stats["ppo/loss/value"]),
+        f"{prefix}/entropy": stats.sequence_entropy,
+        f"{prefix}/policy_loss": stats.policy_loss,
+        f"{prefix}/value_loss": stats.value_loss,
     }
 
 
 # ----------------------------------------------------------------------------- the iterations
 # Each takes the iteration's batch of examples and returns (metrics row, sample rows), or (None, []) for a
 # batch skipped because of a non-finite reward.
+IterationResult = tuple[dict | None, list[dict]]
 
-def ppo_iteration(step: int, batch, agents: dict, rollout, cfg) -> tuple[dict | None, list[dict]]:
+
+def ppo_iteration(step: int, batch: list[Example], agents: dict[str, Agent], rollout: Rollout,
+                  cfg: PPOArgs) -> IterationResult:
     """Single-agent PPO: answer, score, one PPO step on the task reward."""
     (name,), timer = PPO.agents, Timer()
     policy = agents[name]
@@ -136,16 +161,18 @@ def ppo_iteration(step: int, batch, agents: dict, rollout, cfg) -> tuple[dict | 
     return row, samples
 
 
-def cory_iteration(step: int, batch, agents: dict, rollout, cfg) -> tuple[dict | None, list[dict]]:
+def cory_iteration(step: int, batch: list[Example], agents: dict[str, Agent], rollout: Rollout,
+                   cfg: CoryArgs) -> IterationResult:
     """CORY: the pioneer answers, the observer answers knowing the pioneer's answer, both learn from r1 + r2."""
     timer = Timer()
+    # 5. every swap_period iterations the agents swap roles: taken here, at the start of the iteration it is due
+    # for, as a function of the iteration number (so a resumed run plays the roles it would have played)
+    roles = roles_at(step, cfg.swap_period)
     with timer("swap"):
         if cfg.reset_on_swap and is_swap_step(step, cfg.swap_period):
             for agent in agents.values():  # the authors' exchange reloads both trainers
                 agent.reset_optimizer_state()
-    pioneer_is = pioneer_name(step, cfg.swap_period)
-    observer_is = next(a for a in CORY.agents if a != pioneer_is)
-    pioneer, observer = agents[pioneer_is], agents[observer_is]
+    pioneer, observer = agents[roles.pioneer], agents[roles.observer]
 
     # 1. the pioneer answers the query
     with timer("pioneer_generate"):
@@ -163,29 +190,32 @@ def cory_iteration(step: int, batch, agents: dict, rollout, cfg) -> tuple[dict |
     with timer("reward"):
         both = rollout.score(list(batch) + list(batch), a1.texts + a2.texts)
         r1, r2 = both[: len(batch)], both[len(batch):]
-    if not (rewards_are_finite(step, pioneer_is, r1, cfg.on_nonfinite)
-            and rewards_are_finite(step, observer_is, r2, cfg.on_nonfinite)):
+    if not (rewards_are_finite(step, roles.pioneer, r1, cfg.on_nonfinite)
+            and rewards_are_finite(step, roles.observer, r2, cfg.on_nonfinite)):
         return None, []
 
     # 4. both learn from the collective reward (with coef 1: r1 + r2), each with its own KL penalty
     pioneer_reward = collective_rewards(r1, r2, cfg.other_reward_coef)
     observer_reward = collective_rewards(r2, r1, cfg.other_reward_coef)
-    kl_coefs = {pioneer_is: pioneer.kl_coef, observer_is: observer.kl_coef}
+    kl_coefs = {roles.pioneer: pioneer.kl_coef, roles.observer: observer.kl_coef}  # the η this step's penalties use
     with timer("pioneer_step"):
         pioneer_stats = pioneer.step(pioneer_prompts, a1.ids, pioneer_reward)
-    check_loss(step, pioneer_is, pioneer_stats)
+    check_loss(step, roles.pioneer, pioneer_stats)
     with timer("observer_step"):
         observer_stats = observer.step(observer_prompts, a2.ids, observer_reward)
-    check_loss(step, observer_is, observer_stats)
-    # 5. the exchange is only a change of who plays pioneer: pioneer_name() at the next iterations
+    check_loss(step, roles.observer, observer_stats)
 
-    row = {"pioneer": pioneer_is}
-    row.update(agent_metrics(pioneer_is, r1, pioneer_reward, pioneer_stats, a1, kl_coefs[pioneer_is]))
-    row.update(agent_metrics(observer_is, r2, observer_reward, observer_stats, a2, kl_coefs[observer_is]))
+    row = {"pioneer": roles.pioneer}
+    row.update(agent_metrics(roles.pioneer, r1, pioneer_reward, pioneer_stats, a1, kl_coefs[roles.pioneer]))
+    row.update(agent_metrics(roles.observer, r2, observer_reward, observer_stats, a2, kl_coefs[roles.observer]))
     row.update(timer.seconds)
-    samples = [{"step": step, "pioneer": pioneer_is, "query": batch[i].query,
+    samples = [{"step": step, "pioneer": roles.pioneer, "query": batch[i].query,
                 "pioneer_response": a1.texts[i], "pioneer_reward": r1[i],
                 "observer_prompt": transfer[i] if transfer else batch[i].prompt,
                 "observer_response": a2.texts[i], "observer_reward": r2[i]}
                for i in range(min(cfg.samples_per_step, len(batch)))]
     return row, samples
+
+
+Iteration = Callable[[int, "list[Example]", "dict[str, Agent]", "Rollout", "PPOArgs"], IterationResult]
+ITERATIONS: dict[str, Iteration] = {PPO.name: ppo_iteration, CORY.name: cory_iteration}  # by ``Method.name``

@@ -1,34 +1,66 @@
 """One PPO update of one agent, top to bottom: what ``agent.step(queries, responses, scores)`` does.
 
-The trainer is still trl's ``PPOTrainer`` (its models, Adam optimizer, accelerator, adaptive KL controller and
-statistics), with its ``step`` written out here so that every line of PPO is in view:
+The trainer is still trl's ``PPOTrainer`` (its models, Adam optimizer, accelerator and adaptive KL controller), with
+its ``step`` written out here so that every line of PPO is in view (Schulman et al. 2017; Ziegler et al. 2019):
 
 1. **rollout pass**: one pass of the policy over query + response gives each response token's log-prob and value;
    the frozen reference's log-probs and the full-vocabulary KL(policy || reference) per token come from the same
-   pass (``cory.speedups.passes``: response window, token budget, packing);
-2. **rewards**: -η·KL at every response token, plus the task score at the last one (trl's ``compute_rewards``);
-3. **advantages**: GAE (γ, λ) over the response, then whitened (trl's ``compute_advantages``);
+   pass (``cory.passes``: response window, token budget, packing);
+2. **rewards** (``per_token_rewards``): -η·KL at every response token, plus the task score at the last one;
+3. **advantages** (``gae``, ``whiten``): GAE (γ, λ) over the response, then whitened over the batch;
 4. **updates**: ``ppo_epochs`` passes over the batch in shuffled mini-batches, each one Adam step on the clipped
-   policy loss plus ``vf_coef`` × the clipped value loss (``clipped_losses``, trl's formulas);
-5. **statistics** as trl reports them, and the KL controller's update of η.
+   policy loss plus ``vf_coef`` × the clipped value loss (``clipped_losses``);
+5. **statistics** (``StepStats``), and the adaptive KL controller's update of η from this batch's KL.
 
-``fast_ppo: false`` runs trl's own ``PPOTrainer.step`` instead (the same numbers up to float rounding:
-tests/test_ppo_passes.py), as does a model this step cannot serve (no ``logits_to_keep``, or encoder-decoder).
+Each formula is trl 0.11.4's (``compute_rewards``, ``compute_advantages``, ``loss``, ``record_step_stats``),
+checked against it in tests/test_ppo_passes.py. ``fast_ppo: false`` runs trl's own ``PPOTrainer.step`` instead
+(the same numbers up to float rounding), as does a model this step cannot serve (no ``logits_to_keep``, or
+encoder-decoder); its statistics are read into the same ``StepStats``.
 """
 from __future__ import annotations
 
 import contextlib
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
 from trl import PPOTrainer
-from trl.core import (WANDB_PADDING, PPODecorators, clip_by_value, convert_to_scalar, masked_mean, stack_dicts,
-                      stats_to_np)
+from trl.core import PPODecorators, entropy_from_logits
 
-from cory.speedups import budget
-from cory.speedups.passes import WindowOutputs, accepts_logits_to_keep, pass_plan, packs, window_passes
+from cory.passes import WindowOutputs, accepts_logits_to_keep, pass_plan, packs, resolve_budget, window_passes
+
+
+class ScoreNormalizer:
+    """Running mean/std of training scores (the authors' use_score_scaling + use_score_norm).
+
+    trl 0.11.4's own option crashes ('float' object has no attribute 'to'), so the agent normalises before
+    ``step()``, with trl's update rule: merge the batch moments into the running ones, then scale.
+    """
+
+    def __init__(self):
+        self.mean, self.var, self.count = 0.0, 1.0, 1e-24
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(self.var * self.count / max(self.count - 1, 1e-24)) if self.count > 1 else 1.0
+
+    def __call__(self, scores: list[float]) -> list[float]:
+        xs = np.asarray(scores, dtype=np.float64)
+        n, mean, var = xs.size, xs.mean(), xs.var()
+        delta, total = mean - self.mean, self.count + n
+        self.var = (self.var * self.count + delta ** 2 * self.count * n / total + var * n) / total
+        self.mean += delta * n / total
+        self.count = total
+        scale = self.std + float(np.finfo(np.float32).eps)
+        return [float((x - self.mean) / scale) for x in xs]
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
 
 
 @dataclass
@@ -58,6 +90,12 @@ class PPOBatch:
         return PPOBatch([self.queries[i] for i in index], [self.responses[i] for i in index], **tensors)
 
 
+# ----------------------------------------------------------------------------- the formulas
+
+def masked_mean(x: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    return (x * masks).sum() / masks.sum()
+
+
 def per_token_rewards(scores: torch.Tensor, kl: torch.Tensor, masks: torch.Tensor, kl_coef: float):
     """(rewards, non-score rewards), [B, W] each: -η·KL at every token, plus the score at the last response token
     (trl's ``compute_rewards``, with the per-token KL already taken in the rollout pass)."""
@@ -68,19 +106,116 @@ def per_token_rewards(scores: torch.Tensor, kl: torch.Tensor, masks: torch.Tenso
     return rewards, non_score
 
 
+def gae(values: torch.Tensor, rewards: torch.Tensor, masks: torch.Tensor, gamma: float, lam: float):
+    """(advantages, returns), [B, W] each: generalised advantage estimation over the response, from its last token
+    backwards: δ_t = r_t + γ·V_{t+1} − V_t, A_t = δ_t + γλ·A_{t+1}; returns = A + V. Past a response's end values
+    and rewards are masked to 0, so nothing there reaches its tokens."""
+    values, rewards = values * masks, rewards * masks
+    backwards, running = [], torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.shape[1])):
+        next_value = values[:, t + 1] if t + 1 < rewards.shape[1] else 0.0
+        running = rewards[:, t] + gamma * next_value - values[:, t] + gamma * lam * running
+        backwards.append(running)
+    # [W, B] transposed, as trl lays it out: the whitening's sums then add in trl's order, so the advantages equal
+    # trl's to the bit (a last-bit difference grows to percents within two bf16 iterations)
+    advantages = torch.stack(backwards[::-1]).transpose(0, 1)
+    return advantages, advantages + values
+
+
+def whiten(x: torch.Tensor, masks: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """``x`` scaled to unit variance over the masked tokens (Bessel-corrected), and centred unless not
+    ``shift_mean`` (trl's ``masked_whiten``)."""
+    n = masks.sum()
+    mean = masked_mean(x, masks)
+    var = masked_mean((x - mean) ** 2, masks) * (n / (n - 1))
+    whitened = (x - mean) * torch.rsqrt(var + 1e-8)
+    return whitened if shift_mean else whitened + mean
+
+
 def clipped_losses(mb: PPOBatch, logprobs: torch.Tensor, vpreds: torch.Tensor, config, rows=slice(None)):
-    """PPO's clipped policy loss and ``vf_coef`` × its clipped value loss (trl's ``loss``, its formulas), token
-    means over the samples ``rows`` of the mini-batch ``mb``; ``logprobs``, ``vpreds``: [len(rows), W], the
-    current policy's."""
+    """(policy loss, value loss): PPO's clipped surrogate and the clipped squared value error, token means over
+    the samples ``rows`` of the mini-batch ``mb``; ``logprobs``, ``vpreds``: [len(rows), W], the current policy's.
+    The update minimises policy + ``vf_coef`` × value."""
     old, values, masks = mb.logprobs[rows], mb.values[rows], mb.masks[rows]
     advantages, returns = mb.advantages[rows], mb.returns[rows]
-    vpred_clipped = clip_by_value(vpreds, values - config.cliprange_value, values + config.cliprange_value)
-    vf_loss = 0.5 * masked_mean(torch.max((vpreds - returns) ** 2, (vpred_clipped - returns) ** 2), masks)
     ratio = torch.exp(logprobs - old)
-    pg_loss = masked_mean(torch.max(-advantages * ratio,
-                                    -advantages * torch.clamp(ratio, 1.0 - config.cliprange, 1.0 + config.cliprange)),
-                          masks)
-    return pg_loss, config.vf_coef * vf_loss
+    clipped_ratio = torch.clamp(ratio, 1.0 - config.cliprange, 1.0 + config.cliprange)
+    policy_loss = masked_mean(torch.max(-advantages * ratio, -advantages * clipped_ratio), masks)
+    vpred_clipped = torch.clamp(vpreds, values - config.cliprange_value, values + config.cliprange_value)
+    value_loss = 0.5 * masked_mean(torch.max((vpreds - returns) ** 2, (vpred_clipped - returns) ** 2), masks)
+    return policy_loss, value_loss
+
+
+# ----------------------------------------------------------------------------- the statistics
+
+@dataclass
+class MinibatchStats:
+    """One optimizer step's statistics (trl's ``loss`` statistics), on the mini-batch's detached outputs."""
+
+    policy_loss: float    # the clipped surrogate (0 for a mini-batch skipped by ratio_threshold, as trl logs it)
+    value_loss: float     # the clipped value loss, before vf_coef (likewise)
+    total_loss: float     # policy_loss + vf_coef × value_loss (likewise)
+    token_entropy: float  # the mean entropy of the next-token distribution at the response's positions
+    approx_kl: float      # ½·mean (log π − log π_old)²: how far this update moved the policy
+    policy_kl: float      # mean (log π_old − log π), what early_stopping reads
+    clip_fraction: float  # the share of tokens whose ratio was clipped
+    mean_value: float     # the value head's mean prediction
+    mean_return: float    # the mean GAE return it regresses on
+
+
+def minibatch_stats(mb: PPOBatch, logprobs, vpreds, token_entropy, config) -> MinibatchStats:
+    """``MinibatchStats`` of the mini-batch ``mb`` for the current policy's ``logprobs``, ``vpreds`` and per-token
+    ``token_entropy`` ([B, W] each, detached)."""
+    masks = mb.masks
+    policy_loss, value_loss = clipped_losses(mb, logprobs, vpreds, config)
+    ratio = torch.exp(logprobs - mb.logprobs)
+    clipped = torch.gt(-mb.advantages * torch.clamp(ratio, 1.0 - config.cliprange, 1.0 + config.cliprange),
+                       -mb.advantages * ratio).float()
+    kept = masked_mean(ratio, masks).item() <= config.ratio_threshold  # else trl zeroes the batch's losses
+    return MinibatchStats(
+        policy_loss=policy_loss.item() * kept, value_loss=value_loss.item() * kept,
+        total_loss=(policy_loss + config.vf_coef * value_loss).item() * kept,
+        token_entropy=masked_mean(token_entropy, masks).item(),
+        approx_kl=0.5 * masked_mean((logprobs - mb.logprobs) ** 2, masks).item(),
+        policy_kl=masked_mean(mb.logprobs - logprobs, masks).item(),
+        clip_fraction=masked_mean(clipped, masks).item(),
+        mean_value=masked_mean(vpreds, masks).item(), mean_return=masked_mean(mb.returns, masks).item())
+
+
+@dataclass
+class StepStats:
+    """What one PPO step reports (trl's key in brackets): the batch's statistics, then the means over its
+    optimizer steps of ``MinibatchStats``."""
+
+    kl: float                # each answer's summed per-token KL to the reference, mean over the batch (objective/kl)
+    sequence_entropy: float  # each answer's summed −log-prob of its sampled tokens, mean over the batch: a sampled
+    #                          estimate of the answers' entropy (objective/entropy)
+    kl_coef: float           # the η this step's penalty used (objective/kl_coef)
+    mean_score: float        # the mean task score trained on (ppo/mean_scores)
+    policy_loss: float       # (ppo/loss/policy)
+    value_loss: float        # before vf_coef (ppo/loss/value)
+    total_loss: float        # (ppo/loss/total)
+    token_entropy: float     # (ppo/policy/entropy)
+    approx_kl: float         # (ppo/policy/approxkl)
+    clip_fraction: float     # (ppo/policy/clipfrac)
+    mean_value: float        # (ppo/val/vpred)
+    mean_return: float       # (ppo/returns/mean)
+    seconds: dict = field(default_factory=dict)  # forward_pass, optimize_step, total (trl's time/ppo/*)
+
+    TRL_KEYS = {"kl": "objective/kl", "sequence_entropy": "objective/entropy", "kl_coef": "objective/kl_coef",
+                "mean_score": "ppo/mean_scores", "policy_loss": "ppo/loss/policy", "value_loss": "ppo/loss/value",
+                "total_loss": "ppo/loss/total", "token_entropy": "ppo/policy/entropy",
+                "approx_kl": "ppo/policy/approxkl", "clip_fraction": "ppo/policy/clipfrac",
+                "mean_value": "ppo/val/vpred", "mean_return": "ppo/returns/mean"}
+
+    @classmethod
+    def from_trl(cls, stats: dict) -> "StepStats":
+        """The statistics of trl's own ``PPOTrainer.step`` (``fast_ppo: false``)."""
+        seconds = {k.removeprefix("time/ppo/"): float(v) for k, v in stats.items() if k.startswith("time/ppo/")}
+        return cls(**{name: float(stats[key]) for name, key in cls.TRL_KEYS.items()}, seconds=seconds)
+
+    def scalars(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "seconds"}
 
 
 class AgentTrainer(PPOTrainer):
@@ -101,46 +236,58 @@ class AgentTrainer(PPOTrainer):
         self.compute = compute or (lambda cache: contextlib.nullcontext())
 
     @PPODecorators.empty_device_cache()
-    def step(self, queries, responses, scores, response_masks=None):
+    def step(self, queries, responses, scores, response_masks=None) -> StepStats:
         if response_masks is not None or self.is_encoder_decoder or not self._windowable():
             with self.compute(False):
-                return super().step(queries, responses, scores, response_masks)
+                return StepStats.from_trl(super().step(queries, responses, scores, response_masks))
         queries, responses, scores, _ = self._step_safety_checker(self.config.batch_size, queries, responses, scores)
         scores = torch.tensor(scores, device=self.current_device)
         if self.config.score_clip is not None:
             scores = torch.clip(scores.float(), -self.config.score_clip, self.config.score_clip).to(scores.dtype)
         if self.max_pass_tokens == "auto":
-            self.max_pass_tokens = budget.resolve(self, queries, responses, self.reserve_bytes)
-        timing, t0 = {}, time.time()
+            self.max_pass_tokens = resolve_budget(self, queries, responses, self.reserve_bytes)
+        seconds, t0 = {}, time.time()
+        kl_coef = self.kl_ctl.value
 
         # 1. the rollout pass: log-probs, values, the reference's log-probs and the per-token KL
         reuse = self._reuses_rollout(queries, responses)
         with torch.set_grad_enabled(reuse), self.compute(True):
-            rollout = self._passes(queries, responses, keep_logits=reuse, reference=True)
-        batch = PPOBatch(queries, responses, scores, rollout.logprobs.detach(), rollout.values.detach(),
-                         rollout.masks, rollout.ref_logprobs, self._token_kl(rollout))
-        timing["time/ppo/forward_pass"] = time.time() - t0
+            rollout_pass = self._passes(queries, responses, keep_logits=reuse, reference=True)
+        batch = PPOBatch(queries, responses, scores, rollout_pass.logprobs.detach(), rollout_pass.values.detach(),
+                         rollout_pass.masks, rollout_pass.ref_logprobs, self._token_kl(rollout_pass))
+        seconds["forward_pass"] = time.time() - t0
 
         # 2. rewards: the score at the last token, -η·KL at every token
-        batch.rewards, batch.non_score_rewards = per_token_rewards(scores, batch.kl, batch.masks, self.kl_ctl.value)
-        # 3. advantages: GAE, then whitened (also returns the values masked to the response)
-        batch.values, batch.advantages, batch.returns = self.compute_advantages(batch.values, batch.rewards,
-                                                                                batch.masks)
+        batch.rewards, batch.non_score_rewards = per_token_rewards(scores, batch.kl, batch.masks, kl_coef)
+        # 3. advantages: GAE over each response, then whitened over the batch (the values masked to the response;
+        # trl's whiten_rewards, off by default, is not a field here)
+        batch.values = batch.values * batch.masks
+        advantages, batch.returns = gae(batch.values, batch.rewards, batch.masks, self.config.gamma, self.config.lam)
+        batch.advantages = whiten(advantages, batch.masks).detach()
+
         # 4. ppo_epochs passes over the batch in shuffled mini-batches, one optimizer step each
         t = time.time()
-        all_stats = []
+        minibatches = []
         for epoch in range(self.config.ppo_epochs):
             order = np.random.permutation(len(queries))  # trl shuffles with numpy's global generator
             for start in range(0, len(queries), self.config.mini_batch_size):
                 index = order[start:start + self.config.mini_batch_size]
                 with self.accelerator.accumulate(self.model):
-                    reused = rollout.select(index) if reuse and epoch == 0 else None
-                    all_stats.append(self.train_on(batch.minibatch(index), reused))
-            if self.config.early_stopping and self._early_stop(all_stats[-1]["policy/policykl"]):
+                    reused = rollout_pass.select(index) if reuse and epoch == 0 else None
+                    minibatches.append(self.train_on(batch.minibatch(index), reused))
+            if self.config.early_stopping and self._early_stop(torch.tensor(minibatches[-1].policy_kl)):
                 break
-        timing["time/ppo/optimize_step"] = time.time() - t
-        # 5. trl's statistics, and the KL controller's update of η from this batch's KL
-        return self._statistics(batch, all_stats, timing, t0)
+        seconds["optimize_step"] = time.time() - t
+
+        # 5. the statistics, then η's update from this batch's KL: the adaptive controller (Ziegler et al. 2019)
+        # multiplies η by 1 + clip(KL / target − 1, ±0.2) · batch / horizon (trl's AdaptiveKLController.update);
+        # the fixed one leaves it
+        stats = self._statistics(batch, minibatches, kl_coef, seconds)
+        self.kl_ctl.update(stats.kl, self.config.batch_size * self.accelerator.num_processes)
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        stats.seconds["total"] = time.time() - t0
+        return stats
 
     def _windowable(self) -> bool:
         return accepts_logits_to_keep(self.model) and (self.ref_model is None or accepts_logits_to_keep(self.ref_model))
@@ -157,7 +304,7 @@ class AgentTrainer(PPOTrainer):
 
     def _passes(self, queries, responses, keep_logits: bool, reference: bool = False, window: int | None = None,
                 max_pass_tokens: int | None = None) -> WindowOutputs:
-        """The policy's passes over these samples (``cory.speedups.passes.window_passes``); ``reference``: also the
+        """The policy's passes over these samples (``cory.passes.window_passes``); ``reference``: also the
         reference's log-probs and the full KL (with LoRA the reference is the policy with its adapters off)."""
         ref_model = (self.model if self.is_peft_model else self.ref_model) if reference else None
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -167,14 +314,14 @@ class AgentTrainer(PPOTrainer):
                              pack=self.pack, pad_id=pad, device=self.current_device, keep_logits=keep_logits,
                              reference=ref_model, reference_ctx=self.optional_peft_ctx)
 
-    def _token_kl(self, rollout: WindowOutputs) -> torch.Tensor:
+    def _token_kl(self, rollout_pass: WindowOutputs) -> torch.Tensor:
         """The per-token KL the penalty uses: the full-vocabulary KL taken in the pass for ``kl_penalty: full``,
         else trl's estimate from the two log-probs (kl, abs, mse)."""
         if self.config.kl_penalty == "full":
-            return rollout.kl
-        return self._kl_penalty(rollout.logprobs.detach(), rollout.ref_logprobs)
+            return rollout_pass.kl
+        return self._kl_penalty(rollout_pass.logprobs.detach(), rollout_pass.ref_logprobs)
 
-    def train_on(self, mb: PPOBatch, reused: WindowOutputs | None = None) -> dict:
+    def train_on(self, mb: PPOBatch, reused: WindowOutputs | None = None) -> MinibatchStats:
         """One optimizer step on the mini-batch ``mb``: the passes the token budget allows, each pass's losses
         weighted by its share of the mini-batch's response tokens and back-propagated at once (the gradients add
         up to the one-pass gradient; only one pass's activations are alive), then trl's rule that skips a
@@ -193,13 +340,15 @@ class AgentTrainer(PPOTrainer):
                     out = reused if reused is not None else self._passes(
                         [mb.queries[i] for i in idx], [mb.responses[i] for i in idx], keep_logits=True, window=window,
                         max_pass_tokens=0)
-                    pg_loss, vf_loss = clipped_losses(mb, out.logprobs, out.values, self.config, idx)
-                    self.accelerator.backward((pg_loss + vf_loss) * (mb.masks[idx].sum() / total))
+                    policy_loss, value_loss = clipped_losses(mb, out.logprobs, out.values, self.config, idx)
+                    loss = policy_loss + self.config.vf_coef * value_loss
+                    self.accelerator.backward(loss * (mb.masks[idx].sum() / total))
+                with torch.no_grad():
+                    entropy = entropy_from_logits(out.logits.detach().float())
                 for row, i in enumerate(idx):
-                    outputs[i] = (out.logprobs[row].detach(), out.logits[row].detach(), out.values[row].detach())
-        logprobs, logits, vpreds = (torch.stack([o[k] for o in outputs]) for k in range(3))
-        # trl's statistics of the mini-batch (its loss function, on the detached outputs: the entropy needs logits)
-        _, _, stats = self.loss(mb.logprobs, mb.values, logits, vpreds, logprobs, mb.masks, mb.advantages, mb.returns)
+                    outputs[i] = (out.logprobs[row].detach(), out.values[row].detach(), entropy[row])
+        logprobs, vpreds, entropy = (torch.stack([o[k] for o in outputs]) for k in range(3))
+        stats = minibatch_stats(mb, logprobs, vpreds, entropy, self.config)
         if masked_mean(torch.exp(logprobs - mb.logprobs), mb.masks).item() > self.config.ratio_threshold:
             for p in self.model_params:  # trl zeroes such a mini-batch's loss (the optimizer still steps)
                 if p.grad is not None:
@@ -210,26 +359,19 @@ class AgentTrainer(PPOTrainer):
         self.optimizer.zero_grad()
         return stats
 
-    def _statistics(self, batch: PPOBatch, all_stats: list[dict], timing: dict, t0: float) -> dict:
-        """trl's step statistics (``record_step_stats``, gathered over processes), then η's update."""
-        t = time.time()
-        train_stats = stack_dicts(all_stats)
-        # per-token arrays, not averaged (as trl's step keeps them)
-        train_stats["policy/advantages"] = torch.nan_to_num(torch.flatten(train_stats["policy/advantages"]).unsqueeze(0),
-                                                            WANDB_PADDING)
-        train_stats["policy/ratio"] = torch.flatten(train_stats["policy/ratio"]).unsqueeze(0)
-        stats = self.record_step_stats(scores=batch.scores, logprobs=batch.logprobs, ref_logprobs=batch.ref_logprobs,
-                                       non_score_reward=batch.non_score_rewards, train_stats=train_stats,
-                                       kl_coef=self.kl_ctl.value, masks=batch.masks, queries=batch.queries,
-                                       responses=batch.responses, kls=batch.kl)
+    def _statistics(self, batch: PPOBatch, minibatches: list[MinibatchStats], kl_coef: float,
+                    seconds: dict) -> StepStats:
+        """The step's ``StepStats`` (trl's ``record_step_stats``), averaged over processes in data-parallel runs."""
+        per_step = {f.name: float(np.mean([getattr(m, f.name) for m in minibatches]))
+                    for f in fields(MinibatchStats) if f.name != "policy_kl"}
+        stats = StepStats(kl=(batch.kl * batch.masks).sum(-1).mean().item(),
+                          sequence_entropy=(-batch.logprobs * batch.masks).sum(-1).mean().item(),
+                          kl_coef=float(kl_coef), mean_score=batch.scores.float().mean().item(), **per_step,
+                          seconds=seconds)
         if self.is_distributed:
-            stats = self.gather_stats(stats)
-        stats = stats_to_np(stats)
-        timing["time/ppo/calc_stats"] = time.time() - t
-        stats["ppo/learning_rate"] = self.optimizer.param_groups[0]["lr"]
-        self.kl_ctl.update(stats["objective/kl"], self.config.batch_size * self.accelerator.num_processes)
-        timing["time/ppo/total"] = time.time() - t0
-        stats.update(timing)
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step()
-        return convert_to_scalar(stats)
+            names = list(stats.scalars())
+            means = self.accelerator.reduce(torch.tensor([getattr(stats, n) for n in names], dtype=torch.float64,
+                                                         device=self.current_device), reduction="mean")
+            for name, value in zip(names, means.tolist()):
+                setattr(stats, name, value)
+        return stats

@@ -3,13 +3,23 @@ cleaning them, and the task reward."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from cory.config import PPOArgs
 from cory.errors import RunError
+from cory.tasks.base import Example, Task
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from cory.agent import Agent
+
+Scorer = Callable[[Sequence[Example], list[str]], Sequence[float]]  # a task's score(examples, responses)
 
 
 @dataclass
@@ -18,7 +28,7 @@ class Answers:
     ids: list[torch.Tensor]    # the tokens PPO trains on (cut to match the cleaned text)
 
 
-def generation_kwargs(cfg: PPOArgs, tokenizer, task) -> dict:
+def generation_kwargs(cfg: PPOArgs, tokenizer: PreTrainedTokenizerBase, task: Task) -> dict:
     """Sampling as configured (the scripts: the paper's top_k 0, top_p 1 and the authors' repetition penalty);
     the task's stop string ends an answer too."""
     kwargs = dict(do_sample=True, top_k=cfg.top_k, top_p=cfg.top_p, temperature=cfg.temperature,
@@ -32,12 +42,13 @@ def generation_kwargs(cfg: PPOArgs, tokenizer, task) -> dict:
 class Rollout:
     """The task, the tokenizer and the sampling settings, with the stream of response lengths."""
 
-    def __init__(self, cfg: PPOArgs, task, tokenizer, length_rng: np.random.Generator, context: int | None = None):
+    def __init__(self, cfg: PPOArgs, task: Task, tokenizer: PreTrainedTokenizerBase, length_rng: np.random.Generator,
+                 context: int | None = None):
         self.cfg, self.task, self.tokenizer, self.length_rng = cfg, task, tokenizer, length_rng
         self.context = context  # the model's positions, when known: a prompt and its answer must fit them
         self.gen_kwargs = generation_kwargs(cfg, tokenizer, task)
 
-    def prompts(self, examples, texts: list[str] | None = None) -> list[torch.Tensor]:
+    def prompts(self, examples: Sequence[Example], texts: list[str] | None = None) -> list[torch.Tensor]:
         """Prompt tensors of ``texts`` (the observer's prompts), by default the pioneer's prompt of each example;
         a RunError (one line, naming the task) for a prompt that is not a string or would not fit the model."""
         if texts is not None:
@@ -59,7 +70,7 @@ class Rollout:
     def response_length(self) -> int:
         return int(self.length_rng.integers(self.cfg.response_length_min, self.cfg.response_length_max + 1))
 
-    def answer(self, agent, prompts: list[torch.Tensor]) -> Answers:
+    def answer(self, agent: Agent, prompts: list[torch.Tensor]) -> Answers:
         """``agent``'s sampled answers, one drawn length for the batch (the paper's LengthSampler); unless
         ``allow_early_eos``, EOS is masked until that length, so every answer has it."""
         length = self.response_length()
@@ -69,12 +80,13 @@ class Rollout:
         texts, ids = decode_and_clean(self.task, self.tokenizer, agent.generate(prompts, **kwargs))
         return Answers(texts, ids)
 
-    def score(self, examples, texts: list[str]) -> list[float]:
+    def score(self, examples: Sequence[Example], texts: list[str]) -> list[float]:
         """The task reward of each answer, on the example's query and the answer (never the observer prompt)."""
         return score_batch(self.task, examples, texts, self.cfg.reward_model)
 
 
-def tokenize_prompts(tokenizer, examples, texts: list[str] | None = None) -> list[torch.Tensor]:
+def tokenize_prompts(tokenizer: PreTrainedTokenizerBase, examples: Sequence[Example],
+                     texts: list[str] | None = None) -> list[torch.Tensor]:
     """Prompt tensors; an example's own ``prompt_ids`` win when the pioneer reads ``example.prompt``."""
     out = []
     for i, ex in enumerate(examples):
@@ -87,7 +99,7 @@ def tokenize_prompts(tokenizer, examples, texts: list[str] | None = None) -> lis
     return out
 
 
-def trim_to_text(ids: torch.Tensor, tokenizer, kept: str) -> torch.Tensor:
+def trim_to_text(ids: torch.Tensor, tokenizer: PreTrainedTokenizerBase, kept: str) -> torch.Tensor:
     """The longest prefix of ``ids`` whose text the task keeps (at least one token for trl)."""
     kept = kept.rstrip()
     n = len(ids)
@@ -96,7 +108,8 @@ def trim_to_text(ids: torch.Tensor, tokenizer, kept: str) -> torch.Tensor:
     return ids[:n]
 
 
-def decode_and_clean(task, tokenizer, responses: list[torch.Tensor]) -> tuple[list[str], list[torch.Tensor]]:
+def decode_and_clean(task: Task, tokenizer: PreTrainedTokenizerBase,
+                     responses: list[torch.Tensor]) -> tuple[list[str], list[torch.Tensor]]:
     """(texts the reward sees, tokens PPO trains on): the task may cut a response (GSM8K: at a new
     "Question:"), and the tokens are cut to match."""
     texts, kept_ids = [], []
@@ -110,7 +123,8 @@ def decode_and_clean(task, tokenizer, responses: list[torch.Tensor]) -> tuple[li
     return texts, kept_ids
 
 
-def checked_scores(task, examples, responses: list[str], reward_name: str, score=None) -> list[float]:
+def checked_scores(task: Task, examples: Sequence[Example], responses: list[str], reward_name: str,
+                   score: Scorer | None = None) -> list[float]:
     """``score_batch``, and every score finite (for an evaluation: there is no batch to skip), else a RunError
     naming the reward and the text."""
     scores = score_batch(task, examples, responses, reward_name, score)
@@ -121,7 +135,8 @@ def checked_scores(task, examples, responses: list[str], reward_name: str, score
     return scores
 
 
-def score_batch(task, examples, responses: list[str], reward_name: str, score=None) -> list[float]:
+def score_batch(task: Task, examples: Sequence[Example], responses: list[str], reward_name: str,
+                score: Scorer | None = None) -> list[float]:
     """The task's scores (or ``score(examples, responses)``'s), or a RunError naming the reward (the config's
     ``reward_model``) and the text it failed on, or the count it got wrong."""
     name = reward_name
@@ -140,7 +155,7 @@ def score_batch(task, examples, responses: list[str], reward_name: str, score=No
     return scores
 
 
-def _first_failing_text(score, examples, responses) -> int | None:
+def _first_failing_text(score: Scorer, examples: Sequence[Example], responses: list[str]) -> int | None:
     """The index of the first text the reward fails on alone: the batch failed, so find which text did."""
     for i, (example, response) in enumerate(zip(examples, responses)):
         try:

@@ -31,7 +31,7 @@ from cory.heldout import PeriodicEvaluation
 from cory.method import AGENT_NAMES, Method, method_of
 from cory.outputs import RunDir, RunLock, check_saveable, latest_checkpoint, load_checkpoint_file
 from cory.rollout import Rollout
-from cory.speedups.patches import cuda_allocator_segments, return_freed_memory
+from cory.patches import cuda_allocator_segments, return_freed_memory
 from cory.tasks import make_task
 
 __all__ = ["Run", "RunError", "prepare_run", "train"]
@@ -69,7 +69,7 @@ class Run:
         self.stop, self.logger = _StopSignals(verbose=self.run_dir.enabled), _Logger(cfg, self.run_dir.enabled)
         self.logged = 0  # iterations this invocation logged (a skipped batch logs none)
         self.bar = None  # progress() makes it; a second stop signal can come before (the base model's evaluation)
-        self.iteration = getattr(game, self.method.iteration)
+        self.iteration = game.ITERATIONS[self.method.name]
         try:
             with self.stop, self.logger:
                 if self.start_step == 0:

@@ -50,13 +50,14 @@ def assert_same(a, b, rel=1e-4):
 def test_auto_budget_under_a_small_memory_figure_gives_the_same_run(tmp_path, monkeypatch):
     """The free memory is stubbed to a few MiB, so the measured budget comes out at the floor and every PPO
     mini-batch runs in several passes: no out-of-memory, and the same metrics as one pass per mini-batch."""
-    from cory.speedups import budget
+    from cory import passes as budget
     from cory.train import prepare_run
 
     chosen = []
     real = budget.auto_pass_tokens
 
-    def small(free_bytes, bytes_per_token, reserve_bytes=0.0, fraction=budget.FRACTION, floor=budget.FLOOR):
+    def small(free_bytes, bytes_per_token, reserve_bytes=0.0, fraction=budget.BUDGET_FRACTION,
+              floor=budget.BUDGET_FLOOR):
         n = real(8 * 2 ** 20 + reserve_bytes, bytes_per_token, reserve_bytes, fraction, floor=16)
         chosen.append(n)
         return n

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from cory.agent import ScoreNormalizer
-from cory.game import collective_rewards, combined_reward, is_swap_step, pioneer_name
+from cory.ppo import ScoreNormalizer
+from cory.game import Roles, collective_rewards, combined_reward, is_swap_step, roles_at, swap_roles
 
 
 @pytest.mark.parametrize("period,expected", [
@@ -14,9 +14,17 @@ from cory.game import collective_rewards, combined_reward, is_swap_step, pioneer
     (0, ["llm1"] * 7),
 ])
 def test_role_sequence(period, expected):
-    assert [pioneer_name(s, period) for s in range(len(expected))] == expected
+    roles = [roles_at(s, period) for s in range(len(expected))]
+    assert [r.pioneer for r in roles] == expected
+    assert all({r.pioneer, r.observer} == {"llm1", "llm2"} for r in roles)  # the other agent observes
     swaps = [s for s in range(len(expected)) if is_swap_step(s, period)]
     assert swaps == [s for s in range(1, len(expected)) if expected[s] != expected[s - 1]]
+    assert all(roles[s] == swap_roles(roles[s - 1]) for s in swaps)
+
+
+def test_swap_roles_exchanges_pioneer_and_observer():
+    assert swap_roles(Roles(pioneer="llm1", observer="llm2")) == Roles(pioneer="llm2", observer="llm1")
+    assert swap_roles(swap_roles(Roles("llm1", "llm2"))) == Roles("llm1", "llm2")
 
 
 def test_reward_combination():

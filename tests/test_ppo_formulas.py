@@ -1,0 +1,76 @@
+"""cory.ppo's formulas, written out, against trl 0.11.4's own: GAE and whitening (``compute_advantages``), the
+clipped losses and their statistics (``loss``), on random tensors with ragged response masks."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+from trl import PPOTrainer
+from trl.core import entropy_from_logits
+
+from cory.ppo import PPOBatch, clipped_losses, gae, minibatch_stats, whiten
+
+
+def ragged(batch=5, window=7, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([7, 3, 5, 1, 6][:batch])
+    masks = (torch.arange(window)[None, :] < lengths[:, None]).long()
+    return g, masks
+
+
+@pytest.mark.parametrize("gamma,lam", [(1.0, 0.95), (0.9, 0.8), (0.99, 0.0)])
+def test_gae_and_whitening_are_trls(gamma, lam):
+    g, masks = ragged()
+    values, rewards = torch.randn(masks.shape, generator=g), torch.randn(masks.shape, generator=g)
+    config = SimpleNamespace(gamma=gamma, lam=lam, whiten_rewards=False)
+    trl_values, trl_advantages, trl_returns = PPOTrainer.compute_advantages(SimpleNamespace(config=config),
+                                                                            values, rewards, masks)
+    advantages, returns = gae(values * masks, rewards, masks, gamma, lam)
+    # to the bit: bf16 training turns a last-bit difference into percents within two iterations
+    assert torch.equal(values * masks, trl_values)
+    assert torch.equal(returns, trl_returns)
+    assert torch.equal(whiten(advantages, masks), trl_advantages)
+
+
+def test_gae_by_hand():
+    """One response of 3 tokens, γ = 0.5, λ = 1: A_2 = r_2 − V_2, A_1 = r_1 + γV_2 − V_1 + γA_2, ..."""
+    values, rewards, masks = torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[0.0, 0.0, 4.0]]), torch.ones(1, 3)
+    advantages, returns = gae(values, rewards, masks, gamma=0.5, lam=1.0)
+    a2 = 4.0 - 3.0
+    a1 = 0.0 + 0.5 * 3.0 - 2.0 + 0.5 * a2
+    a0 = 0.0 + 0.5 * 2.0 - 1.0 + 0.5 * a1
+    assert advantages.tolist() == [[a0, a1, a2]]
+    assert returns.tolist() == [[a0 + 1.0, a1 + 2.0, a2 + 3.0]]
+
+
+def test_whiten_has_unit_variance_over_the_masked_tokens():
+    g, masks = ragged()
+    x = 3.0 + 2.0 * torch.randn(masks.shape, generator=g)
+    w = whiten(x, masks)
+    kept = w[masks.bool()]
+    assert float(kept.mean()) == pytest.approx(0.0, abs=1e-6)
+    assert float(kept.var()) == pytest.approx(1.0, rel=1e-5)  # Bessel-corrected, as trl's
+
+
+@pytest.mark.parametrize("ratio_threshold", [10.0, 1.01])  # the second skips the mini-batch: losses logged as 0
+def test_losses_and_statistics_are_trls(ratio_threshold):
+    g, masks = ragged()
+    shape = masks.shape
+    old, new = torch.randn(shape, generator=g) - 2, torch.randn(shape, generator=g) * 0.3 - 2
+    values, vpreds, returns = (torch.randn(shape, generator=g) for _ in range(3))
+    advantages, logits = torch.randn(shape, generator=g), torch.randn(*shape, 11, generator=g)
+    config = SimpleNamespace(cliprange=0.2, cliprange_value=0.2, vf_coef=0.1, ratio_threshold=ratio_threshold)
+    trainer = SimpleNamespace(config=config)
+    trl_policy, trl_value, trl_stats = PPOTrainer.loss(trainer, old, values, logits, vpreds, new, masks, advantages,
+                                                       returns)
+    mb = PPOBatch([], [], torch.zeros(5), old, values, masks, old, torch.zeros(shape), advantages=advantages,
+                  returns=returns)
+    policy_loss, value_loss = clipped_losses(mb, new, vpreds, config)
+    if ratio_threshold > 2:
+        assert float(policy_loss) == pytest.approx(float(trl_policy), rel=1e-6)
+        assert float(config.vf_coef * value_loss) == pytest.approx(float(trl_value), rel=1e-6)
+    stats = minibatch_stats(mb, new, vpreds, entropy_from_logits(logits), config)
+    for ours, theirs in [("policy_loss", "loss/policy"), ("value_loss", "loss/value"), ("total_loss", "loss/total"),
+                         ("token_entropy", "policy/entropy"), ("approx_kl", "policy/approxkl"),
+                         ("policy_kl", "policy/policykl"), ("clip_fraction", "policy/clipfrac"),
+                         ("mean_value", "val/vpred"), ("mean_return", "returns/mean")]:
+        assert getattr(stats, ours) == pytest.approx(float(trl_stats[theirs]), rel=1e-5, abs=1e-7), ours
