@@ -35,9 +35,13 @@ def check_config(cfg: PPOArgs) -> ModelSpec:
     return spec
 
 
-def check_run(cfg: PPOArgs) -> ModelSpec:
-    """All of the above, then what the run will write: its folder, what it may replace or continue, and the
-    loggers it reports to (before the folder is created). Returns the model's spec."""
+def check_run(cfg: PPOArgs) -> ModelSpec | None:
+    """Every check a training run makes before it writes anything or loads a model: the config (above), then what
+    the run will write: its folder, what it may replace or continue, and the loggers it reports to (before the folder
+    is created). Returns the model's spec, resolved once for every loader; None for the ``--resume`` of a finished
+    run (``nothing_to_do``), which checks nothing further and changes nothing."""
+    if nothing_to_do(cfg):
+        return None
     spec = check_config(cfg)
     if cfg.load_in_4bit:
         check_4bit()

@@ -259,10 +259,13 @@ class Run:
                                f"process in {self.run_dir.path / 'final' / 'weight_digests.json'})")
 
 
-def prepare_run(cfg: PPOArgs) -> Run:
-    """Everything a run needs, loaded and (with ``resume``) restored; nothing is written yet."""
+def prepare_run(cfg: PPOArgs) -> Run | None:
+    """Everything a run needs, checked, loaded and (with ``resume``) restored; nothing is written yet. None for the
+    ``--resume`` of a finished run: there is nothing to do."""
     method = method_of(cfg)
     spec = preflight.check_run(cfg)  # the model name, resolved once for every loader below
+    if spec is None:
+        return None
     cuda_allocator_segments()
     rank, world = parallel.setup()
     lock = RunLock(cfg.output_dir).acquire() if rank == 0 else None
@@ -278,11 +281,6 @@ def prepare_run(cfg: PPOArgs) -> Run:
 
 def _load_run(cfg: PPOArgs, spec, method: Method, rank: int, world: int) -> Run:
     return_freed_memory()
-    set_precision(cfg.precision)
-    if rank == 0:
-        precision, why = resolve_precision(cfg.precision, "cuda" if torch.cuda.is_available() else "cpu")
-        print(f"precision: {precision} ({why})", flush=True)
-
     torch.manual_seed(cfg.seed)
     spec = locate(spec)
     tokenizer = models.load_tokenizer(spec)
@@ -292,10 +290,15 @@ def _load_run(cfg: PPOArgs, spec, method: Method, rank: int, world: int) -> Run:
         task.check_fits(tokenizer, spec.context, cfg.response_length_max * (2 if observer else 1),
                         model=cfg.model_name, prompt=(lambda ex: task.observer_prompt(ex, "")) if observer else None)
     check_saveable(task.state_dict(), f"task {cfg.task}: state_dict()")  # every checkpoint holds it
-    names = list(method.agents)
+
+    set_precision(cfg.precision)
+    precision, why = resolve_precision(cfg.precision, "cuda" if torch.cuda.is_available() else "cpu")
+    if rank == 0:
+        print(f"precision: {precision} ({why})", flush=True)
     # with LoRA both agents' adapters sit on one shared frozen base (single process only: DDP wants one
     # wrapper per set of weights)
-    agents, reference = make_agents(cfg, spec, names, tokenizer, shared_base=world == 1)
+    agents, reference = make_agents(cfg, spec, list(method.agents), tokenizer, precision=precision,
+                                    shared_base=world == 1)
 
     run = Run(cfg=cfg, method=method, agents=agents, reference=reference,
               rollout=Rollout(cfg, task, tokenizer, np.random.default_rng(cfg.seed), spec.context),
@@ -314,9 +317,8 @@ def _load_run(cfg: PPOArgs, spec, method: Method, rank: int, world: int) -> Run:
 def train(cfg: PPOArgs) -> Path:
     """Run PPO (one agent) or CORY (two agents) as configured; returns the output folder. Resuming a finished run
     changes nothing."""
-    if preflight.nothing_to_do(cfg):
-        return Path(cfg.output_dir)
-    return prepare_run(cfg).fit()
+    run = prepare_run(cfg)
+    return Path(cfg.output_dir) if run is None else run.fit()
 
 
 # ----------------------------------------------------------------------------- helpers
