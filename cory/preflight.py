@@ -3,6 +3,8 @@ alone (``cory.config``), the model spec (``cory.assets``), the task, reward and 
 run folder (``cory.outputs``). A mistake raises ConfigError with one line; nothing has been written yet."""
 from __future__ import annotations
 
+import importlib.util
+import netrc
 import os
 from pathlib import Path
 
@@ -54,8 +56,6 @@ def check_run(cfg: PPOArgs) -> ModelSpec | None:
     if cfg.report_to == "wandb":
         check_wandb()
     if cfg.report_to == "tensorboard":
-        import importlib.util
-
         if importlib.util.find_spec("tensorboard") is None:
             raise ConfigError("report_to: tensorboard is not installed (pip install tensorboard), or use "
                               "--report_to none")
@@ -163,9 +163,6 @@ def check_trained_config(checkpoint: Path, trained: dict | None, cfg: PPOArgs) -
 
 def check_wandb() -> None:
     """wandb will log: installed, and logged in (or told to log offline), before any folder is created."""
-    import importlib.util
-    import netrc
-
     if importlib.util.find_spec("wandb") is None:
         raise ConfigError("report_to: wandb is not installed (pip install wandb), or use --report_to none")
     if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):

@@ -7,6 +7,7 @@ the iteration and save, non-finite rewards, and the final models.
 """
 from __future__ import annotations
 
+import copy
 import errno
 import hashlib
 import json
@@ -16,6 +17,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,8 +177,6 @@ class Run:
     # -- checkpoints -----------------------------------------------------------------------------
     def sampler_state(self) -> dict:
         """Where this process's data and random streams stand."""
-        import copy
-
         return {"task": copy.deepcopy(self.task.state_dict()), "rng": rng_state(self.rollout.length_rng)}
 
     def save(self, step: int, sampler: dict | None = None) -> None:
@@ -209,8 +209,6 @@ class Run:
         parallel.barrier()  # no process runs ahead of, or later resumes from, a checkpoint still being written
 
     def restore(self, folder: Path) -> None:
-        import warnings
-
         for name, agent in self.agents.items():
             state = load_checkpoint_file(folder / f"{name}.pt")
             try:
@@ -245,7 +243,6 @@ class Run:
                 model = agent.policy.pretrained_model
                 if getattr(agent.policy, "is_peft_model", False):
                     # a plain model that loads from the query alone, without peft or the base
-                    import copy
                     model = copy.deepcopy(model).merge_and_unload()
                 model.save_pretrained(out)
                 self.tokenizer.save_pretrained(out)
