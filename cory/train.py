@@ -260,14 +260,14 @@ def prepare_run(cfg: PPOArgs) -> Run | None:
     """Everything a run needs, checked, loaded and (with ``resume``) restored; nothing is written yet. None for the
     ``--resume`` of a finished run: there is nothing to do."""
     method = method_of(cfg)
-    spec = preflight.check_run(cfg)  # the model name, resolved once for every loader below
-    if spec is None:
+    plan = preflight.check_run(cfg)
+    if plan is None:
         return None
     cuda_allocator_segments()
     rank, world = parallel.setup()
     lock = RunLock(cfg.output_dir).acquire() if rank == 0 else None
     try:
-        run = _load_run(cfg, spec, method, rank, world)
+        run = _load_run(cfg, plan, method, rank, world)
     except BaseException:
         if lock is not None:
             lock.release()
@@ -276,10 +276,10 @@ def prepare_run(cfg: PPOArgs) -> Run | None:
     return run
 
 
-def _load_run(cfg: PPOArgs, spec, method: Method, rank: int, world: int) -> Run:
+def _load_run(cfg: PPOArgs, plan: preflight.RunPlan, method: Method, rank: int, world: int) -> Run:
     return_freed_memory()
     torch.manual_seed(cfg.seed)
-    spec = locate(spec)
+    spec = locate(plan.spec)
     tokenizer = models.load_tokenizer(spec)
     task = make_task(cfg, tokenizer, rank=rank)
     if spec.context is not None and hasattr(task, "check_fits"):  # a prompt too long fails only when drawn
@@ -304,10 +304,8 @@ def _load_run(cfg: PPOArgs, spec, method: Method, rank: int, world: int) -> Run:
     torch.manual_seed(cfg.seed + rank)
     np.random.seed(cfg.seed + rank)
     random.seed(cfg.seed + rank)
-    if cfg.resume is not None:
-        checkpoint = latest_checkpoint(cfg.output_dir)
-        if checkpoint is not None:  # without one, the run starts again from iteration 0
-            run.restore(checkpoint)
+    if plan.resume_from is not None:  # a --resume without a checkpoint starts again from iteration 0
+        run.restore(plan.resume_from)
     return run
 
 
