@@ -119,6 +119,35 @@ def variant_kwargs(variant: str, device: str) -> dict:
     return dict(cache_implementation="static", compile_config=config)
 
 
+def variant_result(times: list[float], tokens: int, run_calls: int, peak_gib: float | None,
+                   greedy_equal: float | None) -> dict:
+    """One variant's figures from its calls' seconds: the first call (compilation, cache allocation) apart from
+    the later ones, and a run's total of ``run_calls`` calls."""
+    later = times[1:] or times
+    return {"first_call_s": times[0], "median_call_s": statistics.median(later), "slowest_later_call_s": max(later),
+            "calls_s": times, "tokens_per_s": tokens / sum(times),
+            "run_total_s": times[0] + (run_calls - 1) * statistics.median(later),
+            "peak_gib": peak_gib, "greedy_equal_to_dynamic": greedy_equal}
+
+
+def print_variant(variant: str, r: dict, run_calls: int) -> None:
+    print(f"{variant:>15}: first {r['first_call_s']:.2f} s, median {r['median_call_s']:.2f} s, slowest later "
+          f"{r['slowest_later_call_s']:.2f} s, {r['tokens_per_s']:.0f} tok/s, {run_calls} calls "
+          f"{r['run_total_s']:.0f} s" + (f", peak {r['peak_gib']:.1f} GiB" if r["peak_gib"] else "")
+          + (f", greedy equal {r['greedy_equal_to_dynamic']:.0%}" if r["greedy_equal_to_dynamic"] is not None
+             else ""), flush=True)
+
+
+def compare_with_dynamic(variants: dict) -> None:
+    """Each variant's speed-up over the dynamic cache (what runs use), per median call and over a whole run."""
+    base = variants["dynamic"]
+    for r in variants.values():
+        r["median_speedup_vs_dynamic"] = base["median_call_s"] / r["median_call_s"]
+        r["run_speedup_vs_dynamic"] = base["run_total_s"] / r["run_total_s"]
+    print("vs dynamic (median call / whole run): " + ", ".join(
+        f"{v} {r['median_speedup_vs_dynamic']:.2f}x / {r['run_speedup_vs_dynamic']:.2f}x" for v, r in variants.items()))
+
+
 def main(argv=None) -> int:
     try:
         args = parse(argv)
@@ -174,29 +203,12 @@ def main(argv=None) -> int:
             tokens += out.numel()
         ids, mask, _ = calls[0]
         greedy[variant] = generate(variant, ids[:4], mask[:4], min(args.new_tokens[1], 32), do_sample=False)
-        later = times[1:] or times
-        results["variants"][variant] = {
-            "first_call_s": times[0], "median_call_s": statistics.median(later), "slowest_later_call_s": max(later),
-            "calls_s": times, "tokens_per_s": tokens / sum(times),
-            "run_total_s": times[0] + (args.run_calls - 1) * statistics.median(later),
-            "peak_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if args.device == "cuda" else None,
-            "greedy_equal_to_dynamic": (float((greedy[variant] == greedy["dynamic"]).float().mean())
-                                        if "dynamic" in greedy else None),
-        }
-        r = results["variants"][variant]
-        print(f"{variant:>15}: first {r['first_call_s']:.2f} s, median {r['median_call_s']:.2f} s, slowest later "
-              f"{r['slowest_later_call_s']:.2f} s, {r['tokens_per_s']:.0f} tok/s, {args.run_calls} calls "
-              f"{r['run_total_s']:.0f} s" + (f", peak {r['peak_gib']:.1f} GiB" if r["peak_gib"] else "")
-              + (f", greedy equal {r['greedy_equal_to_dynamic']:.0%}" if r["greedy_equal_to_dynamic"] is not None
-                 else ""), flush=True)
+        peak = torch.cuda.max_memory_allocated() / 2 ** 30 if args.device == "cuda" else None
+        equal = float((greedy[variant] == greedy["dynamic"]).float().mean()) if "dynamic" in greedy else None
+        results["variants"][variant] = variant_result(times, tokens, args.run_calls, peak, equal)
+        print_variant(variant, results["variants"][variant], args.run_calls)
     if "dynamic" in results["variants"]:
-        base = results["variants"]["dynamic"]
-        for variant, r in results["variants"].items():
-            r["median_speedup_vs_dynamic"] = base["median_call_s"] / r["median_call_s"]
-            r["run_speedup_vs_dynamic"] = base["run_total_s"] / r["run_total_s"]
-        print("vs dynamic (median call / whole run): " + ", ".join(
-            f"{v} {r['median_speedup_vs_dynamic']:.2f}x / {r['run_speedup_vs_dynamic']:.2f}x"
-            for v, r in results["variants"].items()))
+        compare_with_dynamic(results["variants"])
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0

@@ -26,6 +26,8 @@ import os
 import sys
 import time
 import warnings
+from contextlib import nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -86,32 +88,68 @@ def parse(argv):
     return args
 
 
-def main(argv=None) -> int:
-    try:
-        args = parse(sys.argv[1:] if argv is None else argv)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    for k, v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
-        os.environ.setdefault(k, v)
-    warnings.simplefilter("ignore")
-    import numpy as np
+@dataclass
+class Bench:
+    """What every lever is measured on: the IMDB CORY preset's config and model, a pristine policy to copy from,
+    the pioneer's and the observer's batch (real prompts, real sampled answers), and the results so far."""
+    args: argparse.Namespace
+    cfg: object
+    tok: object
+    task: object
+    reference: object
+    pristine: object  # the policy every lever copies, moved a little away from the reference
+    length: int  # the longest responses of the range: the costliest iteration
+    gen_kwargs: dict
+    threads: int
+    default_threads: int
+    results: dict
+    first: object = None  # the agent that sampled the batches, reused by the generation levers
+    shapes: dict = field(default_factory=dict)  # role -> (queries, responses)
+    scores: dict = field(default_factory=dict)  # role -> training scores
+    lm_in: object = None  # the observer batch's prompts and answers, padded, for the training passes
+
+    def agent(self, cls=None):
+        from cory.agent import Agent
+
+        return (cls or Agent)("bench", self.cfg, copy.deepcopy(self.pristine), self.reference, self.tok)
+
+    def gen_full(self):
+        """One batched generation of the pioneer batch (what runs do)."""
+        self.first.generate(self.shapes["pioneer"][0], max_new_tokens=self.length, **self.gen_kwargs)
+
+    def train_pass(self):
+        """A forward+backward of the language model on the observer batch's prompts and answers."""
+        import torch
+
+        model, lm_in = self.pristine.pretrained_model, self.lm_input()
+        out = model(input_ids=lm_in, attention_mask=torch.ones_like(lm_in), use_cache=False)
+        out.logits[:, -self.length:].log_softmax(-1).mean().backward()
+        model.zero_grad(set_to_none=True)
+
+    def lm_input(self):
+        import torch
+
+        if self.lm_in is None:
+            queries, responses = self.shapes["observer"]
+            self.lm_in = torch.nn.utils.rnn.pad_sequence([torch.cat([q, r]) for q, r in zip(queries, responses)],
+                                                         batch_first=True, padding_value=self.tok.pad_token_id)
+        return self.lm_in
+
+
+def say(*parts):
+    print(*parts, flush=True)
+
+
+def load(args) -> Bench:
+    """The preset's config, tokenizer, task, reference and pristine policy."""
     import torch
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    sys.path.insert(0, str(REPO))  # the training scripts' folders import by name (imdb_train.cory)
-    from iteration import matmul_peak_gflops
-
     from cory import models
-
     from cory.assets import locate
-    from cory.agent import Agent
     from cory.config import build, load_yaml
-    from imdb_train.cory import Hyperparameters
-    from cory.rollout import decode_and_clean, generation_kwargs, tokenize_prompts
-    from cory.ppo import AgentTrainer
+    from cory.rollout import generation_kwargs
     from cory.tasks import make_task
-    from trl import PPOTrainer
+    from imdb_train.cory import Hyperparameters
 
     default_threads = torch.get_num_threads()
     threads = args.threads or default_threads
@@ -135,78 +173,92 @@ def main(argv=None) -> int:
         gen_kwargs["min_new_tokens"] = length
     results = {"preset": args.preset, "batch_size": args.batch_size, "ppo_epochs": args.ppo_epochs,
                "threads": threads, "load_average": [os.getloadavg()[0]]}
+    return Bench(args, cfg, tok, task, reference, pristine, length, gen_kwargs, threads, default_threads, results)
 
-    def agent(cls=Agent):
-        return cls("bench", cfg, copy.deepcopy(pristine), reference, tok)
 
-    def say(*parts):
-        print(*parts, flush=True)
+def sample_batches(b: Bench) -> None:
+    """The batches both agents see: real prompts, real sampled answers."""
+    import numpy as np
+    import torch
 
-    # -- the batches both agents see: real prompts, real sampled answers ---------------------------------
-    batch = task.sample(cfg.batch_size)
-    a = agent()
+    from cory.rollout import decode_and_clean, tokenize_prompts
+
+    tok, task, length = b.tok, b.task, b.length
+    batch = task.sample(b.cfg.batch_size)
+    b.first = b.agent()
     p_queries = tokenize_prompts(tok, batch)
-    torch.manual_seed(cfg.seed)
-    p_texts, p_responses = decode_and_clean(task, tok, a.generate(p_queries, max_new_tokens=length, **gen_kwargs))
+    torch.manual_seed(b.cfg.seed)
+    p_texts, p_responses = decode_and_clean(task, tok, b.first.generate(p_queries, max_new_tokens=length,
+                                                                        **b.gen_kwargs))
     o_queries = tokenize_prompts(tok, batch, [task.observer_prompt(ex, t) for ex, t in zip(batch, p_texts)])
-    o_texts, o_responses = decode_and_clean(task, tok, a.generate(o_queries, max_new_tokens=length, **gen_kwargs))
-    scores = {"pioneer": [float(x) for x in np.random.default_rng(0).normal(size=len(batch))]}
-    scores["observer"] = scores["pioneer"][::-1]
-    shapes = {"pioneer": (p_queries, p_responses), "observer": (o_queries, o_responses)}
-    results["tokens"] = {role: {"prompt": sum(map(len, q)), "response": sum(map(len, r)),
-                                "padded": len(q) * max(len(x) + len(y) for x, y in zip(q, r))}
-                         for role, (q, r) in shapes.items()}
-    say(f"threads {threads} (torch default {default_threads}); tokens per batch: {results['tokens']}")
+    o_texts, o_responses = decode_and_clean(task, tok, b.first.generate(o_queries, max_new_tokens=length,
+                                                                        **b.gen_kwargs))
+    b.scores = {"pioneer": [float(x) for x in np.random.default_rng(0).normal(size=len(batch))]}
+    b.scores["observer"] = b.scores["pioneer"][::-1]
+    b.shapes = {"pioneer": (p_queries, p_responses), "observer": (o_queries, o_responses)}
+    b.results["tokens"] = {role: {"prompt": sum(map(len, q)), "response": sum(map(len, r)),
+                                  "padded": len(q) * max(len(x) + len(y) for x, y in zip(q, r))}
+                           for role, (q, r) in b.shapes.items()}
+    say(f"threads {b.threads} (torch default {b.default_threads}); tokens per batch: {b.results['tokens']}")
 
-    # -- threads -------------------------------------------------------------------------------------------
-    lm_in = torch.nn.utils.rnn.pad_sequence([torch.cat([q, r]) for q, r in zip(o_queries, o_responses)],
-                                            batch_first=True, padding_value=tok.pad_token_id)
 
-    def train_pass():
-        model = pristine.pretrained_model
-        out = model(input_ids=lm_in, attention_mask=torch.ones_like(lm_in), use_cache=False)
-        out.logits[:, -length:].log_softmax(-1).mean().backward()
-        model.zero_grad(set_to_none=True)
+def threads_lever(b: Bench) -> None:
+    """fp32 matmul peak, a batched generation and a training forward+backward at 1 thread and at every core."""
+    import torch
 
-    def gen_full(ag=a, queries=p_queries):
-        ag.generate(queries, max_new_tokens=length, **gen_kwargs)
+    from iteration_worker import matmul_peak_gflops
 
-    results["threads_lever"] = {}
-    for n in sorted({1, default_threads}):
+    b.lm_input()  # padded once, outside the timings
+    b.results["threads_lever"] = {}
+    for n in sorted({1, b.default_threads}):
         torch.set_num_threads(n)
-        row = {"matmul_gflops": matmul_peak_gflops(), "generate_s": best_of(gen_full, args.repeats),
-               "train_pass_s": best_of(train_pass, args.repeats)}
-        results["threads_lever"][n] = row
+        row = {"matmul_gflops": matmul_peak_gflops(), "generate_s": best_of(b.gen_full, b.args.repeats),
+               "train_pass_s": best_of(b.train_pass, b.args.repeats)}
+        b.results["threads_lever"][n] = row
         say(f"threads={n}: matmul {row['matmul_gflops']:.1f} GFLOP/s, generate {row['generate_s']:.2f}s, "
             f"forward+backward (observer batch) {row['train_pass_s']:.2f}s")
-    torch.set_num_threads(threads)
+    torch.set_num_threads(b.threads)
 
-    # -- generation ----------------------------------------------------------------------------------------
+
+def generation_lever(b: Bench) -> None:
+    """One batched call for the whole batch vs trl's default batches of 4; KV cache off; no_grad."""
+    import torch
+
+    trainer, queries, length, kwargs = b.first.trainer, b.shapes["pioneer"][0], b.length, b.gen_kwargs
+
     def gen_trl_default():
         with torch.inference_mode():
-            a.trainer.model.eval()
-            a.trainer.generate(p_queries, return_prompt=False, max_new_tokens=length, **gen_kwargs)
+            trainer.model.eval()
+            trainer.generate(queries, return_prompt=False, max_new_tokens=length, **kwargs)
 
     def gen_no_cache():
         with torch.inference_mode():
-            a.trainer.model.eval()
-            a.trainer.generate(p_queries, batch_size=len(p_queries), return_prompt=False, max_new_tokens=length,
-                               use_cache=False, **gen_kwargs)
+            trainer.model.eval()
+            trainer.generate(queries, batch_size=len(queries), return_prompt=False, max_new_tokens=length,
+                             use_cache=False, **kwargs)
 
     def gen_no_grad():
         with torch.no_grad():
-            a.trainer.model.eval()
-            a.trainer.generate(p_queries, batch_size=len(p_queries), return_prompt=False, max_new_tokens=length,
-                               **gen_kwargs)
+            trainer.model.eval()
+            trainer.generate(queries, batch_size=len(queries), return_prompt=False, max_new_tokens=length, **kwargs)
 
-    gen = {"one call (ours)": best_of(gen_full, args.repeats),
-           "trl default, batches of 4": best_of(gen_trl_default, args.repeats),
-           "KV cache off": best_of(gen_no_cache, args.repeats),
-           "no_grad instead of inference_mode": best_of(gen_no_grad, args.repeats)}
-    results["generation"] = gen
+    repeats = b.args.repeats
+    gen = {"one call (ours)": best_of(b.gen_full, repeats),
+           "trl default, batches of 4": best_of(gen_trl_default, repeats),
+           "KV cache off": best_of(gen_no_cache, repeats),
+           "no_grad instead of inference_mode": best_of(gen_no_grad, repeats)}
+    b.results["generation"] = gen
     say("generation (pioneer batch, %d new tokens): " % length + "; ".join(f"{k} {v:.2f}s" for k, v in gen.items()))
 
-    # -- the PPO step ----------------------------------------------------------------------------------------
+
+def step_variants() -> list[tuple[str, type, bool]]:
+    """(label, agent class, bf16 autocast) of the PPO step's variants, trl's stock step first: the others are
+    compared with it."""
+    from trl import PPOTrainer
+
+    from cory.agent import Agent
+    from cory.ppo import AgentTrainer
+
     class Stock(Agent):
         def trainer_class(self):
             return PPOTrainer, {}
@@ -217,7 +269,7 @@ def main(argv=None) -> int:
     def ours_but(reuse=True, pack=True, trl_adam=False, kl_rows=False):
         class Variant(Agent):
             def trainer_class(self):
-                from cory.speedups import passes
+                from cory import passes
                 if kl_rows:  # the full KL a few rows at a time, as for large passes
                     passes.KL_CHUNK_BYTES = 0
                 return AgentTrainer, {"max_pass_tokens": self.cfg.max_pass_tokens, "reuse_rollout": reuse,
@@ -227,56 +279,66 @@ def main(argv=None) -> int:
                 return None if trl_adam else super().make_optimizer(policy)
         return Variant
 
-    WindowOnly = ours_but(reuse=False, pack=False, trl_adam=True)
-    WindowReuse = ours_but(pack=False, trl_adam=True)
-    WindowReuseFused = ours_but(pack=False)
-    KLInRows = ours_but(kl_rows=True)
+    return [("trl stock", Stock, False),
+            ("+ response window", ours_but(reuse=False, pack=False, trl_adam=True), False),
+            ("+ rollout pass reused", ours_but(pack=False, trl_adam=True), False),
+            ("+ fused Adam", ours_but(pack=False), False),
+            ("+ packed passes = ours", Agent, False),
+            ("ours + bf16 autocast", Agent, True),
+            ("ours, KL a few rows at a time (last: it stays set)", ours_but(kl_rows=True), False)]
 
-    def run_step(cls, role, autocast=False, profiled=False):
-        from contextlib import nullcontext
 
-        from torch.profiler import ProfilerActivity, profile
+def run_step(b: Bench, cls, role: str, autocast=False, profiled=False):
+    """One PPO step of a fresh agent of ``cls`` on ``role``'s batch: (seconds, statistics, weights after), or with
+    ``profiled`` the self CPU seconds by kind of operator."""
+    import numpy as np
+    import torch
+    from torch.profiler import ProfilerActivity, profile
 
-        ag = agent(cls)
-        queries, responses = shapes[role]
-        torch.manual_seed(1)
-        np.random.seed(1)
-        t0 = time.perf_counter()
-        with (profile(activities=[ProfilerActivity.CPU]) if profiled else nullcontext()) as prof:
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                stats = ag.step(queries, responses, scores[role])
-        elapsed = time.perf_counter() - t0
-        if profiled:
-            return profile_categories(prof)
-        params = torch.cat([p.detach().flatten() for p in ag.policy.parameters()])
-        return elapsed, stats, params
+    ag = b.agent(cls)
+    queries, responses = b.shapes[role]
+    torch.manual_seed(1)
+    np.random.seed(1)
+    t0 = time.perf_counter()
+    with (profile(activities=[ProfilerActivity.CPU]) if profiled else nullcontext()) as prof:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            stats = ag.step(queries, responses, b.scores[role])
+    elapsed = time.perf_counter() - t0
+    if profiled:
+        return profile_categories(prof)
+    params = torch.cat([p.detach().flatten() for p in ag.policy.parameters()])
+    return elapsed, stats, params
 
-    before = torch.cat([p.detach().flatten() for p in pristine.parameters()])
-    keys = ("objective/kl", "objective/entropy", "ppo/loss/total", "ppo/loss/policy", "ppo/loss/value",
-            "ppo/policy/approxkl", "ppo/val/vpred", "ppo/returns/mean")
-    results["ppo_step"] = {}
+
+STEP_STATS = ("kl", "sequence_entropy", "total_loss", "policy_loss", "value_loss", "approx_kl", "mean_value",
+              "mean_return")  # cory.ppo.StepStats fields (trl's step read into the same record)
+
+
+def ppo_step_lever(b: Bench) -> None:
+    """trl's stock step, then ours one change at a time, on each role's batch: seconds, and each variant's
+    difference from trl in the statistics and in the weight update; a profile of trl's step and ours."""
+    import torch
+
+    before = torch.cat([p.detach().flatten() for p in b.pristine.parameters()])
+    b.results["ppo_step"] = {}
     for role in ("pioneer", "observer"):
         rows = {}
         ref_stats = ref_params = None
-        for label, cls, autocast in (("trl stock", Stock, False), ("+ response window", WindowOnly, False),
-                                     ("+ rollout pass reused", WindowReuse, False), ("+ fused Adam", WindowReuseFused, False),
-                                     ("+ packed passes = ours", Agent, False),
-                                     ("ours + bf16 autocast", Agent, True),
-                                     ("ours, KL a few rows at a time (last: it stays set)", KLInRows, False)):
-            elapsed, stats, params = min((run_step(cls, role, autocast) for _ in range(args.repeats)),
+        for label, cls, autocast in step_variants():
+            elapsed, stats, params = min((run_step(b, cls, role, autocast) for _ in range(b.args.repeats)),
                                          key=lambda x: x[0])
-            row = {"s": elapsed, "trl_timing": {k: float(v) for k, v in stats.items() if k.startswith("time/ppo")},
-                   "stats": {k: float(stats[k]) for k in keys}}
+            row = {"s": elapsed, "step_timing": dict(stats.seconds),
+                   "stats": {k: getattr(stats, k) for k in STEP_STATS}}
             if ref_stats is None:
                 ref_stats, ref_params = stats, params
             else:
-                row["rel_stat_diff"] = {k: abs(float(stats[k]) - float(ref_stats[k])) / max(abs(float(ref_stats[k])), 1e-3)
-                                        for k in keys}
+                row["rel_stat_diff"] = {k: abs(getattr(stats, k) - getattr(ref_stats, k))
+                                        / max(abs(getattr(ref_stats, k)), 1e-3) for k in STEP_STATS}
                 row["max_rel_stat_diff"] = max(row["rel_stat_diff"].values())
                 # how far the weight update moved from trl's, relative to the update itself (L2)
                 row["update_rel_diff"] = ((params - ref_params).norm() / (ref_params - before).norm()).item()
             if label in ("trl stock", "+ packed passes = ours"):
-                cats = run_step(cls, role, autocast, profiled=True)
+                cats = run_step(b, cls, role, autocast, profiled=True)
                 row["profile_self_cpu_s"] = cats
                 say(f"  profile ({label}): " + ", ".join(f"{k} {v:.1f}s" for k, v in cats.items()))
             rows[label] = row
@@ -284,10 +346,14 @@ def main(argv=None) -> int:
                 f"  stats rel diff <= {row['max_rel_stat_diff']:.1e}, update rel diff {row['update_rel_diff']:.1e}")
             say(f"{role} step, {label}: {row['s']:.2f}s  " +
                 " ".join(f"{k.split('/')[-1]}={v:.2f}" for k, v in row["trl_timing"].items()) + extra)
-        results["ppo_step"][role] = rows
+        b.results["ppo_step"][role] = rows
 
-    # -- Adam ----------------------------------------------------------------------------------------------
-    params = [p for p in copy.deepcopy(pristine).parameters() if p.requires_grad]
+
+def adam_lever(b: Bench) -> None:
+    """torch Adam: default (for-loop on CPU), foreach, fused."""
+    import torch
+
+    params = [p for p in copy.deepcopy(b.pristine).parameters() if p.requires_grad]
     adam = {}
     for label, kw in (("default", {}), ("foreach", {"foreach": True}), ("fused", {"fused": True})):
         opt = torch.optim.Adam(params, lr=1e-5, **kw)
@@ -298,34 +364,58 @@ def main(argv=None) -> int:
             opt.step()
             opt.zero_grad(set_to_none=True)
         one()
-        adam[label] = best_of(one, args.repeats)
-    results["adam_step_s"] = adam
+        adam[label] = best_of(one, b.args.repeats)
+    b.results["adam_step_s"] = adam
     say("Adam step over %d weights: " % sum(p.numel() for p in params) + "; ".join(f"{k} {v:.2f}s" for k, v in adam.items()))
-    del params, adam
 
-    # -- torch.compile ---------------------------------------------------------------------------------------
+
+def compile_lever(b: Bench) -> None:
+    """torch.compile of the language model: compile time and steady state, against eager."""
+    import torch
+
+    model = copy.deepcopy(b.pristine.pretrained_model)
+    compiled = torch.compile(model, dynamic=True)
+    lm_in = b.lm_input()
+
+    def compiled_pass():
+        out = compiled(input_ids=lm_in, attention_mask=torch.ones_like(lm_in), use_cache=False)
+        out.logits[:, -b.length:].log_softmax(-1).mean().backward()
+        model.zero_grad(set_to_none=True)
+    t0 = time.perf_counter()
+    compiled_pass()
+    b.results["compile"] = {"first_call_s": time.perf_counter() - t0,
+                            "steady_s": best_of(compiled_pass, b.args.repeats),
+                            "eager_s": best_of(b.train_pass, b.args.repeats)}
+    say("torch.compile: first call {first_call_s:.1f}s, steady {steady_s:.2f}s vs eager {eager_s:.2f}s".format(
+        **b.results["compile"]))
+
+
+def main(argv=None) -> int:
+    try:
+        args = parse(sys.argv[1:] if argv is None else argv)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for k, v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
+        os.environ.setdefault(k, v)  # before transformers is imported
+    warnings.simplefilter("ignore")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(REPO))  # the training scripts' folders import by name (imdb_train.cory)
+
+    b = load(args)
+    sample_batches(b)
+    threads_lever(b)
+    generation_lever(b)
+    ppo_step_lever(b)
+    adam_lever(b)
     if args.compile:
-        model = copy.deepcopy(pristine.pretrained_model)
-        compiled = torch.compile(model, dynamic=True)
-
-        def compiled_pass():
-            out = compiled(input_ids=lm_in, attention_mask=torch.ones_like(lm_in), use_cache=False)
-            out.logits[:, -length:].log_softmax(-1).mean().backward()
-            model.zero_grad(set_to_none=True)
-        t0 = time.perf_counter()
-        compiled_pass()
-        results["compile"] = {"first_call_s": time.perf_counter() - t0, "steady_s": best_of(compiled_pass, args.repeats),
-                              "eager_s": best_of(train_pass, args.repeats)}
-        say("torch.compile: first call {first_call_s:.1f}s, steady {steady_s:.2f}s vs eager {eager_s:.2f}s".format(
-            **results["compile"]))
-
-    results["load_average"].append(os.getloadavg()[0])
-    print(json.dumps(results, indent=1))
+        compile_lever(b)
+    b.results["load_average"].append(os.getloadavg()[0])
+    print(json.dumps(b.results, indent=1))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump(b.results, f, indent=1)
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -184,15 +184,16 @@ def set_precision(precision: str) -> None:
     torch.backends.cudnn.allow_tf32 = fast
 
 
-def make_agents(cfg: PPOArgs, spec, names: list[str], tokenizer, *, shared_base: bool = True) -> tuple[dict, object]:
-    """({name: Agent}, the frozen reference) of the model ``spec`` (a located ``cory.assets.ModelSpec``): the
-    reference is loaded once and shared by every agent; with LoRA (and ``shared_base``) the agents' adapters
-    sit on one frozen base, which is then the reference."""
-    reference = models.load_reference(spec, use_peft=cfg.use_peft)
+def make_agents(cfg: PPOArgs, spec, names: list[str], tokenizer, *, precision: str,
+                shared_base: bool = True) -> tuple[dict, object]:
+    """({name: Agent}, the frozen reference) of the model ``spec`` (a located ``cory.assets.ModelSpec``), computing
+    in ``precision`` (``cfg.precision`` resolved for this machine: ``resolve_precision``): the reference is loaded
+    once and shared by every agent; with LoRA (and ``shared_base``) the agents' adapters sit on one frozen base,
+    which is then the reference."""
     # with LoRA the base is frozen (never updated), so under bf16 compute it is stored in bf16: half the memory;
     # the adapters and value heads, which train, stay float32
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    frozen_bf16 = cfg.use_peft and resolve_precision(cfg.precision, device)[0] == "bf16" and not cfg.load_in_4bit
+    frozen_bf16 = cfg.use_peft and precision == "bf16" and not cfg.load_in_4bit
+    reference = models.load_reference(spec, use_peft=cfg.use_peft)
     policies = models.load_policies(spec, names, use_peft=cfg.use_peft, shared_base=shared_base,
                                     lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                                     load_in_4bit=cfg.load_in_4bit,

@@ -6,6 +6,7 @@ Used by ``python -m cory.lab.evaluate`` on saved models and by a training run's 
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Sequence
 
@@ -162,8 +163,6 @@ class PeriodicEvaluation:
     SEED = 0
 
     def __init__(self, cfg, tokenizer, reference):
-        import dataclasses
-
         from cory.tasks import make_eval_task, task_spec
 
         evaluation = task_spec(cfg.task).evaluation

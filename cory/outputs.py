@@ -6,12 +6,18 @@ checkpoints: those checks stay quick and torch-free."""
 from __future__ import annotations
 
 import contextlib
+import datetime
+import fcntl
 import json
 import math
 import os
 import re
+import shlex
 import shutil
+import socket
+import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import yaml
@@ -260,13 +266,6 @@ class RunLock:
         self._created = False
 
     def acquire(self) -> "RunLock":
-        import datetime
-        import fcntl
-        import shlex
-        import socket
-        import sys
-        import warnings
-
         self._created = not self.run_dir.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         f = open(self.path, "a+")
@@ -301,8 +300,6 @@ class RunLock:
 
 def in_use(run_dir: Path, name: str = "output_dir", holder: str = "run") -> str | None:
     """The refusal when another process holds ``run_dir``'s lock, else None; takes nothing."""
-    import fcntl
-
     try:
         fd = os.open(run_dir / LOCK, os.O_RDONLY)
     except OSError:

@@ -3,7 +3,10 @@ alone (``cory.config``), the model spec (``cory.assets``), the task, reward and 
 run folder (``cory.outputs``). A mistake raises ConfigError with one line; nothing has been written yet."""
 from __future__ import annotations
 
+import importlib.util
+import netrc
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from cory.assets import ModelSpec, check_4bit, model_spec
@@ -14,6 +17,14 @@ from cory.outputs import (check_checkpoint_file, check_output_dir, checkpoints, 
                           load_checkpoint_file, read_manifest, restart_refusal)
 from cory.tasks import check_config as check_task
 from cory.tasks import REWARD_METRICS, task_spec
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What the checks found that a run needs before it loads anything."""
+    spec: ModelSpec  # the model name, resolved once for every loader
+    resume_from: Path | None = None  # the checkpoint a --resume continues from, checked; None: from iteration 0
+
 
 def check_config(cfg: PPOArgs) -> ModelSpec:
     """Checks of a resolved config that read files but write nothing (run by the CLI and the runner); the
@@ -35,9 +46,13 @@ def check_config(cfg: PPOArgs) -> ModelSpec:
     return spec
 
 
-def check_run(cfg: PPOArgs) -> ModelSpec:
-    """All of the above, then what the run will write: its folder, what it may replace or continue, and the
-    loggers it reports to (before the folder is created). Returns the model's spec."""
+def check_run(cfg: PPOArgs) -> RunPlan | None:
+    """Every check a training run makes before it writes anything or loads a model: the config (above), then what
+    the run will write: its folder, what it may replace or continue, and the loggers it reports to (before the folder
+    is created). Returns what the run needs of it; None for the ``--resume`` of a finished run (``nothing_to_do``),
+    which checks nothing further and changes nothing."""
+    if nothing_to_do(cfg):
+        return None
     spec = check_config(cfg)
     if cfg.load_in_4bit:
         check_4bit()
@@ -45,17 +60,14 @@ def check_run(cfg: PPOArgs) -> ModelSpec:
             raise ConfigError("load_in_4bit: needs use_peft: true (4-bit weights cannot be trained directly)")
     check_output_dir(cfg.output_dir, resume=cfg.resume is not None, overwrite=cfg.overwrite, method=cfg.method,
                      task=cfg.task)
-    if cfg.resume is not None:
-        check_resumable(Path(cfg.output_dir), cfg)
+    resume_from = check_resumable(Path(cfg.output_dir), cfg) if cfg.resume is not None else None
     if cfg.report_to == "wandb":
         check_wandb()
     if cfg.report_to == "tensorboard":
-        import importlib.util
-
         if importlib.util.find_spec("tensorboard") is None:
             raise ConfigError("report_to: tensorboard is not installed (pip install tensorboard), or use "
                               "--report_to none")
-    return spec
+    return RunPlan(spec, resume_from)
 
 
 def check_context(cfg: PPOArgs, spec: ModelSpec) -> None:
@@ -111,9 +123,10 @@ def nothing_to_do(cfg: PPOArgs) -> str | None:
             "changed (--steps N, more iterations, extends it)")
 
 
-def check_resumable(run_dir: Path, cfg: PPOArgs) -> None:
+def check_resumable(run_dir: Path, cfg: PPOArgs) -> Path | None:
     """The run in ``run_dir`` is one this script continues (same method and task), what the resume replaces was
-    written here, and its newest checkpoint's state can be read."""
+    written here, and its newest checkpoint's state can be read. Returns that checkpoint; None when there is none
+    (the run starts again from iteration 0)."""
     method = method_of(cfg)
     check_identity(run_dir, method.name, cfg.task)
     checkpoint = latest_checkpoint(run_dir)
@@ -123,7 +136,7 @@ def check_resumable(run_dir: Path, cfg: PPOArgs) -> None:
             raise ConfigError(f"resume: {refusal} and no checkpoint to resume from; resuming would start it again "
                               "and delete them, so it refuses: leave it as it is and start a new run in another "
                               f"folder (--config {run_dir / 'config.yaml'} --output_dir NEW)")
-        return
+        return None
     refusal = evaluation_refusal(run_dir)  # continuing replaces the final models they describe
     if refusal:
         raise ConfigError(f"resume: {refusal}; continuing the run replaces the models it describes and would delete "
@@ -140,6 +153,7 @@ def check_resumable(run_dir: Path, cfg: PPOArgs) -> None:
         if not (checkpoint / f"{name}.pt").is_file():
             raise ConfigError(f"resume: {checkpoint} has no {name}.pt; is it a {method.name} run?")
         check_checkpoint_file(checkpoint / f"{name}.pt")
+    return checkpoint
 
 
 def check_trained_config(checkpoint: Path, trained: dict | None, cfg: PPOArgs) -> None:
@@ -159,9 +173,6 @@ def check_trained_config(checkpoint: Path, trained: dict | None, cfg: PPOArgs) -
 
 def check_wandb() -> None:
     """wandb will log: installed, and logged in (or told to log offline), before any folder is created."""
-    import importlib.util
-    import netrc
-
     if importlib.util.find_spec("wandb") is None:
         raise ConfigError("report_to: wandb is not installed (pip install wandb), or use --report_to none")
     if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):

@@ -7,6 +7,7 @@ the iteration and save, non-finite rewards, and the final models.
 """
 from __future__ import annotations
 
+import copy
 import errno
 import hashlib
 import json
@@ -16,6 +17,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,8 +177,6 @@ class Run:
     # -- checkpoints -----------------------------------------------------------------------------
     def sampler_state(self) -> dict:
         """Where this process's data and random streams stand."""
-        import copy
-
         return {"task": copy.deepcopy(self.task.state_dict()), "rng": rng_state(self.rollout.length_rng)}
 
     def save(self, step: int, sampler: dict | None = None) -> None:
@@ -209,8 +209,6 @@ class Run:
         parallel.barrier()  # no process runs ahead of, or later resumes from, a checkpoint still being written
 
     def restore(self, folder: Path) -> None:
-        import warnings
-
         for name, agent in self.agents.items():
             state = load_checkpoint_file(folder / f"{name}.pt")
             try:
@@ -245,7 +243,6 @@ class Run:
                 model = agent.policy.pretrained_model
                 if getattr(agent.policy, "is_peft_model", False):
                     # a plain model that loads from the query alone, without peft or the base
-                    import copy
                     model = copy.deepcopy(model).merge_and_unload()
                 model.save_pretrained(out)
                 self.tokenizer.save_pretrained(out)
@@ -259,15 +256,18 @@ class Run:
                                f"process in {self.run_dir.path / 'final' / 'weight_digests.json'})")
 
 
-def prepare_run(cfg: PPOArgs) -> Run:
-    """Everything a run needs, loaded and (with ``resume``) restored; nothing is written yet."""
+def prepare_run(cfg: PPOArgs) -> Run | None:
+    """Everything a run needs, checked, loaded and (with ``resume``) restored; nothing is written yet. None for the
+    ``--resume`` of a finished run: there is nothing to do."""
     method = method_of(cfg)
-    spec = preflight.check_run(cfg)  # the model name, resolved once for every loader below
+    plan = preflight.check_run(cfg)
+    if plan is None:
+        return None
     cuda_allocator_segments()
     rank, world = parallel.setup()
     lock = RunLock(cfg.output_dir).acquire() if rank == 0 else None
     try:
-        run = _load_run(cfg, spec, method, rank, world)
+        run = _load_run(cfg, plan, method, rank, world)
     except BaseException:
         if lock is not None:
             lock.release()
@@ -276,15 +276,10 @@ def prepare_run(cfg: PPOArgs) -> Run:
     return run
 
 
-def _load_run(cfg: PPOArgs, spec, method: Method, rank: int, world: int) -> Run:
+def _load_run(cfg: PPOArgs, plan: preflight.RunPlan, method: Method, rank: int, world: int) -> Run:
     return_freed_memory()
-    set_precision(cfg.precision)
-    if rank == 0:
-        precision, why = resolve_precision(cfg.precision, "cuda" if torch.cuda.is_available() else "cpu")
-        print(f"precision: {precision} ({why})", flush=True)
-
     torch.manual_seed(cfg.seed)
-    spec = locate(spec)
+    spec = locate(plan.spec)
     tokenizer = models.load_tokenizer(spec)
     task = make_task(cfg, tokenizer, rank=rank)
     if spec.context is not None and hasattr(task, "check_fits"):  # a prompt too long fails only when drawn
@@ -292,10 +287,15 @@ def _load_run(cfg: PPOArgs, spec, method: Method, rank: int, world: int) -> Run:
         task.check_fits(tokenizer, spec.context, cfg.response_length_max * (2 if observer else 1),
                         model=cfg.model_name, prompt=(lambda ex: task.observer_prompt(ex, "")) if observer else None)
     check_saveable(task.state_dict(), f"task {cfg.task}: state_dict()")  # every checkpoint holds it
-    names = list(method.agents)
+
+    set_precision(cfg.precision)
+    precision, why = resolve_precision(cfg.precision, "cuda" if torch.cuda.is_available() else "cpu")
+    if rank == 0:
+        print(f"precision: {precision} ({why})", flush=True)
     # with LoRA both agents' adapters sit on one shared frozen base (single process only: DDP wants one
     # wrapper per set of weights)
-    agents, reference = make_agents(cfg, spec, names, tokenizer, shared_base=world == 1)
+    agents, reference = make_agents(cfg, spec, list(method.agents), tokenizer, precision=precision,
+                                    shared_base=world == 1)
 
     run = Run(cfg=cfg, method=method, agents=agents, reference=reference,
               rollout=Rollout(cfg, task, tokenizer, np.random.default_rng(cfg.seed), spec.context),
@@ -304,19 +304,16 @@ def _load_run(cfg: PPOArgs, spec, method: Method, rank: int, world: int) -> Run:
     torch.manual_seed(cfg.seed + rank)
     np.random.seed(cfg.seed + rank)
     random.seed(cfg.seed + rank)
-    if cfg.resume is not None:
-        checkpoint = latest_checkpoint(cfg.output_dir)
-        if checkpoint is not None:  # without one, the run starts again from iteration 0
-            run.restore(checkpoint)
+    if plan.resume_from is not None:  # a --resume without a checkpoint starts again from iteration 0
+        run.restore(plan.resume_from)
     return run
 
 
 def train(cfg: PPOArgs) -> Path:
     """Run PPO (one agent) or CORY (two agents) as configured; returns the output folder. Resuming a finished run
     changes nothing."""
-    if preflight.nothing_to_do(cfg):
-        return Path(cfg.output_dir)
-    return prepare_run(cfg).fit()
+    run = prepare_run(cfg)
+    return Path(cfg.output_dir) if run is None else run.fit()
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -23,13 +23,13 @@ from gsm8k_train import ppo  # noqa: E402
 
 @dataclass
 class Hyperparameters(ppo.Hyperparameters, CoryArgs):
-    # CORY's own knobs (the paper: T_REx = 5, collective reward r1 + r2, so {0, 1, 2} on GSM8K)
-    swap_period: int = 5                   # iterations between role exchanges; 0 = never (ablation)
+    # ---- CORY's own knobs (the paper: T_REx = 5, collective reward r1 + r2, so {0, 1, 2} on GSM8K)
+    swap_period: int = 5                   # T_REx, iterations between role exchanges; 0 = never (ablation)
     other_reward_coef: float = 1.0         # reward = own + coef * partner's; 0 independent, -1 competitive
-    knowledge_transfer: bool = True        # False: the observer sees only the question (ablation)
-    # the one change to PPO's settings: the paper's Table 2 trains CORY at 1e-4 (PPO: 1e-5)
-    learning_rate: float = 1e-4
-    output_dir: str = "runs/gsm8k_cory"
+    knowledge_transfer: bool = True        # the observer reads the pioneer's answer; False = only the question
+    # ---- the one change to PPO's settings: the paper's Table 2 trains CORY at 1e-4 (PPO: 1e-5)
+    learning_rate: float = 1e-4            # Adam learning rate
+    output_dir: str = "runs/gsm8k_cory"    # the run's folder: config, metrics, samples, checkpoints, final models
 
 
 if __name__ == "__main__":

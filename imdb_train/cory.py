@@ -23,16 +23,16 @@ from imdb_train import ppo  # noqa: E402
 
 @dataclass
 class Hyperparameters(ppo.Hyperparameters, CoryArgs):
-    # CORY's own knobs (the paper: T_REx = 5, collective reward r1 + r2)
-    swap_period: int = 5                   # iterations between role exchanges; 0 = never (ablation)
+    # ---- CORY's own knobs (the paper: T_REx = 5, collective reward r1 + r2)
+    swap_period: int = 5                   # T_REx, iterations between role exchanges; 0 = never (ablation)
     other_reward_coef: float = 1.0         # reward = own + coef * partner's; 0 independent, -1 competitive
-    knowledge_transfer: bool = True        # False: the observer sees only the query (ablation)
-    # the one change to PPO's settings: the authors' CORY run normalises its scores (use_score_scaling and
+    knowledge_transfer: bool = True        # the observer reads the pioneer's answer; False = only the query (ablation)
+    # ---- the one change to PPO's settings: the authors' CORY run normalises its scores (use_score_scaling and
     # use_score_norm in Harry67Hu/CORY imdb_train/cory.py), their PPO run does not. An asymmetry: dividing by the sd
     # of r1 + r2 roughly doubles CORY's KL coefficient relative to its reward, so part of "lower KL" may be this
     # alone; the cpu preset turns it off for a like-for-like comparison (configs/imdb/cory_cpu.yaml)
-    score_norm: bool = True
-    output_dir: str = "runs/imdb_cory"
+    score_norm: bool = True                # normalise training scores by their running mean and std
+    output_dir: str = "runs/imdb_cory"     # the run's folder: config, metrics, samples, checkpoints, final models
 
 
 if __name__ == "__main__":

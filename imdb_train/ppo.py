@@ -19,33 +19,33 @@ from cory.config import PPOArgs  # noqa: E402
 
 @dataclass
 class Hyperparameters(PPOArgs):
-    # the paper's model and reward (arXiv 2410.06101, Section 5.1)
-    task: str = "imdb"
-    model_name: str = "gpt2-large"
+    # ---- the paper's model and reward (arXiv 2410.06101, Section 5.1)
+    task: str = "imdb"                     # prompts: the first 2-7 tokens of an IMDB review; reward and data
+    model_name: str = "gpt2-large"         # policy and frozen reference pi0 (the authors' own ppo.py loads gpt2-medium)
     reward_model: str = "distilbert-imdb"  # raw POSITIVE logit of lvwerra/distilbert-imdb; "vader" offline
-    output_dir: str = "runs/imdb_ppo"
-    steps: int = 100
-    # the paper's Table 1 (trl's PPOConfig defaults)
-    learning_rate: float = 1.41e-5
-    batch_size: int = 256
-    mini_batch_size: int = 256
-    ppo_epochs: int = 4
-    init_kl_coef: float = 0.3              # eta
-    adap_kl_ctrl: bool = True
-    target: float = 6.0
-    horizon: float = 10000.0
-    gamma: float = 1.0
-    lam: float = 0.95
-    cliprange: float = 0.2
-    cliprange_value: float = 0.2
-    vf_coef: float = 0.1
-    kl_penalty: str = "full"               # full-vocabulary KL(pi || pi0) per token
-    # answers: one length per batch, uniform in [4, 15] (trl's LengthSampler(4, 16)), sampled as drawn: GPT-2
+    output_dir: str = "runs/imdb_ppo"      # the run's folder: config, metrics, samples, checkpoints, final model
+    steps: int = 100                       # PPO iterations, one batch each
+    # ---- PPO: the paper's Table 1 (trl's PPOConfig defaults)
+    learning_rate: float = 1.41e-5         # Adam learning rate
+    batch_size: int = 256                  # queries per iteration
+    mini_batch_size: int = 256             # queries per optimizer step
+    ppo_epochs: int = 4                    # passes over each batch
+    init_kl_coef: float = 0.3              # eta, the KL penalty's starting coefficient (the authors' cory.py: 0.4)
+    adap_kl_ctrl: bool = True              # adapt eta towards the target KL (Ziegler et al.)
+    target: float = 6.0                    # the adaptive controller's target KL
+    horizon: float = 10000.0               # the adaptive controller's horizon
+    gamma: float = 1.0                     # discount
+    lam: float = 0.95                      # GAE lambda
+    cliprange: float = 0.2                 # policy ratio clip
+    cliprange_value: float = 0.2           # value clip
+    vf_coef: float = 0.1                   # value loss weight
+    kl_penalty: str = "full"               # per-token KL estimate: the full-vocabulary KL(pi || pi0)
+    # ---- answers: one length per batch, uniform in [4, 15] (trl's LengthSampler(4, 16)), sampled as drawn: GPT-2
     # practically never ends so short an answer with EOS
-    response_length_min: int = 4
-    response_length_max: int = 15
-    allow_early_eos: bool = False
-    repetition_penalty: float = 1.1        # the authors' generation (Harry67Hu/CORY imdb_train/ppo.py)
+    response_length_min: int = 4           # shortest answer, in tokens
+    response_length_max: int = 15          # longest answer, in tokens
+    allow_early_eos: bool = False          # every answer runs to its drawn length (EOS masked until then)
+    repetition_penalty: float = 1.1        # the authors' generation (Harry67Hu/CORY imdb_train/ppo.py); 1 = off
 
 
 if __name__ == "__main__":

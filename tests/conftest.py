@@ -1,6 +1,13 @@
 """Tests never reach the network: the hub is declared offline for every test process."""
+import contextlib
+import copy
+import importlib
+import io
 import os
+import re
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -32,8 +39,6 @@ def _fp32_matmuls_between_tests():
 
 def script_hyperparameters(task: str, method: str):
     """The ``Hyperparameters`` of ``<task>_train/<method>.py``: the task's paper values, as a user edits them."""
-    import importlib
-
     return importlib.import_module(f"{task}_train.{method}").Hyperparameters
 
 
@@ -49,8 +54,6 @@ def repo() -> Path:
 
 def run_script(script: str, *args: str, timeout: int = 900, cwd: Path = REPO):
     """A training script as a user runs it (a fresh process), returning the CompletedProcess."""
-    import subprocess
-
     return subprocess.run([sys.executable, str(REPO / script), *map(str, args)], capture_output=True,
                           text=True, timeout=timeout, cwd=cwd)
 
@@ -74,16 +77,12 @@ def trained(script: str, out: Path, *args) -> list[dict]:
 
 def start_script(script: str, *args):
     """A training script started as a user would, left running (a Popen with its output captured)."""
-    import subprocess
-
     return subprocess.Popen([sys.executable, str(REPO / script), *map(str, args)], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def wait_for_rows(proc, metrics: Path, n: int, timeout: int = 600) -> None:
     """Until the running ``proc`` has logged ``n`` metrics rows (it must still be running then)."""
-    import time
-
     deadline = time.monotonic() + timeout
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= n):
         assert proc.poll() is None, proc.communicate()[1][-2000:]
@@ -121,8 +120,6 @@ def ppo_step(ppo_batch):
     """``ppo_step(tmp_path, cls=Agent, **config) -> (agent, stats, weights)``: one PPO step of a fresh agent of
     class ``cls`` on ``ppo_batch`` (tiny model, batch 4, 2 epochs, lr 1e-3, eta 0.2 unless ``config`` says
     otherwise), with numpy's mini-batch shuffling seeded; ``weights`` is every parameter, flattened."""
-    import copy
-
     import numpy as np
     import torch
 
@@ -154,9 +151,6 @@ def _tripwire(*args, **kwargs):
 
 def rejected(task, method, argv, *, tripwire=True) -> str:
     """Run a training script's main in-process; it must exit 2 with one line, before any model loads."""
-    import contextlib
-    import io
-
     from cory import models
     from cory.cli import main
 
@@ -192,3 +186,11 @@ def finished(tmp_path_factory):
                        "--output_dir", root / method)
         assert p.returncode == 0, p.stderr[-2000:]
     return root
+
+
+def one_line(p, status: int) -> str:
+    """A command's process ``p`` exited ``status`` with an "error: " line last on stderr and no traceback; that line."""
+    lines = [ln for ln in re.split(r"[\r\n]", p.stderr) if ln.strip()]  # a progress bar's line ends in \r
+    assert p.returncode == status and lines and lines[-1].startswith("error: "), (p.returncode, p.stderr[-2000:])
+    assert "Traceback" not in p.stderr, p.stderr[-2000:]
+    return lines[-1]

@@ -128,7 +128,7 @@ def test_a_resumed_run_keeps_the_evaluations_up_to_its_checkpoint(tmp_path, kept
     # resumed run redoes them, once each
     shutil.rmtree(out / "checkpoints" / "step_000002")
     if not restart:  # no checkpoint left: cut off in its last iteration, before its final models and last row
-        shutil.rmtree(out / "final")  # (a finished run's results are never started again: test_hardening4)
+        shutil.rmtree(out / "final")  # (a finished run's results are never started again: test_runs_read_only)
         rows = (out / "metrics.jsonl").read_text().splitlines()
         (out / "metrics.jsonl").write_text(rows[0] + "\n")
     resumed = tiny(IMDB_PPO, "ppo", tmp_path, steps=2, eval_every=1, resume=str(out))

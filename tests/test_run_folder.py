@@ -37,7 +37,7 @@ def test_overwrite_refuses_a_user_file_anywhere_in_the_run(finished, tmp_path, u
 
 
 def test_overwrite_deletes_what_runs_wrote_and_nothing_else(tmp_path):
-    run = tmp_path / "ppo"  # made here: a copy's files are not this folder's to replace (test_hardening4)
+    run = tmp_path / "ppo"  # made here: a copy's files are not this folder's to replace (test_runs_read_only)
     p = run_script("imdb_train/ppo.py", *TINY, "--steps", "2", "--output_dir", run)
     assert p.returncode == 0, p.stderr[-2000:]
     (run / "eval_imdb.json").write_text("{}")  # cory.lab.evaluate's results for this run: a run's file too

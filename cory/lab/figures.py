@@ -8,6 +8,7 @@ is imported only when a figure is drawn.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -51,8 +52,6 @@ LINESTYLES = {POLICY: "-", LLM1: "-", LLM2: "--"}
 def save_figure(fig, path: Path) -> None:
     """Write ``fig`` to ``path`` whole or not at all: into a temporary file beside it, then renamed, so that a
     report stopped mid-write leaves the old figure, never a cut one."""
-    import os
-
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
@@ -64,8 +63,6 @@ def save_figure(fig, path: Path) -> None:
 
 def write_atomically(path: Path, text: str) -> None:
     """``path.write_text(text)``, whole or not at all (see ``save_figure``)."""
-    import os
-
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     try:

@@ -2,6 +2,7 @@
 answer stops, and how its held-out examples are scored."""
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
@@ -69,8 +70,6 @@ class TaskBase:
         in the model. ``examples`` default: a peek at the next training batch (the sampler's state is put back,
         as a resume would) and the held-out examples; a task that can list all its prompts checks them all
         (GSM8K)."""
-        import copy
-
         from cory.errors import ConfigError
 
         if examples is None:

@@ -354,10 +354,6 @@ class Gsm8kTask(TaskBase):
         random.Random(f"gsm8k:{self.seed}:{epoch}").shuffle(perm)
         return perm
 
-    @property
-    def train_examples(self) -> list[Example]:
-        return list(self._train)
-
     def __len__(self) -> int:
         return len(self._train)
 

@@ -3,6 +3,7 @@ checks before a run, ``cory.lab.evaluate`` and the experiment runner ask it, and
 from __future__ import annotations
 
 import runpy
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -96,8 +97,6 @@ def load_task_file(path: str | Path) -> None:
     except SyntaxError as e:
         raise ConfigError(f"task_file: {path} line {e.lineno}: {e.msg}") from None
     except Exception as e:  # noqa: BLE001 - the file's own error, named with its line in the file
-        import traceback
-
         lines = [f.lineno for f in traceback.extract_tb(e.__traceback__) if Path(f.filename) == path]
         where = f" line {lines[-1]}" if lines else ""
         first = (str(e).strip().splitlines() or [""])[0]

@@ -1,4 +1,4 @@
-"""Hardening, round 4: a committed run is read-only to every command. Nothing restarts, overwrites, truncates or
+"""A committed run is read-only to every command. Nothing restarts, overwrites, truncates or
 deletes a run folder whose files no command wrote in this folder (a copy or a clone: a committed results/ folder),
 nor a finished run's results without a checkpoint to resume from; ``--resume`` of a finished run changes nothing;
 the runner's ``--out`` is never a user's folder nor inside a run. Each case through its real entry point: exit

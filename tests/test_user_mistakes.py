@@ -4,7 +4,10 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -12,7 +15,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO, TINY, rejected, run_script, start_script, wait_for_rows
+from conftest import REPO, TINY, one_line, rejected, run_script, start_script, wait_for_rows
 from cory.outputs import folder_id, latest_checkpoint, read_jsonl
 
 
@@ -29,7 +32,6 @@ def test_overwrite_never_deletes_a_folder_that_is_not_a_run(tmp_path):
 
 
 def test_overwrite_refuses_a_run_folder_holding_other_files(finished, tmp_path):
-    import shutil
     run = tmp_path / "run"
     shutil.copytree(finished / "ppo", run)
     (run / "notes.txt").write_text("mine")
@@ -149,7 +151,6 @@ def test_resume_refuses_changed_training_settings(finished, flags, field):
 
 
 def test_resume_may_extend_a_finished_run(finished, tmp_path):
-    import shutil
     run = tmp_path / "ppo"
     shutil.copytree(finished / "ppo", run)
     p = run_script("imdb_train/ppo.py", "--resume", run, "--steps", "3", "--save_every", "5")
@@ -163,7 +164,6 @@ def test_resume_may_extend_a_finished_run(finished, tmp_path):
 
 def test_a_model_folder_with_broken_weights(tmp_path):
     from cory import assets
-    import shutil
     broken = tmp_path / "broken"
     shutil.copytree(assets.tiny_model_dir(), broken)
     (broken / "model.safetensors").write_bytes(b"not weights")
@@ -184,7 +184,6 @@ def test_output_dir_under_a_file_or_unwritable(tmp_path):
 
 
 def test_a_corrupted_checkpoint(finished, tmp_path):
-    import shutil
     run = tmp_path / "cory"
     shutil.copytree(finished / "cory", run)
     (latest_checkpoint(run) / "state.pt").write_bytes(b"\x00garbage")
@@ -193,7 +192,6 @@ def test_a_corrupted_checkpoint(finished, tmp_path):
 
 
 def test_corrupted_agent_weights_in_a_checkpoint(finished, tmp_path):
-    import shutil
     run = tmp_path / "cory"
     shutil.copytree(finished / "cory", run)
     (latest_checkpoint(run) / "llm2.pt").write_bytes(b"\x00garbage")
@@ -292,7 +290,7 @@ def test_help_explains_every_field():
     assert "the paper's T_REx" in text
 
 
-# ----------------------------------------------------------------------------- round two: silently wrong or unclear
+# ----------------------------------------------------------------------------- silently wrong or unclear
 
 def test_a_finished_run_cannot_be_shortened(finished):
     before = (finished / "ppo" / "config.yaml").read_text()
@@ -438,7 +436,6 @@ def test_evaluate_bounds_the_samples_per_question():
 
 @pytest.mark.parametrize("damage", ["missing", "half_written"])
 def test_a_model_without_its_tokenizer_says_so(finished, tmp_path, damage):
-    import shutil
     model = tmp_path / "llm1"
     shutil.copytree(finished / "cory" / "final" / "llm1", model)
     if damage == "missing":
@@ -452,9 +449,6 @@ def test_a_model_without_its_tokenizer_says_so(finished, tmp_path, damage):
 
 @pytest.mark.parametrize("logger", ["wandb", "tensorboard"])
 def test_loggers_write_inside_the_run_folder(tmp_path, logger):
-    import subprocess
-    import sys
-
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     out = tmp_path / "run"
@@ -471,3 +465,44 @@ def test_loggers_write_inside_the_run_folder(tmp_path, logger):
         assert [e.step for e in events.Scalars("policy/kl")] == [0, 1]
     from cory.outputs import scan_run_dir
     assert scan_run_dir(out)[1] == []  # the logger's folder is a run's own: --overwrite replaces it with the rest
+
+
+# ----------------------------------------------------------------------------- a resume, a value, a folder, YAML
+
+def test_resume_refuses_a_hand_edited_config(finished, tmp_path):
+    out = tmp_path / "ppo"
+    shutil.copytree(finished / "ppo", out)
+    config = out / "config.yaml"
+    config.write_text(config.read_text().replace("learning_rate: 0.0001", "learning_rate: 1.0e-06"))
+    edited = config.read_text()
+    line = one_line(run_script("imdb_train/ppo.py", "--resume", out, "--steps", "3"), 2)
+    assert "config.yaml says learning_rate 1e-06" in line and "trained with 0.0001" in line
+    assert config.read_text() == edited and not (out / "final" / "policy" / "x").exists()
+
+
+def test_a_horizon_that_would_turn_the_kl_penalty_into_a_bonus_is_refused():
+    line = rejected("imdb", "ppo", ["--config", "configs/imdb/ppo_tiny.yaml", "--adap_kl_ctrl", "true",
+                                    "--target", "1000", "--horizon", "0.5"])
+    assert "horizon: 0.5" in line and "zero or negative" in line and "0.8" in line
+
+
+def test_another_methods_run_folder_gets_advice_that_works(finished):
+    line = rejected("imdb", "cory", ["--config", "configs/imdb/cory_tiny.yaml", "--output_dir", finished / "ppo"])
+    assert "holds a ppo run on imdb; continue it with imdb_train/ppo.py --resume" in line
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("_tiny: &t\n  learning_rate: 1.0e-4\n  batch_size: 4\nlearning_rate: *t\n", None),  # an alias as a value
+    ("steps: &n 2\nsave_every: *n\n", {"steps": 2, "save_every": 2}),
+    ("defaults: &d {steps: 2}\n<<: *d\nsave_every: 1\n", {"steps": 2, "save_every": 1}),
+])
+def test_yaml_anchors_aliases_and_merge_keys_are_yaml(tmp_path, text, expected):
+    from cory.config import load_yaml
+
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    data = load_yaml(path)
+    if expected is not None:
+        assert {k: data[k] for k in expected} == expected
+    else:
+        assert data["learning_rate"] == {"learning_rate": 1e-4, "batch_size": 4}
