@@ -345,7 +345,7 @@ def ppo_step_lever(b: Bench) -> None:
             extra = "" if "max_rel_stat_diff" not in row else (
                 f"  stats rel diff <= {row['max_rel_stat_diff']:.1e}, update rel diff {row['update_rel_diff']:.1e}")
             say(f"{role} step, {label}: {row['s']:.2f}s  " +
-                " ".join(f"{k.split('/')[-1]}={v:.2f}" for k, v in row["trl_timing"].items()) + extra)
+                " ".join(f"{k.split('/')[-1]}={v:.2f}" for k, v in row["step_timing"].items()) + extra)
         b.results["ppo_step"][role] = rows
 
 
