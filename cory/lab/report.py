@@ -224,15 +224,6 @@ def evaluation_section(exp: Experiment) -> str | None:
     """Held-out evaluations (``python -m cory.lab.evaluate``) found beside the runs: ``runs/<label>/seed_<s>/eval_*.json``
     per trained model, ``eval_*.json`` in the experiment folder for the base model; mean ± std over seeds. GSM8K
     evaluations made under different protocols (how answers are sampled and read) get one table each, named."""
-    import json
-
-    def load(path):
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None
-        return doc if isinstance(doc, dict) else None
-
     # a task evaluated under more than one protocol (GSM8K: training's, the authors') gets a table per protocol
     spec = registered().get(exp.runs_json.get("task", exp.any_config("task")))
     protocols = spec.evaluation.protocols if spec is not None else {}
@@ -245,18 +236,14 @@ def evaluation_section(exp: Experiment) -> str | None:
         t["commands"].append(doc.get("command"))
         return t
 
-    for doc in [load(p) for p in sorted(exp.path.glob("eval_*.json"))]:
-        if doc:
-            t = slot(doc)
-            for r in doc.get("results", []):
-                t["rows"].append(("base model", {0: r}))
+    for doc in exp.base_evaluations:  # what cannot be read, or is stale, is named in the notes (load_experiment)
+        t = slot(doc)
+        for r in doc.get("results", []):
+            t["rows"].append(("base model", {0: r}))
     for g in _ordered_groups(exp):
         per_model: dict[tuple[str, str], dict[int, dict]] = {}
         for seed, run in sorted(g.runs.items()):
-            for path in sorted(run.path.glob("eval_*.json")):
-                doc = load(path)
-                if not doc:
-                    continue
+            for doc in run.evaluations:
                 slot(doc)
                 for r in doc.get("results", []):
                     if r.get("name") == "base":
