@@ -34,7 +34,7 @@ from cory.assets import (MODEL_SPECS_HELP, SMOLLM2_SPEC, TINY_SPEC, check_hub_as
                          model_spec)
 from cory.config import load_yaml
 from cory.errors import AssetError, ConfigError, EvalError, OneLineParser, RunError
-from cory.final import RECORD, final_weights_id
+from cory.final import RECORD, WEIGHT_FILES, final_complete, final_weights_id
 from cory.models import load_causal_lm, load_tokenizer
 from cory.outputs import check_writable, json_safe
 from cory.heldout import BATCH_SIZE, evaluate_reward, sample
@@ -84,12 +84,18 @@ def expand_model(arg: str) -> list[ModelEntry]:
         return [ModelEntry(arg, _hub_id_or_error(arg, "--model"))]
     if (path / "config.json").is_file():
         _check_causal_lm(path, f"--model {arg}")
+        if not any((path / name).is_file() for name in WEIGHT_FILES):  # a save cut short
+            raise EvalError(f"--model {arg}: {path} holds a config.json but no weights ({WEIGHT_FILES[0]}); "
+                            "give a complete model folder")
         run = path.parent.parent if path.parent.name == "final" else None
         if run is not None and not (run / "config.yaml").is_file():
             run = None
         label = f"{run.resolve().name}/{path.name}" if run is not None else path.resolve().name
         return [ModelEntry(label, str(path), run)]
     final = path / "final"
+    if final.is_dir() and any(final.iterdir()) and not final_complete(path):  # written before it was written whole
+        raise EvalError(f"--model {arg}: {final} is incomplete (a model folder without its weights: the save was cut "
+                        f"short); finish the run with --resume {arg}")
     models = sorted(d for d in final.iterdir() if (d / "config.json").is_file()) if final.is_dir() else []
     for d in models:
         _check_causal_lm(d, f"--model {arg}")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from cory.config import load_yaml
 from cory.errors import ConfigError
+from cory.final import final_complete
 from cory.outputs import (LOCK, check_output_dir, evaluation_refusal, latest_checkpoint, read_jsonl,
                           restart_refusal)
 
@@ -69,7 +70,7 @@ def pair_state(pair: Pair) -> tuple[str, str]:
     saved = _saved_config(d)
     logged = _logged_steps(d)
     saved_steps = saved.get("steps") if saved else None
-    if saved and saved_steps == pair.steps and (d / "final").is_dir() and pair.steps - 1 in logged:
+    if saved and saved_steps == pair.steps and final_complete(d) and pair.steps - 1 in logged:
         return "finished", f"finished ({pair.steps} iterations)"
     ckpt = latest_checkpoint(d)
     if saved and saved_steps == pair.steps and set(range(pair.steps)) <= logged and ckpt is None:
