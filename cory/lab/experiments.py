@@ -423,6 +423,9 @@ def _check_experiment_folder(args, spec: dict, out: Path) -> None:
         prior = json.loads((out / "runs.json").read_text()) if (out / "runs.json").is_file() else {}
     except json.JSONDecodeError:
         raise ExperimentError(f"--out: {rel(out / 'runs.json')} is not valid JSON; fix or remove it") from None
+    if not isinstance(prior, dict):
+        raise ExperimentError(f"--out: {rel(out / 'runs.json')} holds a JSON {type(prior).__name__}, not the runner's "
+                              "record of its runs; fix or remove it")
     for key in ("task", "preset"):
         if prior.get(key) not in (None, spec[key]):
             raise ExperimentError(f"--out: {args.out} holds the {prior.get('task')}/{prior.get('preset')} "
