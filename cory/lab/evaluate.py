@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from cory.assets import (MODEL_SPECS_HELP, SMOLLM2_SPEC, TINY_SPEC, check_hub_asset, is_valid_model_spec, locate,
                          model_spec)
 from cory.config import load_yaml
-from cory.errors import AssetError, ConfigError, EvalError, OneLineParser, RunError
+from cory.errors import AssetError, ConfigError, EvalError, OneLineParser, RunError, file_fault
 from cory.final import RECORD, WEIGHT_FILES, final_complete, final_weights_id
 from cory.models import load_causal_lm, load_tokenizer
 from cory.outputs import check_writable, json_safe
@@ -550,8 +550,11 @@ def run(p: Plan) -> dict:
         _check_unchanged(p)
         p.json_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.json_path.with_name(p.json_path.name + ".tmp")
-        tmp.write_text(json.dumps(json_safe(doc), indent=2, allow_nan=False) + "\n")  # strict JSON: no NaN
-        os.replace(tmp, p.json_path)
+        try:  # whole or not at all: a full disk leaves the file before, not a cut one
+            tmp.write_text(json.dumps(json_safe(doc), indent=2, allow_nan=False) + "\n")  # strict JSON: no NaN
+            os.replace(tmp, p.json_path)
+        finally:
+            tmp.unlink(missing_ok=True)
         print(f"results: {p.json_path}")
     return doc
 
@@ -566,6 +569,7 @@ def _check_unchanged(p: Plan) -> None:
 
 def main(argv: Sequence[str] | None = None) -> dict | None:
     args = list(sys.argv[1:] if argv is None else argv)
+    p = None
     try:
         p = plan(args)
         p.command = shlex.join(["python", "-m", "cory.lab.evaluate", *args])
@@ -575,6 +579,9 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
         raise SystemExit(2)
     except RunError as e:  # a reward that fails on the answers, or returns a wrong count or a non-finite score
         print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1)
+    except OSError as e:  # a full or read-only disk under the results (written whole or not at all)
+        print(f"error: {file_fault(e, p.json_path if p is not None and p.json_path else '.')}", file=sys.stderr)
         raise SystemExit(1)
     except KeyboardInterrupt:
         print("interrupted: nothing written", file=sys.stderr)

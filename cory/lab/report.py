@@ -41,6 +41,7 @@ from cory.lab.collapse import RULE as COLLAPSE_RULE, collapse_test
 from cory.lab.frontier import RULE as FRONTIER_RULE, frontier
 from cory.lab.matched_kl import RULE as MATCHED_KL_RULE, matched_kl
 from cory.lab.verdict import NOT_LEARNED, VERDICT_RULE, ablation_lines, verdict
+from cory.errors import file_fault
 from cory.outputs import read_jsonl
 from cory.tasks import registered
 
@@ -444,6 +445,9 @@ def main(argv: list[str] | None = None) -> None:
     except ReportError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
+    except OSError as e:  # a full or read-only disk: the files already there are whole (written atomically)
+        print(f"error: {file_fault(e, argv[0])}", file=sys.stderr)
+        raise SystemExit(1)
     except KeyboardInterrupt:  # every file is written whole or not at all (save_figure, write_atomically)
         print("interrupted: the files written so far are whole; rerun to rebuild the rest", file=sys.stderr)
         raise SystemExit(130)

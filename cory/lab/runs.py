@@ -198,8 +198,11 @@ class Record:
         with self.lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_name(".runs.json.tmp")
-            tmp.write_text(json.dumps(self.data, indent=2) + "\n")
-            os.replace(tmp, self.path)
+            try:  # a full disk leaves the runs.json before, not a cut one
+                tmp.write_text(json.dumps(self.data, indent=2) + "\n")
+                os.replace(tmp, self.path)
+            finally:
+                tmp.unlink(missing_ok=True)
 
     def run(self, pair: Pair) -> dict:
         with self.lock:

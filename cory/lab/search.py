@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cory.errors import OneLineParser, ReportError
+from cory.errors import OneLineParser, ReportError, file_fault
 from cory.lab.figures import write_atomically
 from cory.lab.results import POLICY, Experiment, finite, fmt, load_experiment
 
@@ -288,6 +288,9 @@ def main(argv: list[str] | None = None) -> None:
     except ReportError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
+    except OSError as e:  # a full or read-only disk
+        print(f"error: {file_fault(e, args.folder)}", file=sys.stderr)
+        raise SystemExit(1)
     except KeyboardInterrupt:
         print("interrupted: the files written so far are whole", file=sys.stderr)
         raise SystemExit(130)
