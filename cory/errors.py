@@ -5,6 +5,7 @@ Every layer can raise these and imports them from here (no other module re-expor
 the lab commands' argparse that turns a usage mistake into the command's own one-line error.
 """
 import argparse
+import errno
 
 
 class ConfigError(ValueError):
@@ -58,3 +59,17 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise self._error(message)
+
+
+def file_fault(e: OSError, where) -> str:
+    """One line for a file-system fault met while a command read or wrote ``where`` (a full or read-only disk, a
+    folder without permission): the path (the error's own when it names one), the system's reason, what to do."""
+    path = e.filename if e.filename is not None else where
+    reason = e.strerror or type(e).__name__
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        advice = "free space, then rerun"
+    elif e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        advice = "make it writable or choose another place, then rerun"
+    else:
+        advice = "fix it, then rerun"
+    return f"{path}: {reason}; {advice}"

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from cory import final as final_models
 from cory.errors import ConfigError
 from cory.method import AGENT_NAMES
 from cory.tasks import registered
@@ -61,6 +62,8 @@ def _kind(rel: tuple[str, ...], is_dir: bool) -> str | None:
     name, depth = rel[-1], len(rel)
     if depth == 1:
         if is_dir:
+            if final_models.TMP.fullmatch(name):  # a final/ being written, or the one it replaced: whole
+                return "ours"
             return "walk" if name in (CHECKPOINTS, "final") else ("ours" if name in LOGGER_DIRS else None)
         return "ours" if name in RUN_FILES or name == LOCK or _is_eval_file(name) else None
     if rel[0] == CHECKPOINTS:
@@ -68,7 +71,8 @@ def _kind(rel: tuple[str, ...], is_dir: bool) -> str | None:
             return "walk" if is_dir and (_CHECKPOINT.fullmatch(name) or _CHECKPOINT_TMP.fullmatch(name)) else None
         return "ours" if depth == 3 and not is_dir and name in CHECKPOINT_FILES else None
     if depth == 2:  # in final/
-        return ("walk" if name in AGENT_NAMES else None) if is_dir else ("ours" if name == DIGESTS else None)
+        return ("walk" if name in AGENT_NAMES else None) if is_dir else \
+            ("ours" if name in (DIGESTS, final_models.MARKER) else None)
     return "ours" if depth == 3 and not is_dir and _MODEL_FILE.fullmatch(name) else None
 
 
@@ -442,6 +446,7 @@ class RunDir:
             # a run starting again from iteration 0 evaluates its base model again
             _truncate_jsonl(self.eval_path, resume_step + 1 if resume_step else 0, key="iterations")
             # a save cut short by a kill leaves its temporary folder behind
+            final_models.remove_unfinished(self.path)
             root = self.path / CHECKPOINTS
             for tmp in root.iterdir() if root.is_dir() else ():
                 if _CHECKPOINT_TMP.fullmatch(tmp.name) and tmp.is_dir() and not tmp.is_symlink():

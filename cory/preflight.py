@@ -12,6 +12,7 @@ from pathlib import Path
 from cory.assets import ModelSpec, check_4bit, model_spec
 from cory.config import INVOCATION_FIELDS, PPOArgs, on_resume_fields, to_dict
 from cory.errors import AssetError, ConfigError
+from cory.final import final_complete
 from cory.method import method_of
 from cory.outputs import (check_checkpoint_file, check_output_dir, checkpoints, evaluation_refusal, latest_checkpoint,
                           load_checkpoint_file, read_manifest, restart_refusal)
@@ -117,8 +118,8 @@ def nothing_to_do(cfg: PPOArgs) -> str | None:
     done = checkpoints(run_dir)
     if cfg.resume is None or not done or done[-1][0] != cfg.steps:
         return None
-    if not all((run_dir / "final" / name / "config.json").is_file() for name in method_of(cfg).agents):
-        return None  # cut off while saving them: the resume writes them
+    if not final_complete(run_dir, method_of(cfg).agents):
+        return None  # cut off while saving them (a final/ from before they were written whole): the resume writes them
     return (f"nothing to do: {run_dir} has done its {cfg.steps} iterations and holds its final models; nothing "
             "changed (--steps N, more iterations, extends it)")
 

@@ -31,7 +31,8 @@ from cory.config import INVOCATION_FIELDS, PPOArgs, to_dict
 from cory.errors import ConfigError, NonFinite, RunError, Stopped
 from cory.heldout import PeriodicEvaluation
 from cory.method import AGENT_NAMES, Method, method_of
-from cory.outputs import RunDir, RunLock, check_saveable, latest_checkpoint, load_checkpoint_file
+from cory.final import write_final
+from cory.outputs import DIGESTS, RunDir, RunLock, check_saveable, latest_checkpoint, load_checkpoint_file
 from cory.rollout import Rollout
 from cory.patches import cuda_allocator_segments, return_freed_memory
 from cory.tasks import make_task
@@ -232,28 +233,35 @@ class Run:
         self.start_step = state["step"]
 
     def save_final(self) -> None:
-        """The plain final models, from the main process, once every process holds the same weights."""
+        """The plain final models, from the main process, once every process holds the same weights: written whole
+        or not at all (``cory.final.write_final``), so a save cut short leaves no final/ that reads as finished."""
         digests = ({name: weights_digest(agent.state_dict()["params"]) for name, agent in self.agents.items()}
                    if self.world_size > 1 else {})
         everyone = parallel.gather_objects(digests)
         if self.run_dir.enabled:
-            for name, agent in self.agents.items():
-                out = self.run_dir.path / "final" / name
-                agent.use_own_adapter()  # merge_and_unload merges the active adapter only
-                model = agent.policy.pretrained_model
-                if getattr(agent.policy, "is_peft_model", False):
-                    # a plain model that loads from the query alone, without peft or the base
-                    model = copy.deepcopy(model).merge_and_unload()
-                model.save_pretrained(out)
-                self.tokenizer.save_pretrained(out)
-            if self.world_size > 1:
-                record = {name: [d[name] for d in everyone] for name in digests}
-                (self.run_dir.path / "final" / "weight_digests.json").write_text(json.dumps(record, indent=1))
+            def write(folder: Path):
+                for name, agent in self.agents.items():
+                    agent.use_own_adapter()  # merge_and_unload merges the active adapter only
+                    model = agent.policy.pretrained_model
+                    if getattr(agent.policy, "is_peft_model", False):
+                        # a plain model that loads from the query alone, without peft or the base
+                        model = copy.deepcopy(model).merge_and_unload()
+                    model.save_pretrained(folder / name)
+                    self.tokenizer.save_pretrained(folder / name)
+                if self.world_size > 1:
+                    record = {name: [d[name] for d in everyone] for name in digests}
+                    (folder / DIGESTS).write_text(json.dumps(record, indent=1))
+            try:
+                write_final(self.run_dir.path, self.cfg.steps, write)
+            except OSError as e:  # a full or read-only disk: the checkpoint of the last iteration is saved
+                raise RunError(f"final models: cannot write them in {self.run_dir.path} ({e.strerror or e}); "
+                               f"nothing of them was kept; free space, then finish the run with --resume "
+                               f"{self.cfg.output_dir}") from None
         parallel.barrier()
         for name in digests:
             if len({d[name] for d in everyone}) > 1:
                 raise RunError(f"{name}: the {len(everyone)} processes ended with different weights (sha256 per "
-                               f"process in {self.run_dir.path / 'final' / 'weight_digests.json'})")
+                               f"process in {self.run_dir.path / 'final' / DIGESTS})")
 
 
 def prepare_run(cfg: PPOArgs) -> Run | None:

@@ -33,7 +33,8 @@ from tqdm.auto import tqdm
 from cory.assets import (MODEL_SPECS_HELP, SMOLLM2_SPEC, TINY_SPEC, check_hub_asset, is_valid_model_spec, locate,
                          model_spec)
 from cory.config import load_yaml
-from cory.errors import AssetError, ConfigError, EvalError, OneLineParser, RunError
+from cory.errors import AssetError, ConfigError, EvalError, OneLineParser, RunError, file_fault
+from cory.final import RECORD, WEIGHT_FILES, final_complete, final_weights_id
 from cory.models import load_causal_lm, load_tokenizer
 from cory.outputs import check_writable, json_safe
 from cory.heldout import BATCH_SIZE, evaluate_reward, sample
@@ -83,12 +84,18 @@ def expand_model(arg: str) -> list[ModelEntry]:
         return [ModelEntry(arg, _hub_id_or_error(arg, "--model"))]
     if (path / "config.json").is_file():
         _check_causal_lm(path, f"--model {arg}")
+        if not any((path / name).is_file() for name in WEIGHT_FILES):  # a save cut short
+            raise EvalError(f"--model {arg}: {path} holds a config.json but no weights ({WEIGHT_FILES[0]}); "
+                            "give a complete model folder")
         run = path.parent.parent if path.parent.name == "final" else None
         if run is not None and not (run / "config.yaml").is_file():
             run = None
         label = f"{run.resolve().name}/{path.name}" if run is not None else path.resolve().name
         return [ModelEntry(label, str(path), run)]
     final = path / "final"
+    if final.is_dir() and any(final.iterdir()) and not final_complete(path):  # written before it was written whole
+        raise EvalError(f"--model {arg}: {final} is incomplete (a model folder without its weights: the save was cut "
+                        f"short); finish the run with --resume {arg}")
     models = sorted(d for d in final.iterdir() if (d / "config.json").is_file()) if final.is_dir() else []
     for d in models:
         _check_causal_lm(d, f"--model {arg}")
@@ -229,6 +236,8 @@ class Plan:
     allow_early_eos: bool = True
     protocol: str = "training"  # a name in the task's Evaluation.protocols
     command: str | None = None  # as typed, recorded in the JSON
+    scored_run: Path | None = None  # the run whose final models every row but the base's comes from
+    final_weights: str | None = None  # which final weights of that run these are (cory.final), as planned
 
     def task_config(self) -> SimpleNamespace:
         """The fields of a training config the task's ``make`` and checks read."""
@@ -296,6 +305,9 @@ def plan(argv: Sequence[str] | None) -> Plan:
              max_new_tokens=args.max_new_tokens or evaluation.answer_tokens, batch_size=args.batch_size,
              seed=args.seed, dtype=args.dtype, json_path=json_path, n=n, ks=ks, allow_early_eos=allow_early_eos,
              protocol=protocol)
+    if len(runs) == 1 and all(e.run_dir is not None for e in entries):
+        # recorded with the results: a --resume that replaces the models later makes them stale, not wrong
+        p.scored_run, p.final_weights = runs[0], final_weights_id(runs[0])
     try:  # the reward and the data, before any model loads (and prints its load report)
         check_eval_config(p.task_config())
     except ConfigError as e:
@@ -481,7 +493,7 @@ def run(p: Plan) -> dict:
     reward_metrics = p.metrics == REWARD_METRICS
     other_kind = ("n", "ks", "protocol") if reward_metrics else ("allow_early_eos",)
     settings = {k: v for k, v in vars(p).items()
-                if k not in ("rows", "json_path", "command", "metrics", *other_kind)}
+                if k not in ("rows", "json_path", "command", "metrics", "scored_run", "final_weights", *other_kind)}
     if reward_metrics and p.dataset_path is None:
         settings.pop("dataset_path")
     results = []
@@ -526,6 +538,8 @@ def run(p: Plan) -> dict:
         columns += [("accuracy", "accuracy", ".4f"), ("hit limit", "hit_limit", ".3f"),
                     ("length", "response_length", ".1f")]
     doc = {"task": p.task, "command": p.command, "settings": settings, "results": results}
+    if p.final_weights is not None:
+        doc[RECORD] = p.final_weights
     if not reward_metrics:
         print(f"protocol: {protocol_line(p.protocol, protocol, p.max_new_tokens)}")
     print(_table(columns, [(r["name"], r) for r in results]))
@@ -533,16 +547,29 @@ def run(p: Plan) -> dict:
     if note is not None and note(task):
         print(f"note: {note(task)}")
     if p.json_path is not None:
+        _check_unchanged(p)
         p.json_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.json_path.with_name(p.json_path.name + ".tmp")
-        tmp.write_text(json.dumps(json_safe(doc), indent=2, allow_nan=False) + "\n")  # strict JSON: no NaN
-        os.replace(tmp, p.json_path)
+        try:  # whole or not at all: a full disk leaves the file before, not a cut one
+            tmp.write_text(json.dumps(json_safe(doc), indent=2, allow_nan=False) + "\n")  # strict JSON: no NaN
+            os.replace(tmp, p.json_path)
+        finally:
+            tmp.unlink(missing_ok=True)
         print(f"results: {p.json_path}")
     return doc
 
 
+def _check_unchanged(p: Plan) -> None:
+    """The run's final models are still those the evaluation loaded: a run resumed meanwhile has replaced them,
+    and its results must not be written as theirs."""
+    if p.scored_run is not None and final_weights_id(p.scored_run) != p.final_weights:
+        raise RunError(f"{p.scored_run / 'final'} was replaced while it was evaluated (a run resumed there?); "
+                       f"nothing written: rerun the evaluation once that run has finished")
+
+
 def main(argv: Sequence[str] | None = None) -> dict | None:
     args = list(sys.argv[1:] if argv is None else argv)
+    p = None
     try:
         p = plan(args)
         p.command = shlex.join(["python", "-m", "cory.lab.evaluate", *args])
@@ -552,6 +579,9 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
         raise SystemExit(2)
     except RunError as e:  # a reward that fails on the answers, or returns a wrong count or a non-finite score
         print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1)
+    except OSError as e:  # a full or read-only disk under the results (written whole or not at all)
+        print(f"error: {file_fault(e, p.json_path if p is not None and p.json_path else '.')}", file=sys.stderr)
         raise SystemExit(1)
     except KeyboardInterrupt:
         print("interrupted: nothing written", file=sys.stderr)

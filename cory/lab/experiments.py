@@ -47,7 +47,7 @@ import yaml
 from cory.assets import check_hub_asset
 from cory.cli import CONFIG_MARKER
 from cory.config import SEED_LIMIT, CoryArgs, PPOArgs, load_yaml, on_resume_fields
-from cory.errors import AssetError, ConfigError, ExperimentError, OneLineParser, ReportError
+from cory.errors import AssetError, ConfigError, ExperimentError, OneLineParser, ReportError, file_fault
 from cory.lab import heldout_runs
 from cory.lab.report import build_report
 from cory.lab.runs import (REPO, Children, Pair, Record, execute, git_state, lost_by, mismatch, now, pair_state,
@@ -423,6 +423,9 @@ def _check_experiment_folder(args, spec: dict, out: Path) -> None:
         prior = json.loads((out / "runs.json").read_text()) if (out / "runs.json").is_file() else {}
     except json.JSONDecodeError:
         raise ExperimentError(f"--out: {rel(out / 'runs.json')} is not valid JSON; fix or remove it") from None
+    if not isinstance(prior, dict):
+        raise ExperimentError(f"--out: {rel(out / 'runs.json')} holds a JSON {type(prior).__name__}, not the runner's "
+                              "record of its runs; fix or remove it")
     for key in ("task", "preset"):
         if prior.get(key) not in (None, spec[key]):
             raise ExperimentError(f"--out: {args.out} holds the {prior.get('task')}/{prior.get('preset')} "
@@ -535,12 +538,25 @@ def _evaluate(args, pairs: list[Pair], spec: dict, out: Path, env: dict, childre
             signal.signal(s, handler)
 
 
+def _out_given(argv: list[str]) -> str:
+    """The --out of a command line, as typed, to name where a file-system fault happened."""
+    for i, arg in enumerate(argv):
+        if arg == "--out" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--out="):
+            return arg.split("=", 1)[1]
+    return "--out"
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
         status = run(argv)
     except ExperimentError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
+    except OSError as e:  # a full or read-only disk under --out (runs.json is rewritten whole or not at all)
+        print(f"error: {file_fault(e, _out_given(sys.argv[1:] if argv is None else argv))}", file=sys.stderr)
+        raise SystemExit(1)
     raise SystemExit(status)
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from cory.config import load_yaml
 from cory.errors import AssetError, ConfigError, EvalError
+from cory.final import final_complete, read_evaluation, stale
 from cory.tasks import REWARD_METRICS, registered
 
 
@@ -28,9 +29,11 @@ def _saved(run_dir: Path) -> dict:
         return {}
 
 
-def _finished_models(run_dir: Path) -> bool:
-    final = run_dir / "final"
-    return final.is_dir() and any((d / "config.json").is_file() for d in final.iterdir() if d.is_dir())
+def _to_redo(run_dir: Path, result: Path) -> bool:
+    """No evaluation of the run's final models is there: none, one that cannot be read (cut short), or one of
+    other weights than final/ holds now (a resume replaced them after it was written)."""
+    doc = read_evaluation(result) if result.is_file() else None
+    return doc is None or stale(run_dir, doc)
 
 
 def wanted(task: str, eval_args: list[str]) -> str | None:
@@ -47,15 +50,16 @@ def wanted(task: str, eval_args: list[str]) -> str | None:
 def commands(task: str, runs: list[tuple[str, Path]], out: Path, eval_args: list[str], rel,
              task_file: str | None = None) -> list[tuple[str, list[str], Path]]:
     """(name, command, result file) of each evaluation still to do: ``runs`` are (key, folder) of the runs; those
-    with final models are evaluated. ``rel(path)`` writes a path as the command shows it (from the repository)."""
+    with whole final models are evaluated, unless their evaluation is there and still theirs. ``rel(path)`` writes
+    a path as the command shows it (from the repository)."""
     evaluate = [sys.executable, "-m", "cory.lab.evaluate", "--task", task]
     if task_file is not None:
         evaluate += ["--task_file", task_file]
     todo = []
-    done_runs = [(key, d) for key, d in runs if _finished_models(d)]
+    done_runs = [(key, d) for key, d in runs if final_complete(d)]
     for key, run_dir in done_runs:
         result = run_dir / f"eval_{task}.json"
-        if not result.is_file():
+        if _to_redo(run_dir, result):
             todo.append((key, evaluate + ["--model", rel(run_dir), "--no_base", "--json", rel(result), *eval_args],
                          result))
     base_result = out / f"eval_base_{task}.json"

@@ -42,6 +42,7 @@ from cory.lab.collapse import RULE as COLLAPSE_RULE, collapse_test
 from cory.lab.frontier import RULE as FRONTIER_RULE, frontier
 from cory.lab.matched_kl import RULE as MATCHED_KL_RULE, matched_kl
 from cory.lab.verdict import NOT_LEARNED, VERDICT_RULE, ablation_lines, verdict
+from cory.errors import file_fault
 from cory.outputs import read_jsonl
 from cory.tasks import registered
 
@@ -225,14 +226,6 @@ def evaluation_section(exp: Experiment) -> str | None:
     """Held-out evaluations (``python -m cory.lab.evaluate``) found beside the runs: ``runs/<label>/seed_<s>/eval_*.json``
     per trained model, ``eval_*.json`` in the experiment folder for the base model; mean ± std over seeds. GSM8K
     evaluations made under different protocols (how answers are sampled and read) get one table each, named."""
-
-    def load(path):
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None
-        return doc if isinstance(doc, dict) else None
-
     # a task evaluated under more than one protocol (GSM8K: training's, the authors') gets a table per protocol
     spec = registered().get(exp.runs_json.get("task", exp.any_config("task")))
     protocols = spec.evaluation.protocols if spec is not None else {}
@@ -245,18 +238,14 @@ def evaluation_section(exp: Experiment) -> str | None:
         t["commands"].append(doc.get("command"))
         return t
 
-    for doc in [load(p) for p in sorted(exp.path.glob("eval_*.json"))]:
-        if doc:
-            t = slot(doc)
-            for r in doc.get("results", []):
-                t["rows"].append(("base model", {0: r}))
+    for doc in exp.base_evaluations:  # what cannot be read, or is stale, is named in the notes (load_experiment)
+        t = slot(doc)
+        for r in doc.get("results", []):
+            t["rows"].append(("base model", {0: r}))
     for g in _ordered_groups(exp):
         per_model: dict[tuple[str, str], dict[int, dict]] = {}
         for seed, run in sorted(g.runs.items()):
-            for path in sorted(run.path.glob("eval_*.json")):
-                doc = load(path)
-                if not doc:
-                    continue
+            for doc in run.evaluations:
                 slot(doc)
                 for r in doc.get("results", []):
                     if r.get("name") == "base":
@@ -465,6 +454,9 @@ def main(argv: list[str] | None = None) -> None:
     except ReportError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
+    except OSError as e:  # a full or read-only disk: the files already there are whole (written atomically)
+        print(f"error: {file_fault(e, argv[0])}", file=sys.stderr)
+        raise SystemExit(1)
     except KeyboardInterrupt:  # every file is written whole or not at all (save_figure, write_atomically)
         print("interrupted: the files written so far are whole; rerun to rebuild the rest", file=sys.stderr)
         raise SystemExit(130)

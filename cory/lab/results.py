@@ -28,6 +28,7 @@ import yaml
 
 from cory.config import INVOCATION_FIELDS, CoryArgs, on_resume_fields
 from cory.errors import ReportError
+from cory.final import read_evaluation, stale
 from cory.method import CORY, PPO
 from cory.outputs import read_jsonl
 
@@ -79,6 +80,8 @@ class SeedRun:
     rows: list[dict]
     config: dict
     heldout: list[dict] = field(default_factory=list)  # eval.jsonl: the run's own held-out evaluations
+    evaluations: list[dict] = field(default_factory=list)  # cory.lab.evaluate's eval_*.json beside it, readable
+    # and of its current final models (see load_experiment)
 
     def heldout_series(self, agent: str, metric: str) -> dict[int, float]:
         """completed iterations -> the held-out value of ``agent`` (eval.jsonl; iteration 0 is the base model)."""
@@ -92,9 +95,8 @@ class SeedRun:
     def final_evaluation(self, agent: str) -> dict | None:
         """The held-out result of the run's final ``agent`` model: ``cory.lab.evaluate``'s eval_<task>.json
         beside the run (training protocol), else the last row of its own eval.jsonl when that is at its end."""
-        for path in sorted(self.path.glob("eval_*.json")) if self.path is not None else ():
-            doc = _json(path)
-            if doc is None or (doc.get("settings") or {}).get("protocol", "training") != "training":
+        for doc in self.evaluations:
+            if (doc.get("settings") or {}).get("protocol", "training") != "training":
                 continue
             for r in doc.get("results", []):
                 if isinstance(r, dict) and str(r.get("name", "")).split("/")[-1] == agent:
@@ -199,6 +201,7 @@ class Experiment:
     groups: dict[str, Group]
     runs_json: dict
     notes: list[str]
+    base_evaluations: list[dict] = field(default_factory=list)  # the readable eval_*.json in the folder itself
 
     def main_group(self, method: str) -> Group | None:
         """The method's run at the preset's KL coefficient (no sweep suffix), else see ``main_eta``."""
@@ -227,9 +230,8 @@ class Experiment:
     def base_evaluation(self) -> dict | None:
         """The base model's held-out result: the runner's eval_base_<task>.json (training protocol), else the
         iteration-0 row of a run's own eval.jsonl (every run starts from the same base and prompts)."""
-        for path in sorted(self.path.glob("eval_*.json")):
-            doc = _json(path)
-            if doc is None or (doc.get("settings") or {}).get("protocol", "training") != "training":
+        for doc in self.base_evaluations:
+            if (doc.get("settings") or {}).get("protocol", "training") != "training":
                 continue
             for r in doc.get("results", []):
                 if isinstance(r, dict) and r.get("name") == "base":
@@ -249,14 +251,6 @@ class Experiment:
         return None
 
 
-def _json(path: Path) -> dict | None:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
 def load_experiment(path: str | Path) -> Experiment:
     root = Path(path)
     if not root.is_dir():
@@ -264,13 +258,7 @@ def load_experiment(path: str | Path) -> Experiment:
     runs_root = root / "runs"
     if not runs_root.is_dir():
         raise ReportError(f"{path}: no runs/ folder; is it an experiment folder written by cory.lab.experiments?")
-    runs_json = {}
     notes = []
-    if (root / "runs.json").is_file():
-        try:
-            runs_json = json.loads((root / "runs.json").read_text())
-        except json.JSONDecodeError:
-            notes.append("runs.json is not valid JSON; the commands and wall times are missing.")
     groups: dict[str, Group] = {}
     for label_dir in sorted(p for p in runs_root.iterdir() if p.is_dir()):
         method, kl = parse_label(label_dir.name)
@@ -280,27 +268,82 @@ def load_experiment(path: str | Path) -> Experiment:
             if not m:
                 notes.append(f"`{label_dir.name}/{seed_dir.name}` ignored: not a seed_<n> folder.")
                 continue
-            rows = read_jsonl(seed_dir / "metrics.jsonl")
-            bad = rows.unreadable
-            if bad:
-                notes.append(f"`{label_dir.name}/{seed_dir.name}`: {bad} unreadable line(s) in metrics.jsonl skipped.")
-            if not rows:
-                notes.append(f"`{label_dir.name}/{seed_dir.name}`: no metrics yet; left out.")
-                continue
-            config = {}
-            if (seed_dir / "config.yaml").is_file():
-                try:
-                    config = yaml.safe_load((seed_dir / "config.yaml").read_text()) or {}
-                except yaml.YAMLError:
-                    notes.append(f"`{label_dir.name}/{seed_dir.name}`: config.yaml unreadable.")
-            heldout = read_jsonl(seed_dir / "eval.jsonl")
-            bad = heldout.unreadable
-            if bad:
-                notes.append(f"`{label_dir.name}/{seed_dir.name}`: {bad} unreadable line(s) in eval.jsonl skipped.")
-            group.runs[int(m.group(1))] = SeedRun(int(m.group(1)), seed_dir, rows, config, heldout)
+            seed = int(m.group(1))
+            if seed in group.runs:  # seed_1 and seed_01: which one is the result cannot be told
+                raise ReportError(f"{group.runs[seed].path} and {seed_dir} both hold seed {seed}; keep one of them "
+                                  f"(move the other out of {runs_root})")
+            run = _load_seed(seed, seed_dir, f"{label_dir.name}/{seed_dir.name}", notes)
+            if run is not None:
+                group.runs[seed] = run
         if group.runs:
             groups[label_dir.name] = group
-    return Experiment(root, groups, runs_json, notes)
+    runs_json = _runs_json(root, groups, notes)
+    return Experiment(root, groups, runs_json, notes, _evaluations(root, "", notes))
+
+
+def _load_seed(seed: int, seed_dir: Path, where: str, notes: list[str]) -> SeedRun | None:
+    """One seed's run (None, with a note, when it has no metrics yet); what cannot be read is named in ``notes``."""
+    rows = read_jsonl(seed_dir / "metrics.jsonl")
+    if rows.unreadable:
+        notes.append(f"`{where}`: {rows.unreadable} unreadable line(s) in metrics.jsonl skipped.")
+    if not rows:
+        notes.append(f"`{where}`: no metrics yet; left out.")
+        return None
+    config = {}
+    if (seed_dir / "config.yaml").is_file():
+        try:
+            config = yaml.safe_load((seed_dir / "config.yaml").read_text()) or {}
+        except yaml.YAMLError:
+            notes.append(f"`{where}`: config.yaml unreadable.")
+        if not isinstance(config, dict):
+            notes.append(f"`{where}`: config.yaml holds a {type(config).__name__}, not a config; its settings are "
+                         "left out.")
+            config = {}
+    heldout = read_jsonl(seed_dir / "eval.jsonl")
+    if heldout.unreadable:
+        notes.append(f"`{where}`: {heldout.unreadable} unreadable line(s) in eval.jsonl skipped.")
+    return SeedRun(seed, seed_dir, rows, config, heldout, _evaluations(seed_dir, where, notes, run=True))
+
+
+def _evaluations(folder: Path, where: str, notes: list[str], run: bool = False) -> list[dict]:
+    """cory.lab.evaluate's results in ``folder`` (``eval_*.json``, in name order): a file that cannot be read, or
+    (``run``: beside a run) one that scored other final weights than the run's final/ holds now, is named in
+    ``notes`` and left out."""
+    docs = []
+    for path in sorted(folder.glob("eval_*.json")):
+        name = f"`{where}/{path.name}`" if where else f"`{path.name}`"
+        doc = read_evaluation(path)
+        if doc is None:
+            notes.append(f"{name} cannot be read (cut short or damaged); left out: rerun its evaluation.")
+        elif run and stale(folder, doc):
+            notes.append(f"{name} scored other weights than `{where}/final/` holds now (the run was continued "
+                         "after it); left out as stale: rerun its evaluation.")
+        else:
+            docs.append(doc)
+    return docs
+
+
+def _runs_json(root: Path, groups: dict[str, Group], notes: list[str]) -> dict:
+    """runs.json, when it is this folder's: one that cannot be read, or that describes another task's runs (copied
+    from another experiment), is named in ``notes`` and not used (its commands and wall times are missing)."""
+    path = root / "runs.json"
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        notes.append("runs.json is not valid JSON; the commands and wall times are missing.")
+        return {}
+    if not isinstance(data, dict):
+        notes.append(f"runs.json holds a JSON {type(data).__name__}, not the runner's record; the commands and "
+                     "wall times are missing.")
+        return {}
+    tasks = {str(r.config["task"]) for g in groups.values() for r in g.runs.values() if r.config.get("task")}
+    if data.get("task") is not None and tasks and str(data["task"]) not in tasks:
+        notes.append(f"runs.json describes a {data['task']} experiment, but the runs here are "
+                     f"{', '.join(sorted(tasks))} runs; it is not used (the commands and wall times are missing).")
+        return {}
+    return data
 
 
 # ----------------------------------------------------------------------------- statistics

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from cory.config import load_yaml
 from cory.errors import ConfigError
+from cory.final import final_complete
 from cory.outputs import (LOCK, check_output_dir, evaluation_refusal, latest_checkpoint, read_jsonl,
                           restart_refusal)
 
@@ -69,7 +70,7 @@ def pair_state(pair: Pair) -> tuple[str, str]:
     saved = _saved_config(d)
     logged = _logged_steps(d)
     saved_steps = saved.get("steps") if saved else None
-    if saved and saved_steps == pair.steps and (d / "final").is_dir() and pair.steps - 1 in logged:
+    if saved and saved_steps == pair.steps and final_complete(d) and pair.steps - 1 in logged:
         return "finished", f"finished ({pair.steps} iterations)"
     ckpt = latest_checkpoint(d)
     if saved and saved_steps == pair.steps and set(range(pair.steps)) <= logged and ckpt is None:
@@ -197,8 +198,11 @@ class Record:
         with self.lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_name(".runs.json.tmp")
-            tmp.write_text(json.dumps(self.data, indent=2) + "\n")
-            os.replace(tmp, self.path)
+            try:  # a full disk leaves the runs.json before, not a cut one
+                tmp.write_text(json.dumps(self.data, indent=2) + "\n")
+                os.replace(tmp, self.path)
+            finally:
+                tmp.unlink(missing_ok=True)
 
     def run(self, pair: Pair) -> dict:
         with self.lock:

@@ -12,15 +12,16 @@ committed metrics alone.
 """
 from __future__ import annotations
 
+import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from cory.errors import OneLineParser, ReportError
+from cory.errors import OneLineParser, ReportError, file_fault
 from cory.lab.figures import write_atomically
-from cory.lab.results import POLICY, Experiment, fmt, load_experiment
+from cory.lab.results import POLICY, Experiment, finite, fmt, load_experiment
 
 MIN_GAIN = 0.3      # held-out reward above the base model's
 MIN_DISTINCT = 0.5  # distinct-2 at least this share of the base model's
@@ -50,6 +51,7 @@ class Setting:
     seeds: list[SeedResult]
     seconds_per_iteration: float | None
     steps: int | None
+    notes: list[str] = field(default_factory=list)  # what of its folder was skipped, and why
 
     @property
     def cut_off(self) -> list[SeedResult]:
@@ -71,10 +73,25 @@ def _wall_minutes(exp: Experiment, key: str) -> float | None:
     return sum(times) / 60 if times else None
 
 
-def seed_result(exp: Experiment, label: str, seed: int, min_gain: float, max_minutes: float) -> SeedResult | None:
+def seed_result(exp: Experiment, label: str, seed: int, min_gain: float, max_minutes: float,
+                notes: list[str] | None = None) -> SeedResult | None:
+    """One seed's reading of the criterion; None when it has no base point (iteration 0) and a later one. A held-out
+    row without a finite reward, KL or distinct-2 (a NaN written as null) is skipped and named in ``notes``."""
     run = exp.groups[label].runs[seed]
-    points = {r["iterations"]: r for r in run.heldout if r.get("agent") == POLICY and isinstance(r.get("iterations"), int)}
+    where = f"`{exp.path.name}/{label}/seed_{seed}`"
+    points = {}
+    for r in run.heldout:
+        if r.get("agent") != POLICY or not isinstance(r.get("iterations"), int):
+            continue
+        if all(finite(r.get(k)) is not None for k in ("task_reward", "kl", "distinct_2")):
+            points[r["iterations"]] = r
+        elif notes is not None:
+            notes.append(f"{where}: its held-out row at iteration {r['iterations']} has no finite reward, KL or "
+                         "distinct-2 (eval.jsonl); skipped.")
     if 0 not in points or len(points) < 2:
+        if notes is not None:
+            notes.append(f"{where}: no held-out evaluation of the base model (iteration 0) and a later one in "
+                         "eval.jsonl; left out.")
         return None
     base = points[0]
     english = [(i, r["task_reward"]) for i, r in sorted(points.items())
@@ -99,23 +116,25 @@ def _changes(config: dict, base: dict) -> str:
 
 def load_setting(folder: Path, base_config: dict, min_gain: float, max_minutes: float, name: str | None = None,
                  seeds: list[int] | None = None) -> Setting | None:
-    """One setting: the PPO runs of an experiment folder (``seeds``: only these)."""
-    try:
-        exp = load_experiment(folder)
-    except ReportError:
-        return None
+    """One setting: the PPO runs of an experiment folder (``seeds``: only these); what of it is skipped is in its
+    ``notes``. A folder that cannot be read as an experiment (two folders of one seed, ...) is refused."""
+    exp = load_experiment(folder)
     group = exp.groups.get("ppo")
     if group is None:
         return None
+    notes = [f"`{folder.name}`: {note}" for note in exp.notes]
+    missing = sorted(set(seeds or []) - set(group.runs))
+    if missing:
+        raise ReportError(f"--also: {folder} has no PPO run of seed {', '.join(map(str, missing))}")
     chosen = [s for s in sorted(group.runs) if seeds is None or s in seeds]
     config = group.runs[chosen[0]].config if chosen else {}
-    results = [r for s in chosen if (r := seed_result(exp, "ppo", s, min_gain, max_minutes)) is not None]
+    results = [r for s in chosen if (r := seed_result(exp, "ppo", s, min_gain, max_minutes, notes)) is not None]
     times = [row["time/iteration_s"] for s in chosen for row in group.runs[s].rows
              if isinstance(row.get("time/iteration_s"), (int, float)) and row.get("step", 0) > 0]
     steps = config.get("steps")
     label = (name or folder.name) + (f" ({steps} it.)" if steps else "")
     return Setting(label, _changes(config, base_config), exp, results, float(np.median(times)) if times else None,
-                   steps)
+                   steps, notes)
 
 
 def _mean(values) -> str:
@@ -203,8 +222,11 @@ def build_summary(root: str | Path, min_gain: float = MIN_GAIN, max_minutes: flo
         folder, _, seeds = where.rpartition(":")
         if not (name and folder and seeds):
             raise ReportError(f"--also: expected NAME=FOLDER:SEEDS, got {item!r}")
-        setting = load_setting(Path(folder), base_config, min_gain, max_minutes, name,
-                               [int(x) for x in seeds.split(",")])
+        try:
+            chosen = [int(x) for x in seeds.split(",")]
+        except ValueError:
+            raise ReportError(f"--also {item}: seeds must be comma-separated integers, got {seeds!r}") from None
+        setting = load_setting(Path(folder), base_config, min_gain, max_minutes, name, chosen)
         if setting is None:
             raise ReportError(f"--also: {folder} holds no PPO runs")
         settings.append(setting)
@@ -235,9 +257,21 @@ def build_summary(root: str | Path, min_gain: float = MIN_GAIN, max_minutes: flo
           "its evaluations included.", "",
           "![held-out reward](fig_search_reward.png)", "", "![held-out KL](fig_search_kl.png)", "",
           "![held-out distinct-2](fig_search_distinct_2.png)", ""]
+    notes = [note for s in settings for note in s.notes]
+    if notes:  # what was skipped, named: a damaged or missing file must not change the table unseen
+        md += ["## Notes", "", *[f"- {note}" for note in notes], ""]
     out = root / "SUMMARY.md"
     write_atomically(out, "\n".join(md))
     return out
+
+
+def _check_bounds(args) -> None:
+    """--min_gain a finite number, --max_minutes a positive one (inf: no limit): a NaN would meet nothing and read
+    as "no setting met it"."""
+    if not math.isfinite(args.min_gain):
+        raise ReportError(f"--min_gain: expected a finite number, got {args.min_gain}")
+    if math.isnan(args.max_minutes) or args.max_minutes <= 0:
+        raise ReportError(f"--max_minutes: expected a positive number of minutes, got {args.max_minutes}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -247,12 +281,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max_minutes", type=float, default=MAX_MINUTES)
     p.add_argument("--also", action="append", default=[], metavar="NAME=FOLDER:SEEDS",
                    help="a setting kept in another experiment folder (its PPO runs of these seeds)")
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        args = p.parse_args(sys.argv[1:] if argv is None else argv)
+        _check_bounds(args)
         print(f"summary: {build_summary(args.folder, args.min_gain, args.max_minutes, args.also)}")
     except ReportError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
+    except OSError as e:  # a full or read-only disk
+        print(f"error: {file_fault(e, args.folder)}", file=sys.stderr)
+        raise SystemExit(1)
     except KeyboardInterrupt:
         print("interrupted: the files written so far are whole", file=sys.stderr)
         raise SystemExit(130)

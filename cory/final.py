@@ -1,0 +1,111 @@
+"""A run's final models (``RUN/final/<agent>/``) and the evaluations that score them.
+
+final/ is written whole or not at all: the models go into a temporary folder beside it (``.final_tmp_*``), which is
+renamed to ``final`` once complete, so a save cut short (a kill, a full disk) never leaves a final/ that counts as a
+finished run's. With them goes ``final/cory_final.json``, an id drawn anew for every final/ written: an evaluation
+(``cory.lab.evaluate``'s ``eval_<task>.json``) records the id of the weights it scored, and the runner and the
+report take an evaluation whose id is not final/'s any more (a ``--resume`` has since replaced the models) as
+stale, not as the final models' result.
+
+Torch-free: the runner and the report read run folders through this module."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Callable
+
+FINAL = "final"
+MARKER = "cory_final.json"   # in final/: {"project": "cory", "iterations": N, "id": "<hex>"}
+TMP = re.compile(r"\.final_(tmp|old)_\w+")  # a final/ being written, or the one it replaces
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+RECORD = "final_weights"     # the key of an evaluation's record of the weights it scored
+
+
+def write_final(run_dir: Path, iterations: int, write: Callable[[Path], None]) -> Path:
+    """``write(folder)`` fills a temporary folder in ``run_dir`` with the final models; it gets its id and is then
+    renamed to ``run_dir/final``, replacing the one before (moved aside first, deleted after)."""
+    final = run_dir / FINAL
+    tmp = Path(tempfile.mkdtemp(prefix=".final_tmp_", dir=run_dir))
+    old = None
+    try:
+        write(tmp)
+        marker = {"project": "cory", "iterations": iterations, "id": uuid.uuid4().hex}
+        (tmp / MARKER).write_text(json.dumps(marker) + "\n")
+        if final.is_dir() and not final.is_symlink():
+            old = Path(tempfile.mkdtemp(prefix=".final_old_", dir=run_dir))
+            os.replace(final, old / FINAL)
+        os.rename(tmp, final)
+    finally:
+        for leftover in (tmp, old):
+            if leftover is not None and leftover.exists():
+                shutil.rmtree(leftover, ignore_errors=True)
+    return final
+
+
+def remove_unfinished(run_dir: Path) -> None:
+    """The temporary folders of a final/ whose save was cut short (and of the one it was replacing)."""
+    for entry in Path(run_dir).iterdir():
+        if TMP.fullmatch(entry.name) and entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _has_weights(model_dir: Path) -> bool:
+    return (model_dir / "config.json").is_file() and any((model_dir / n).is_file() for n in WEIGHT_FILES)
+
+
+def final_complete(run_dir: str | os.PathLike, agents: tuple[str, ...] | list[str] | None = None) -> bool:
+    """``run_dir/final`` holds whole models: every model folder (each of ``agents`` when given) with its config and
+    weights. (A final/ written by ``write_final`` always does; one written before may have been cut short.)"""
+    final = Path(run_dir) / FINAL
+    if not final.is_dir():
+        return False
+    if agents is None:
+        agents = [d.name for d in final.iterdir() if d.is_dir()]
+    return bool(agents) and all(_has_weights(final / name) for name in agents)
+
+
+def final_weights_id(run_dir: str | os.PathLike) -> str | None:
+    """Which weights ``run_dir/final`` holds now: the id written with them (a copy of the folder keeps it), or for
+    a final/ written before ids were, a digest of its files' names, sizes and modification times; None when
+    there is no final/."""
+    final = Path(run_dir) / FINAL
+    if not final.is_dir():
+        return None
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        marker = json.loads((final / MARKER).read_text())
+        if isinstance(marker.get("id"), str):
+            return marker["id"]
+    h = hashlib.sha256()
+    for path in sorted(p for p in final.rglob("*") if p.is_file()):
+        st = path.stat()
+        h.update(f"{path.relative_to(final)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return "files:" + h.hexdigest()[:32]
+
+
+def read_evaluation(path: Path) -> dict | None:
+    """An evaluation's document, or None when the file cannot be read as one (cut short, damaged)."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    results = doc.get("results", []) if isinstance(doc, dict) else None
+    return doc if isinstance(results, list) and all(isinstance(r, dict) for r in results) else None
+
+
+def stale(run_dir: str | os.PathLike, doc: dict) -> bool:
+    """The evaluation ``doc`` beside ``run_dir`` scored other weights than its final/ holds now. An evaluation that
+    records none (written before they were recorded, e.g. a committed one) or a run without final/ (git keeps no
+    weights; deleted to save space) cannot be checked, and is trusted."""
+    recorded = doc.get(RECORD)
+    if not isinstance(recorded, str):
+        return False
+    current = final_weights_id(run_dir)
+    return current is not None and current != recorded
