@@ -9,8 +9,8 @@ from pathlib import Path
 import yaml
 
 from cory import preflight
-from cory.config import (INVOCATION_FIELDS, REQUIRED, _allowed, _field_types, build, field_help, load_yaml, metadata,
-                         to_dict, validate)
+from cory.config import (INVOCATION_FIELDS, REQUIRED, CoryArgs, PPOArgs, _allowed, _field_types, build, field_help,
+                         load_yaml, metadata, to_dict, validate)
 from cory.errors import AssetError, ConfigError, RunError, Stopped
 from cory.outputs import in_use
 from cory.tasks import registered
@@ -144,6 +144,11 @@ def build_saved(cls, saved: dict, path: Path):
     """The saved config of a run as ``cls``: a field the script does not have means another method's run."""
     fields = _field_types(cls)
     foreign = [k for k in saved if k not in fields]
+    anyones = set(_field_types(CoryArgs)) | set(_field_types(PPOArgs))
+    retired = [k for k in foreign if k not in anyones]
+    if retired:  # no method's script has them: not another method's run
+        raise ConfigError(f"resume: {path} holds fields no script has now ({', '.join(retired[:3])}): retired since "
+                          f"the run was made, or added by hand; delete them from {path} to resume it")
     if foreign:
         raise ConfigError(f"resume: {path} holds fields this script does not have ({', '.join(foreign[:3])}): "
                           "a run of another method; resume it with its own script")

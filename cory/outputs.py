@@ -225,6 +225,9 @@ def check_output_dir(output_dir: str, *, resume: bool, overwrite: bool, method: 
     """Refuse to touch an existing run unless asked to, and anything but a run at all; writes nothing. ``method``
     and ``task``: this run's, so that a folder holding another method's run gets advice that works."""
     path = Path(output_dir)
+    if path.is_symlink() and not path.exists():  # a folder cannot be made where the link is
+        raise ConfigError(f"output_dir: {output_dir} is a symbolic link to {os.readlink(path)}, which does not "
+                          "exist; create that folder or choose another output_dir")
     if path.exists() and not path.is_dir():
         raise ConfigError(f"output_dir: {output_dir} exists and is not a folder")
     check_writable(path)

@@ -226,7 +226,13 @@ class Run:
         mine = state if rank == 0 else (others[rank - 1] if rank <= len(others) else None)
         length_rng = self.rollout.length_rng
         if mine is not None:
-            self.task.load_state_dict(mine["task"])
+            try:  # the task refuses a state of another format or other data (a data file changed since)
+                self.task.load_state_dict(mine["task"])
+            except (ValueError, KeyError, TypeError) as e:
+                why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise ConfigError(f"resume: {folder / 'state.pt'} holds a task {self.cfg.task} state this run cannot "
+                                  f"take ({why}); resume with the data and version it was saved with, or start "
+                                  "again with --overwrite") from None
             set_rng_state(mine["rng"], length_rng)
         else:  # response lengths stay common to all processes
             length_rng.bit_generator.state = state["rng"]["length"]

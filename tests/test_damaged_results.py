@@ -133,3 +133,11 @@ def test_the_searchs_argument_mistakes_are_one_line(search, args, message):
     before = tree(search)
     refused(lab("search", search, *[a.replace("SEARCH", str(search)) for a in args]), message)
     assert tree(search) == before
+
+
+def test_a_seed_without_its_config_is_named_by_the_verdict(exp):
+    (exp / "runs" / "ppo" / "seed_2" / "config.yaml").unlink()
+    report = reported(exp)
+    assert ("**not decided** — `ppo/seed_2/config.yaml` is missing or unreadable, so whether that run was made with "
+            "the same settings as the others cannot be told") in report
+    assert "adap_kl_ctrl True" not in report

@@ -172,14 +172,24 @@ class Group:
         base = METHOD_NAMES.get(self.method, self.method) + AGENT_NAMES.get(agent, f"-{agent}")
         return base if self.kl_coef is None else f"{base} (η={self.kl_coef:g})"
 
+    def without_config(self) -> list[int]:
+        """The seeds whose config.yaml is missing or unreadable while others have one: their settings cannot be
+        compared with the others'."""
+        if not any(r.config for r in self.runs.values()):
+            return []
+        return [seed for seed, run in sorted(self.runs.items()) if not run.config]
+
     def differing_settings(self) -> str | None:
         """Where this group's runs were made with different settings (besides their seeds, folders and what a
-        resume may change), in words, e.g. "learning_rate 3e-05 (seeds 0, 1), 0.0001 (seed 2)"; else None."""
+        resume may change), in words, e.g. "learning_rate 3e-05 (seeds 0, 1), 0.0001 (seed 2)"; else None. Only the
+        runs with a config count (see ``without_config``)."""
         ignored = set(on_resume_fields(CoryArgs)) | set(INVOCATION_FIELDS) | {"seed"}
         keys = sorted({k for r in self.runs.values() for k in r.config} - ignored)
         for key in keys:
             by_value: dict[str, list[int]] = {}
             for seed, run in sorted(self.runs.items()):
+                if not run.config:
+                    continue
                 by_value.setdefault(json.dumps(run.config.get(key), sort_keys=True), []).append(seed)
             if len(by_value) > 1:
                 return f"{key} " + ", ".join(f"{json.loads(v)} (seed{'s' * (len(ss) > 1)} {', '.join(map(str, ss))})"

@@ -386,6 +386,12 @@ def verdict(exp: Experiment) -> Verdict:
         missing = " and ".join(m for m, g in (("ppo", ppo), ("cory", cory)) if g is None)
         return Verdict("not decided", f"No finished comparison: no {missing} runs with metrics.")
     for g in (ppo, cory):
+        lost = g.without_config()
+        if lost:
+            paths = ", ".join(f"`{g.runs[s].path.parent.name}/{g.runs[s].path.name}/config.yaml`" for s in lost)
+            return Verdict("not decided", f"**not decided** — {paths} is missing or unreadable, so whether "
+                           f"{'that run was' if len(lost) == 1 else 'those runs were'} made with the same settings "
+                           "as the others cannot be told: put it back, or move the run to a folder of its own.")
         differ = g.differing_settings()
         if differ:
             return Verdict("not decided", f"**not decided** — {g.name(g.agents[0]).split('-')[0]}'s runs were made "
