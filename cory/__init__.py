@@ -14,6 +14,7 @@ The package, from the top level down; imports run one way, down this list (the R
     models        policies, the shared frozen reference, tokenizers, from a resolved ModelSpec
     tasks/        the task registry; each task's prompts, data, reward, prompt budget, stop string, evaluation
     outputs       the run folder: config, metrics, samples, evaluations, checkpoints
+    final         the final models, written whole; which weights an evaluation scored (torch-free)
     config        the fields: documented and checked; their paper values live in the scripts
     method        which method a config plays: its agents, whether an observer reads the pioneer
     metrics       distinct-n and repeated tokens: a collapsing policy in numbers
