@@ -68,6 +68,7 @@ def test_a_shaped_reward_is_evaluated_with_plain_vader(tmp_path):
     (run / "final" / "policy").mkdir(parents=True)
     (run / "final" / "policy" / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"], '
                                                          '"model_type": "gpt2"}')
+    (run / "final" / "policy" / "model.safetensors").write_bytes(b"")  # a finished run's final/ holds weights
     (run / "config.yaml").write_text("task: imdb\nmodel_name: tiny\nreward_model: vader-gain\ndataset: builtin\n")
     assert plan(["--task", "imdb", "--model", str(run)]).reward == "vader"
     assert plan(["--task", "imdb", "--model", str(run), "--reward", "vader-gain"]).reward == "vader-gain"

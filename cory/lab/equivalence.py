@@ -87,8 +87,11 @@ def verdict(points: list[Point], last: int) -> tuple[bool, str]:
     return ok, why
 
 
-def seconds_per_iteration(exp: Experiment) -> float | None:
-    times = [r.get("time/iteration_s") for run in exp.groups["ppo"].runs.values() for r in run.rows]
+def seconds_per_iteration(exp: Experiment, seeds: list[int]) -> float | None:
+    """The median training iteration of the compared seeds' PPO runs (a folder may hold more seeds than the check
+    pairs: another experiment's later seeds, made at another load)."""
+    runs = exp.groups["ppo"].runs
+    times = [r.get("time/iteration_s") for s in seeds if s in runs for r in runs[s].rows]
     times = [t for t in times if isinstance(t, (int, float))]
     return float(np.median(times)) if times else None
 
@@ -102,7 +105,7 @@ def build(first_dir: str, second_dir: str, upto: int) -> Path:
             "|---|---|---|---|---|"]
     rows += [f"| {dict(METRICS)[p.metric]} | {p.where} | {fmt(p.diff)} | {fmt(p.band)} | "
              f"{'yes' if p.inside else '**no**'} |" for p in points]
-    t = [seconds_per_iteration(e) for e in (first, second)]
+    t = [seconds_per_iteration(e, seeds) for e in (first, second)]
     speed = (f"Median seconds per training iteration (evaluations excluded), as these runs were made (several at "
              f"a time on one machine, so a loaded figure, not a benchmark): {names[0]} {fmt(t[0])}, {names[1]} "
              f"{fmt(t[1])}, ratio {fmt(t[0] / t[1]) if t[0] and t[1] else 'n/a'}.")
