@@ -79,18 +79,6 @@ def weight_counts(policy) -> dict:
             "trainable": sum(p.numel() for p in policy.parameters() if p.requires_grad)}
 
 
-def forward_flops(w: dict, tokens: int, scored: int) -> float:
-    return 2.0 * (w["body"] * tokens + w["head"] * scored)
-
-
-def ppo_step_flops(w: dict, tokens: int, scored: int, epochs: int, one_minibatch: bool) -> float:
-    """The model FLOPs a PPO step needs (see the module's docstring)."""
-    forward = forward_flops(w, tokens, scored)
-    backward = forward + 2.0 * (w["body_trainable"] * tokens + w["head_trainable"] * scored)
-    rollout = 0.0 if one_minibatch else forward
-    return rollout + forward + epochs * (forward + backward)
-
-
 def rss_mb() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20

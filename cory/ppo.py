@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 import torch
 from trl import PPOTrainer
-from trl.core import PPODecorators, entropy_from_logits
+from trl.core import PPODecorators, entropy_from_logits, masked_mean
 
 from cory.passes import WindowOutputs, accepts_logits_to_keep, pass_plan, packs, resolve_budget, window_passes
 
@@ -92,10 +92,6 @@ class PPOBatch:
 
 # ----------------------------------------------------------------------------- the formulas
 
-def masked_mean(x: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
-    return (x * masks).sum() / masks.sum()
-
-
 def per_token_rewards(scores: torch.Tensor, kl: torch.Tensor, masks: torch.Tensor, kl_coef: float):
     """(rewards, non-score rewards), [B, W] each: -η·KL at every token, plus the score at the last response token
     (trl's ``compute_rewards``, with the per-token KL already taken in the rollout pass)."""
@@ -158,6 +154,7 @@ class MinibatchStats:
     token_entropy: float  # the mean entropy of the next-token distribution at the response's positions
     approx_kl: float      # ½·mean (log π − log π_old)²: how far this update moved the policy
     policy_kl: float      # mean (log π_old − log π), what early_stopping reads
+    skipped: bool         # the mean ratio passed ratio_threshold: trl zeroes this mini-batch's update
     clip_fraction: float  # the share of tokens whose ratio was clipped
     mean_value: float     # the value head's mean prediction
     mean_return: float    # the mean GAE return it regresses on
@@ -172,7 +169,7 @@ def minibatch_stats(mb: PPOBatch, logprobs, vpreds, token_entropy, config) -> Mi
     clipped = torch.gt(-mb.advantages * torch.clamp(ratio, 1.0 - config.cliprange, 1.0 + config.cliprange),
                        -mb.advantages * ratio).float()
     kept = masked_mean(ratio, masks).item() <= config.ratio_threshold  # else trl zeroes the batch's losses
-    return MinibatchStats(
+    return MinibatchStats(skipped=not kept,
         policy_loss=policy_loss.item() * kept, value_loss=value_loss.item() * kept,
         total_loss=(policy_loss + config.vf_coef * value_loss).item() * kept,
         token_entropy=masked_mean(token_entropy, masks).item(),
@@ -349,7 +346,7 @@ class AgentTrainer(PPOTrainer):
                     outputs[i] = (out.logprobs[row].detach(), out.values[row].detach(), entropy[row])
         logprobs, vpreds, entropy = (torch.stack([o[k] for o in outputs]) for k in range(3))
         stats = minibatch_stats(mb, logprobs, vpreds, entropy, self.config)
-        if masked_mean(torch.exp(logprobs - mb.logprobs), mb.masks).item() > self.config.ratio_threshold:
+        if stats.skipped:
             for p in self.model_params:  # trl zeroes such a mini-batch's loss (the optimizer still steps)
                 if p.grad is not None:
                     p.grad.zero_()
@@ -363,7 +360,7 @@ class AgentTrainer(PPOTrainer):
                     seconds: dict) -> StepStats:
         """The step's ``StepStats`` (trl's ``record_step_stats``), averaged over processes in data-parallel runs."""
         per_step = {f.name: float(np.mean([getattr(m, f.name) for m in minibatches]))
-                    for f in fields(MinibatchStats) if f.name != "policy_kl"}
+                    for f in fields(MinibatchStats) if f.name not in ("policy_kl", "skipped")}
         stats = StepStats(kl=(batch.kl * batch.masks).sum(-1).mean().item(),
                           sequence_entropy=(-batch.logprobs * batch.masks).sum(-1).mean().item(),
                           kl_coef=float(kl_coef), mean_score=batch.scores.float().mean().item(), **per_step,

@@ -69,6 +69,7 @@ def test_losses_and_statistics_are_trls(ratio_threshold):
         assert float(policy_loss) == pytest.approx(float(trl_policy), rel=1e-6)
         assert float(config.vf_coef * value_loss) == pytest.approx(float(trl_value), rel=1e-6)
     stats = minibatch_stats(mb, new, vpreds, entropy_from_logits(logits), config)
+    assert stats.skipped == (ratio_threshold < 2)  # the mean ratio here is about 2.2
     for ours, theirs in [("policy_loss", "loss/policy"), ("value_loss", "loss/value"), ("total_loss", "loss/total"),
                          ("token_entropy", "policy/entropy"), ("approx_kl", "policy/approxkl"),
                          ("policy_kl", "policy/policykl"), ("clip_fraction", "policy/clipfrac"),
