@@ -14,23 +14,25 @@ from trl import PPOConfig, PPOTrainer
 from trl.trainer.utils import AdaptiveKLController, FixedKLController
 
 from cory import models, parallel
-from cory.config import PPOArgs, trl_fields
+from cory.config import TRL_FIELDS, PPOArgs
 from cory.passes import trainable_state_bytes
 from cory.patches import frozen_models_not_wrapped
 from cory.ppo import AgentTrainer, ScoreNormalizer, StepStats
 
 
-def ppo_config(cfg: PPOArgs):
+def ppo_config(cfg: PPOArgs) -> PPOConfig:
     """trl's PPOConfig from the fields that share its names (``cory.config`` marks them)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        return PPOConfig(exp_name="cory", log_with=None, remove_unused_columns=False, **trl_fields(cfg))
+        return PPOConfig(exp_name="cory", log_with=None, remove_unused_columns=False,
+                         **{name: getattr(cfg, name) for name in TRL_FIELDS})
 
 
 class Agent:
     """One trainable LLM: its policy, optimizer, KL controller and score normaliser in one trl PPOTrainer."""
 
-    def __init__(self, name: str, cfg: PPOArgs, policy, ref_model, tokenizer):
+    def __init__(self, name: str, cfg: PPOArgs, policy, ref_model, tokenizer, config: PPOConfig | None = None):
+        """``config``: trl's PPOConfig of ``cfg`` (``ppo_config``), built here when not given."""
         self.name = name
         self.cfg = cfg
         self.tokenizer = tokenizer
@@ -39,7 +41,7 @@ class Agent:
         trainer_class, extra = self.trainer_class()
         with warnings.catch_warnings(), frozen_models_not_wrapped():
             warnings.simplefilter("ignore")  # deprecation and "no dataset" notices of the classic API
-            self.trainer = trainer_class(config=ppo_config(cfg), model=policy, ref_model=ref_model,
+            self.trainer = trainer_class(config=config or ppo_config(cfg), model=policy, ref_model=ref_model,
                                          tokenizer=tokenizer, optimizer=self.make_optimizer(policy), **extra)
         self.normalizer = ScoreNormalizer()
 
@@ -71,7 +73,9 @@ class Agent:
     def use_own_adapter(self) -> None:
         """On a LoRA base shared by both agents, make this agent's adapter the active (and only trainable) one;
         an agent with a model of its own has nothing to switch."""
-        models.activate_adapter(self._policy)
+        name = getattr(self._policy, "adapter_name", None)  # set by models.load_policies on a shared base
+        if name is not None and self._policy.pretrained_model.active_adapter != name:
+            self._policy.pretrained_model.set_adapter(name)
 
     @property
     def kl_coef(self) -> float:
@@ -193,12 +197,13 @@ def make_agents(cfg: PPOArgs, spec, names: list[str], tokenizer, *, precision: s
     # with LoRA the base is frozen (never updated), so under bf16 compute it is stored in bf16: half the memory;
     # the adapters and value heads, which train, stay float32
     frozen_bf16 = cfg.use_peft and precision == "bf16" and not cfg.load_in_4bit
+    configs = {name: ppo_config(cfg) for name in names}  # one each: trl's trainer writes into its own
     reference = models.load_reference(spec, use_peft=cfg.use_peft)
     policies = models.load_policies(spec, names, use_peft=cfg.use_peft, shared_base=shared_base,
                                     lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                                     load_in_4bit=cfg.load_in_4bit,
                                     torch_dtype=torch.bfloat16 if frozen_bf16 else None)
-    agents = {name: Agent(name, cfg, policies[name], reference, tokenizer) for name in names}
+    agents = {name: Agent(name, cfg, policies[name], reference, tokenizer, configs[name]) for name in names}
     reserve = sum(trainable_state_bytes(agent.policy) for agent in agents.values())
     for agent in agents.values():
         agent.reserve_for_training(reserve)

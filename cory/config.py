@@ -133,6 +133,10 @@ class PPOArgs:
     overwrite: bool = arg(False, "replace the run already in output_dir (only ever a run folder)", on_resume=True)
 
 
+# the fields that trl's PPOConfig takes under the same name and meaning (all of them PPOArgs')
+TRL_FIELDS = tuple(f.name for f in fields(PPOArgs) if f.metadata.get("trl"))
+
+
 @dataclass
 class CoryArgs(PPOArgs):
     """CORY: two PPO agents, pioneer and observer, exchanging roles (arXiv 2410.06101)."""
@@ -435,11 +439,6 @@ def validate(cfg: PPOArgs) -> None:
 
 def to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
-
-
-def trl_fields(cfg) -> dict:
-    """The fields that trl's PPOConfig takes under the same name and meaning."""
-    return {f.name: getattr(cfg, f.name) for f in fields(cfg) if metadata(type(cfg), f.name)["trl"]}
 
 
 def field_help(cls) -> list[tuple[str, str, object, dict]]:

@@ -200,7 +200,7 @@ def load_policy(
 def load_policies(spec: ModelSpec, names: list[str], *, use_peft: bool = False, shared_base: bool = True, **kwargs):
     """One policy per agent name. With LoRA (and ``shared_base``) the agents share ONE frozen base
     model, each with its own adapter (named after the agent) and its own value head, instead of one
-    base copy each: call ``activate_adapter(policy)`` before using a policy.
+    base copy each: the agent that uses a policy makes its adapter the active one first (``Agent.use_own_adapter``).
     """
     if not use_peft or len(names) == 1 or not shared_base:
         return {name: load_policy(spec, use_peft=use_peft, **kwargs) for name in names}
@@ -218,13 +218,6 @@ def load_policies(spec: ModelSpec, names: list[str], *, use_peft: bool = False, 
         policy.adapter_name = name
         policies[name] = policy
     return policies
-
-
-def activate_adapter(policy) -> None:
-    """Make ``policy``'s own LoRA adapter the active (and only trainable) one of a shared base."""
-    name = getattr(policy, "adapter_name", None)
-    if name is not None and policy.pretrained_model.active_adapter != name:
-        policy.pretrained_model.set_adapter(name)
 
 
 def load_reference(spec: ModelSpec, policy=None, *, use_peft: bool = False):
