@@ -81,6 +81,7 @@ _SMOLLM2_RECIPE = 1
 _MARKER = "cory_asset.json"
 _TINY_POSITIONS = 512  # the tiny model's context (its recipe below)
 _SMOLLM2_POSITIONS = 8192  # SmolLM2-135M's context (max_position_embeddings of the GGUF's config)
+_SMOLLM2_VOCAB = 49152  # SmolLM2-135M's vocabulary (vocab_size of the GGUF's config)
 
 _TRUE = {"1", "ON", "YES", "TRUE"}
 
@@ -224,12 +225,13 @@ class ModelSpec:
     ``name``: as the config writes it (``model_name``); ``kind``: TINY, EMBEDDED, RANDOM, FOLDER or HUB;
     ``context``: the most positions the model takes, where its config is on this machine (None: a hub model
     not downloaded yet); ``path``: the folder or hub id to load, None until ``locate`` (which builds an
-    offline model once and checks a hub id)."""
+    offline model once and checks a hub id); ``vocab``: its vocabulary's size, known where its config is."""
 
     name: str
     kind: str
     context: int | None = None
     path: str | None = None
+    vocab: int | None = None
 
     def __str__(self) -> str:
         return self.name
@@ -241,21 +243,23 @@ def model_spec(name: str, field: str = "model_name") -> ModelSpec:
     if not is_valid_model_spec(name):
         raise AssetError(f"{field}: {name!r} is not a model spec; allowed: {MODEL_SPECS_HELP}")
     if name == TINY_SPEC:
-        return ModelSpec(name, TINY, _TINY_POSITIONS)
+        return ModelSpec(name, TINY, _TINY_POSITIONS, vocab=GPT2_VOCAB)
     if name == SMOLLM2_SPEC:
-        return ModelSpec(name, EMBEDDED, _SMOLLM2_POSITIONS)
+        return ModelSpec(name, EMBEDDED, _SMOLLM2_POSITIONS, vocab=_SMOLLM2_VOCAB)
     if is_random_spec(name):
         shape = RANDOM_SHAPES[name[len(RANDOM_PREFIX):]][1]
-        return ModelSpec(name, RANDOM, shape.get("n_positions") or shape.get("max_position_embeddings"), name)
+        return ModelSpec(name, RANDOM, shape.get("n_positions") or shape.get("max_position_embeddings"), name,
+                         vocab=GPT2_VOCAB)
     folder = Path(name).expanduser()
     if folder.is_dir():
-        return ModelSpec(name, FOLDER, _positions(model_config(field, folder)), str(folder))
+        config = model_config(field, folder)
+        return ModelSpec(name, FOLDER, _positions(config), str(folder), _vocab(config))
     try:
         snapshot = local_snapshot(name)
         config = json.loads((snapshot / "config.json").read_text()) if snapshot is not None else {}
     except Exception:  # not cached, or a snapshot without a readable config: the context is unknown here
         config = {}
-    return ModelSpec(name, HUB, _positions(config))
+    return ModelSpec(name, HUB, _positions(config), vocab=_vocab(config))
 
 
 def _positions(config) -> int | None:
@@ -263,6 +267,11 @@ def _positions(config) -> int | None:
         if isinstance(config, dict) and isinstance(config.get(key), int) and config[key] > 0:
             return config[key]
     return None
+
+
+def _vocab(config) -> int | None:
+    size = config.get("vocab_size") if isinstance(config, dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
 
 
 def locate(spec: ModelSpec | str) -> ModelSpec:

@@ -1,28 +1,36 @@
-"""Peak memory of one stretch of work (an iteration, a benchmark phase), in GiB.
+"""Memory: the peak of one stretch of work (an iteration, a benchmark phase), in GiB, and how much this machine has.
 
-On CUDA it is the caching allocator's peak of allocated tensors (``torch.cuda.max_memory_allocated``).
+On CUDA the peak is the caching allocator's peak of allocated tensors (``torch.cuda.max_memory_allocated``).
 On CPU it is the process's peak resident memory: Linux keeps it as VmHWM and resets it when "5" is
 written to /proc/self/clear_refs, so each stretch gets its own peak; where that cannot be reset the
 figure is the peak since the process started.
+
+``machine_bytes`` reads no tensor library (the checks before a run loads anything use it), so torch is imported
+only by the functions that measure a peak.
 """
 from __future__ import annotations
 
+import os
 import re
 import resource
+import shutil
+import subprocess
 import sys
-
-import torch
 
 GIB = 1024 ** 3
 
 
 def _cuda() -> bool:
+    import torch
+
     return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
 def reset_peak() -> None:
     """Start a new stretch: the next ``peak_gib()`` covers only what happens from here on."""
     if _cuda():
+        import torch
+
         torch.cuda.reset_peak_memory_stats()
         return
     try:
@@ -35,6 +43,8 @@ def reset_peak() -> None:
 def peak_gib() -> float:
     """The peak since the last ``reset_peak()`` (CUDA: allocated tensors; CPU: resident memory)."""
     if _cuda():
+        import torch
+
         return torch.cuda.max_memory_allocated() / GIB
     try:
         with open("/proc/self/status") as f:
@@ -43,3 +53,33 @@ def peak_gib() -> float:
     except (OSError, AttributeError, ValueError):
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
         return peak / GIB * (1 if sys.platform == "darwin" else 1024)
+
+
+def ram_bytes() -> int | None:
+    """This machine's physical memory (all of it, used or not); None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def gpu_bytes() -> int:
+    """The memory of this machine's largest NVIDIA GPU (from nvidia-smi, so that no CUDA context is made before
+    the run sets up its allocator); 0 where there is none or nvidia-smi does not answer."""
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20).stdout
+        return max((int(mib) * 2 ** 20 for mib in re.findall(r"^\s*(\d+)\s*$", out, re.M)), default=0)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+
+
+def machine_bytes(need: int) -> int | None:
+    """The most memory any one device of this machine has, for a check of whether ``need`` bytes could fit at all:
+    its RAM, or its largest GPU's where ``need`` exceeds the RAM (asked only then). None where neither is known."""
+    ram = ram_bytes()
+    if ram is not None and need <= ram:
+        return ram
+    return max(ram or 0, gpu_bytes()) or None

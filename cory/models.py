@@ -34,6 +34,10 @@ def load_tokenizer(spec: ModelSpec):
             raise AssetError(f"model_name: {spec} has no usable tokenizer (its tokenizer.json and "
                              "tokenizer_config.json are missing or incomplete); copy them from the model it came from")
     if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:  # nothing to pad a batch with: generate() would fail at the first rollout
+            raise AssetError(f"model_name: the tokenizer of {spec} has no pad token and no end-of-sequence token; a "
+                             "run pads its batches with the pad token (else the EOS token) and ends answers with "
+                             "EOS: set eos_token (and pad_token, if it has one) in its tokenizer_config.json")
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"
     return tokenizer

@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from cory import memory
 from cory.assets import ModelSpec, check_4bit, model_spec
 from cory.config import INVOCATION_FIELDS, PPOArgs, on_resume_fields, to_dict
 from cory.errors import AssetError, ConfigError
@@ -36,6 +37,7 @@ def check_config(cfg: PPOArgs) -> ModelSpec:
         raise ConfigError(str(e)) from None
     check_task(cfg)
     check_context(cfg, spec)
+    check_memory(cfg, spec)
     evaluation = task_spec(cfg.task).evaluation
     if cfg.eval_every and evaluation.metrics != REWARD_METRICS:
         raise ConfigError(f"eval_every: {cfg.task} is evaluated by {evaluation.metrics} over many samples per "
@@ -85,6 +87,35 @@ def check_context(cfg: PPOArgs, spec: ModelSpec) -> None:
         why = " and the observer's prompt also holds the pioneer's answer" if cory else ""
         raise ConfigError(f"response_length_max: {cfg.response_length_max} tokens do not fit {cfg.model_name}'s "
                           f"context of {context} tokens ({room} kept for the prompt{why}); at most {longest}")
+
+
+def check_memory(cfg: PPOArgs, spec: ModelSpec) -> None:
+    """A batch that cannot fit this machine, even idle, is refused before anything loads (a billion queries would
+    otherwise grow the task's sampler for a minute and end in MemoryError). The bound is a floor of what generating
+    one batch holds at once: each query's next-token logits over the vocabulary and their softmax, in float32 (trl
+    generates the whole batch in one call; transformers samples from float32 logits, and the softmax is made while
+    they are held), and its int64 token ids (a prompt token at least, and the longest answer). The model, its KV
+    cache and PPO's passes need more, so a batch under the bound may still not fit; one over it never does, on any
+    device here (the RAM, or the largest GPU)."""
+    answer = 1 + cfg.response_length_max  # the ids of a prompt token and the longest answer
+    per_query = 8 * (spec.vocab or 0) + 8 * answer  # 2 float32 values per vocabulary entry, an int64 per id
+    room = memory.machine_bytes(cfg.batch_size * per_query)
+    if room is None or cfg.batch_size * per_query <= room:
+        return
+    held = (f"2 x {spec.vocab:,} float32 logits and probabilities and {answer:,} token ids" if spec.vocab else
+            f"{answer:,} token ids, logits not counted: {cfg.model_name}'s vocabulary is not known here")
+    if per_query > room:
+        raise ConfigError(f"response_length_max: {cfg.response_length_max:,} tokens cannot fit this machine's memory "
+                          f"({_gib(room)}): generating one answer holds at least {_gib(per_query)} ({held}); at most "
+                          f"{room // 8 - (spec.vocab or 0) - 1:,} here, and far fewer in practice")
+    raise ConfigError(f"batch_size: {cfg.batch_size:,} queries cannot fit this machine's memory ({_gib(room)}): "
+                      f"generating their answers holds at least {_gib(cfg.batch_size * per_query)} at once (per "
+                      f"query: {held}); at most {room // per_query:,} here, and fewer in practice (the model and its "
+                      "KV cache need memory too)")
+
+
+def _gib(n: int) -> str:
+    return f"{n / memory.GIB:,.1f} GiB"
 
 
 def run_identity(run_dir: Path) -> tuple[str, str | None]:
