@@ -5,7 +5,7 @@ On CPU it is the process's peak resident memory: Linux keeps it as VmHWM and res
 written to /proc/self/clear_refs, so each stretch gets its own peak; where that cannot be reset the
 figure is the peak since the process started.
 
-``machine_bytes`` reads no tensor library (the checks before a run loads anything use it), so torch is imported
+``ram_bytes`` and ``gpu_bytes`` read no tensor library (the checks before a run loads anything use it), so torch is imported
 only by the functions that measure a peak.
 """
 from __future__ import annotations
@@ -74,12 +74,3 @@ def gpu_bytes() -> int:
         return max((int(mib) * 2 ** 20 for mib in re.findall(r"^\s*(\d+)\s*$", out, re.M)), default=0)
     except (OSError, subprocess.SubprocessError):
         return 0
-
-
-def machine_bytes(need: int) -> int | None:
-    """The most memory any one device of this machine has, for a check of whether ``need`` bytes could fit at all:
-    its RAM, or its largest GPU's where ``need`` exceeds the RAM (asked only then). None where neither is known."""
-    ram = ram_bytes()
-    if ram is not None and need <= ram:
-        return ram
-    return max(ram or 0, gpu_bytes()) or None

@@ -99,8 +99,12 @@ def check_memory(cfg: PPOArgs, spec: ModelSpec) -> None:
     device here (the RAM, or the largest GPU)."""
     answer = 1 + cfg.response_length_max  # the ids of a prompt token and the longest answer
     per_query = 8 * (spec.vocab or 0) + 8 * answer  # 2 float32 values per vocabulary entry, an int64 per id
-    room = memory.machine_bytes(cfg.batch_size * per_query)
-    if room is None or cfg.batch_size * per_query <= room:
+    need = cfg.batch_size * per_query
+    room = memory.ram_bytes()
+    if room is not None and need <= room:
+        return
+    room = max(room or 0, memory.gpu_bytes()) or None  # the largest GPU, asked only when the RAM is short
+    if room is None or need <= room:
         return
     held = (f"2 x {spec.vocab:,} float32 logits and probabilities and {answer:,} token ids" if spec.vocab else
             f"{answer:,} token ids, logits not counted: {cfg.model_name}'s vocabulary is not known here")
@@ -109,7 +113,7 @@ def check_memory(cfg: PPOArgs, spec: ModelSpec) -> None:
                           f"({_gib(room)}): generating one answer holds at least {_gib(per_query)} ({held}); at most "
                           f"{room // 8 - (spec.vocab or 0) - 1:,} here, and far fewer in practice")
     raise ConfigError(f"batch_size: {cfg.batch_size:,} queries cannot fit this machine's memory ({_gib(room)}): "
-                      f"generating their answers holds at least {_gib(cfg.batch_size * per_query)} at once (per "
+                      f"generating their answers holds at least {_gib(need)} at once (per "
                       f"query: {held}); at most {room // per_query:,} here, and fewer in practice (the model and its "
                       "KV cache need memory too)")
 
