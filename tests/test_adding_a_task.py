@@ -76,12 +76,22 @@ def test_the_guides_task_trains_and_evaluates(task_file, method):
         assert {s["query"] for s in r["samples"]} <= {"the library", "my sister", "this song"}
 
 
+# a task file that writes beside itself, relative to where it runs, each time it is imported
+NOTED = 'import os\nwith open("imported.txt", "a") as _f:\n    _f.write(f"{os.getpid()}\\n")\n'
+
+
 def test_the_guides_task_runs_in_the_experiment_runner(task_file, tmp_path):
     out = tmp_path / "exp"
+    user = tmp_path / "user"  # the folder the user runs the runner in: the task file's relative paths are there
+    user.mkdir()
+    (user / task_file.name).write_text(NOTED + task_file.read_text())
     sets = [f for k, v in zip(TINY[::2], TINY[1::2]) for f in ("--set", f"{k[2:]}={v}")]
-    p = run("-m", "cory.lab.experiments", "--task_file", task_file, "--methods", "ppo,cory", "--seeds", "0",
-            "--steps", "2", "--out", out, *sets, cwd=task_file.parent)
+    p = run("-m", "cory.lab.experiments", "--task_file", task_file.name, "--methods", "ppo,cory", "--seeds", "0",
+            "--steps", "2", "--out", out, *sets, cwd=user)
     assert p.returncode == 0, p.stderr[-3000:]
+    pids = (user / "imported.txt").read_text().split()
+    assert len(pids) >= 4 and len(set(pids)) == len(pids)  # both configs and both runs; once in each process
+    assert not (REPO / "imported.txt").exists()
     record = json.loads((out / "runs.json").read_text())
     assert record["task"] == "kind_words"
     assert all(r["status"] == "finished" for r in record["runs"].values()) and len(record["runs"]) == 2
@@ -89,3 +99,17 @@ def test_the_guides_task_runs_in_the_experiment_runner(task_file, tmp_path):
     for key in ("ppo/seed_0", "cory/seed_0"):
         assert [r["step"] for r in read_jsonl(out / "runs" / key / "metrics.jsonl")] == [0, 1]
     assert "kind_words" in (out / "REPORT.md").read_text().lower()
+
+
+def test_eval_args_the_runner_would_not_use_are_refused_before_any_run(task_file, tmp_path):
+    out = tmp_path / "exp"
+    p = run("-m", "cory.lab.experiments", "--task_file", task_file.name, "--methods", "ppo", "--seeds", "0",
+            "--steps", "1", "--out", out, "--eval_args", "--limit 0", *[f for k, v in zip(TINY[::2], TINY[1::2])
+                                                                       for f in ("--set", f"{k[2:]}={v}")],
+            cwd=task_file.parent)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert lines[0] == ("error: --eval_args '--limit 0': the runner will not evaluate these runs (task kind_words is "
+                        "not registered in the runner's process), so nothing would take them; leave --eval_args out "
+                        "and evaluate the finished runs with python -m cory.lab.evaluate")
+    assert not out.exists()

@@ -153,8 +153,13 @@ def _check_eval_args(args, task: str, cfg: dict) -> None:
         eval_args = shlex.split(args.eval_args)
     except ValueError as e:
         raise ExperimentError(f"--eval_args: {e} in {args.eval_args!r}") from None
-    if not eval_args or args.no_eval or heldout_runs.wanted(task, eval_args):  # nothing of the user's to check
+    if not eval_args or args.no_eval:  # nothing of the user's to check
         return
+    why_not = heldout_runs.wanted(task, eval_args)
+    if why_not:  # (a task file's task is registered in its own processes only)
+        raise ExperimentError(f"--eval_args {args.eval_args!r}: the runner will not evaluate these runs ({why_not}), "
+                              "so nothing would take them; leave --eval_args out and evaluate the finished runs with "
+                              "python -m cory.lab.evaluate")
     why = heldout_runs.check_eval_args(task, cfg, eval_args)
     if why:
         raise ExperimentError(f"--eval_args {args.eval_args!r}: {why}")
@@ -177,8 +182,10 @@ def _overrides(items: list[str]) -> dict[str, str]:
 @dataclass
 class Scripts:
     """Where a task's two training scripts and its presets are."""
-    commands: dict[str, list[str]]  # "ppo" | "cory" -> the script and its arguments (repo-relative when inside)
+    commands: dict[str, list[str]]  # "ppo" | "cory" -> the script and its arguments (relative to workdir when inside)
     configs: Path | None            # the presets' folder
+    workdir: Path = REPO            # where they run: a task file's in the folder the runner was run in, so that its
+                                    # own relative paths are the user's (the repository's scripts: in the repository)
 
 
 def task_scripts(args: argparse.Namespace) -> Scripts:
@@ -190,7 +197,8 @@ def task_scripts(args: argparse.Namespace) -> Scripts:
             compile(path.read_text(), str(path), "exec")
         except SyntaxError as e:
             raise ExperimentError(f"--task_file: {args.task_file} line {e.lineno}: {e.msg}") from None
-        return Scripts({m: [rel(path), m] for m in ("ppo", "cory")}, None)
+        here = Path.cwd().resolve()
+        return Scripts({m: [rel(path, here), m] for m in ("ppo", "cory")}, None, here)
     tasks = sorted(d.name.removesuffix("_train") for d in REPO.glob("*_train") if (d / "ppo.py").is_file())
     if args.task not in tasks:
         raise ExperimentError(f"--task: {args.task!r} is not one of {', '.join(tasks)} (the <task>_train folders "
@@ -198,10 +206,10 @@ def task_scripts(args: argparse.Namespace) -> Scripts:
     return Scripts({m: [f"{args.task}_train/{m}.py"] for m in ("ppo", "cory")}, REPO / "configs" / args.task)
 
 
-def script_config(script: list[str], flags: list[str], what: str) -> dict:
+def script_config(script: list[str], flags: list[str], what: str, cwd: Path = REPO) -> dict:
     """The config a training script resolves from ``flags``, checked as it checks it before loading a model:
-    the runner asks the script itself (``--print_config``) rather than rebuilding its values."""
-    p = subprocess.run([sys.executable, *script, *flags, "--print_config"], cwd=REPO, capture_output=True,
+    the runner asks the script itself (``--print_config``, run in ``cwd``) rather than rebuilding its values."""
+    p = subprocess.run([sys.executable, *script, *flags, "--print_config"], cwd=cwd, capture_output=True,
                        text=True, timeout=300, stdin=subprocess.DEVNULL)
     if p.returncode != 0:
         last = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
@@ -238,7 +246,8 @@ def plan(args: argparse.Namespace) -> tuple[list[Pair], dict]:
     scripts_used = list(dict.fromkeys(METHODS[m][0] for m in methods))
     preset_files = {s: None if preset is None else scripts.configs / f"{s}_{preset}.yaml" for s in scripts_used}
     preset_flags = {s: [] if f is None else ["--config", rel(f)] for s, f in preset_files.items()}
-    bases = {s: script_config(scripts.commands[s], preset_flags[s], f"{s} script") for s in scripts_used}
+    bases = {s: script_config(scripts.commands[s], preset_flags[s], f"{s} script", scripts.workdir)
+             for s in scripts_used}
     known = set().union(*bases.values())
     for key in sets:
         if key not in known:
@@ -267,7 +276,7 @@ def plan(args: argparse.Namespace) -> tuple[list[Pair], dict]:
             all_flags = flags + eta_flags + method_flags
             extra = all_flags + ([] if steps is None else ["--steps", str(steps)])
             cfg = base if not extra else script_config(scripts.commands[script_name],
-                                                       preset_flags[script_name] + extra, method)
+                                                       preset_flags[script_name] + extra, method, scripts.workdir)
             asked = (set(given) | {k[2:] for k in all_flags[::2]}) - set(BOOKKEEPING_FIELDS)
             intended = {k: cfg[k] for k in sorted(asked) if k in cfg}
             command_ = scripts.commands[script_name]
@@ -276,7 +285,7 @@ def plan(args: argparse.Namespace) -> tuple[list[Pair], dict]:
                 pairs.append(Pair(method, seed, eta, command_[0],
                                   None if preset_files[script_name] is None else rel(preset_files[script_name]),
                                   all_flags, out / "runs" / label / f"seed_{seed}", cfg["steps"],
-                                  {**intended, "seed": seed}, tuple(command_[1:])))
+                                  {**intended, "seed": seed}, tuple(command_[1:]), scripts.workdir))
     spec = {"task": task, "preset": preset, "methods": methods, "seeds": seeds, "steps": steps,
             "kl_coefs": None if args.kl_coefs is None else kl_coefs, "set": sets, "jobs": jobs, "out": out}
     return pairs, spec

@@ -38,6 +38,7 @@ class Pair:
     steps: int
     intended: dict      # field -> value this command asks for (to compare with a run already there)
     script_args: tuple = ()  # a one-file task's method argument: FILE ppo|cory
+    workdir: Path = REPO  # where the run's process runs: a one-file task's, in the folder the runner was run in
 
     @property
     def label(self) -> str:
@@ -145,15 +146,16 @@ def _display(cmd: list[str]) -> str:
     return shlex.join(["python", *cmd[1:]])
 
 
-def rel(path: Path) -> str:
+def rel(path: Path, base: Path = REPO) -> str:
+    """``path`` as a command run in ``base`` names it: relative to it when inside, else absolute."""
     try:
-        return str(path.relative_to(REPO))
+        return str(path.relative_to(base))
     except ValueError:
         return str(path)
 
 
 def command(pair: Pair, mode: str) -> list[str]:
-    out = rel(pair.run_dir)
+    out = rel(pair.run_dir, pair.workdir)
     preset = [] if pair.preset is None else ["--config", pair.preset]
     cmd = [sys.executable, pair.script, *pair.script_args, *preset, *pair.flags,
            "--seed", str(pair.seed), "--steps", str(pair.steps), "--output_dir", out]
@@ -270,7 +272,8 @@ def execute(pair: Pair, mode: str, record: Record, out: Path, env: dict, why: st
         f.write(f"\n==== {attempt['started']} {attempt['command']}\n")
         f.flush()
         children = children or Children()
-        proc = children.start(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
+        proc = children.start(cmd, cwd=pair.workdir, stdout=f, stderr=subprocess.STDOUT, env=env,
+                              stdin=subprocess.DEVNULL)
         if proc is not None:
             with record.lock:
                 attempt["pid"] = proc.pid
