@@ -10,7 +10,7 @@ import pytest
 from cory.errors import ReportError
 from cory.lab.design import Design, load_design
 from cory.lab.matched_kl import (CORY_DID_NOT_LEARN, PPO_DID_NOT_LEARN, HeldoutPath,
-                                 matched_kl, reward_at)
+                                 matched_kl, normaliser_alone, reward_at)
 from cory.lab.report import build_report
 from cory.lab.results import load_experiment
 from test_report import cory_rows, ppo_rows, write_run
@@ -181,3 +181,41 @@ def test_the_normalised_cory_is_read_beside_the_answer(tmp_path):
     claim = text.split("## The claim at matched KL")[1].split("## The collapse test")[0]
     assert "CORY with score normalisation (`cory_norm`, as the authors run it) against PPO" in claim
     assert "CORY with score normalisation (`cory_norm`, as the authors run it; score_norm" in text
+
+
+def write_cory(root, label, seeds, llm1, llm2, rng=1):
+    """CORY runs under ``label`` (e.g. cory_norm) whose eval.jsonl holds the given paths ((slope, KL rate) each)."""
+    g = np.random.default_rng(rng)
+    flat = np.zeros(STEPS)
+    for s in seeds:
+        d = write_run(root, label, s, cory_rows(flat, flat, flat, flat), heldout=None)
+        evals = [{"iterations": int(it), "agent": agent, "task_reward": float(r), "kl": float(k), "reward_sd": 0.37,
+                  "n_prompts": 110}
+                 for agent, (slope, rate) in (("llm1", llm1), ("llm2", llm2)) for it, k, r in zip(*line(slope, rate, g))]
+        (d / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+
+
+def test_the_normaliser_alone_reads_lower_kl_at_matched_iterations_and_nothing_at_matched_kl(tmp_path):
+    # The normalised CORY walks the same reward-vs-KL line at half the KL rate (what a doubled η does to a
+    # learner): at the last iteration its KL and reward are lower; at matched KL there is nothing to see.
+    write_paths(tmp_path, range(6), ppo=(0.05, 1.0), llm1=(0.05, 0.5), llm2=(0.05, 0.4))
+    write_cory(tmp_path, "cory_norm", range(6), llm1=(0.05, 0.25), llm2=(0.05, 0.2))
+    text = normaliser_alone(load_experiment(tmp_path))
+    lines = text.splitlines()
+    assert len(lines) == 2 and "paired seeds 0, 1, 2, 3, 4, 5: at iteration 30" in lines[0]
+    for line_, kl_drop in zip(lines, (7.5, 6.0)):  # 30 iterations × the halved rate
+        kl = float(line_.split("held-out KL ")[1].split(" nats")[0])
+        assert kl == pytest.approx(-kl_drop, rel=0.1)
+        reward = float(line_.split("held-out reward ")[1].split(" ±")[0])
+        assert reward == pytest.approx(0.05 * -kl_drop, abs=0.04)
+        matched = float(line_.split("at matched held-out KL")[1].split("): ")[1].split(" ±")[0])
+        assert abs(matched) < 0.02, line_  # the points' own noise is 0.02; the KL effect above is 15-19x that
+    report = build_report(tmp_path).read_text()
+    assert "The normaliser alone: CORY with score normalisation minus CORY without" in report
+    assert text in report
+
+
+def test_the_normaliser_alone_is_silent_without_both_corys(tmp_path):
+    write_paths(tmp_path, range(3), ppo=(0.05, 1.0), llm1=(0.05, 0.5), llm2=(0.05, 0.4))
+    assert normaliser_alone(load_experiment(tmp_path)) == ""
+    assert "The normaliser alone" not in build_report(tmp_path).read_text()

@@ -223,3 +223,62 @@ def judge(readings: list[AgentReading], design: Design, where: str) -> tuple[str
         return NO, (f"no CORY agent reaches a held-out reward above PPO's + {design.margin:g} {where}"
                     + (" (shown lower)" if all(lower) else "") + ".")
     return COULD_NOT_TELL, "neither shown higher nor shown not higher by the margin at these seeds."
+
+
+# ----------------------------------------------------------------------------- the normaliser alone
+
+def paired_diff(values: list[float]) -> Diff:
+    d = np.asarray(values, dtype=float)
+    n = len(d)
+    if n < 2:
+        return Diff(True, float(d.mean()) if n else float("nan"), float("nan"), float("nan"), n)
+    return Diff(True, float(d.mean()), float(d.std(ddof=1) / math.sqrt(n)), float(n - 1), n)
+
+
+def normaliser_alone(exp: Experiment, method: str = "cory_norm", reference: str = "cory") -> str:
+    """``method`` (CORY with score normalisation) minus ``reference`` (CORY without), paired by seed, per agent:
+    the held-out KL and reward at the last iteration both paths reached (matched iterations: how much "lower KL at
+    lower reward" the normaliser makes by itself) and the held-out reward at matched held-out KL on the design's
+    grid (whether it only moves CORY along its own reward-vs-KL path). Two-sided paired t-tests, descriptive (no
+    Holm). Empty when either group is missing."""
+    norm, ref = exp.main_group(method), exp.main_group(reference)
+    if norm is None or ref is None:
+        return ""
+    design = load_design(exp.path)
+    seeds = sorted(set(norm.runs) & set(ref.runs))
+    lines = []
+    for agent in norm.agents:
+        if agent not in ref.agents:
+            continue
+        kl, reward, matched, last, used = [], [], [], [], []
+        for seed in seeds:
+            a, b = heldout_path(norm, seed, agent), heldout_path(ref, seed, agent)
+            if a is None or b is None:
+                continue
+            end = min(a.iterations[-1], b.iterations[-1])
+            ia, ib = np.flatnonzero(a.iterations == end), np.flatnonzero(b.iterations == end)
+            if not (len(ia) and len(ib)):
+                continue
+            used.append(seed)
+            last.append(int(end))
+            kl.append(float(a.kl[ia[0]] - b.kl[ib[0]]))
+            reward.append(float(a.reward[ia[0]] - b.reward[ib[0]]))
+            r = seed_reading(seed, a, b, design.kl_grid)
+            if r.points:
+                matched.append(r.value)
+
+        def read(values: list[float], unit: str) -> str:
+            d = paired_diff(values)
+            if d.n < 2:
+                return f"{fmt(d.mean)}{unit} ({d.n} seed)"
+            p = min(1.0, 2 * min(p_value(d, "less"), p_value(d, "greater")))
+            return f"{'+' if d.mean >= 0 else ''}{fmt(d.mean)}{unit} ± {fmt(d.se)} (SE, {d.n} seeds; two-sided p {fmt(p)})"
+
+        if not used:
+            lines.append(f"- {norm.name(agent)} − {ref.name(agent)}: no paired seed with both held-out paths.")
+            continue
+        at = f"iteration {last[0]}" if len(set(last)) == 1 else f"iterations {min(last)}–{max(last)}"
+        lines.append(f"- {norm.name(agent)} − {ref.name(agent)}, paired seeds {', '.join(map(str, used))}: at {at}, "
+                     f"held-out KL {read(kl, ' nats')}, held-out reward {read(reward, '')}; at matched held-out KL "
+                     f"(grid {', '.join(f'{k:g}' for k in design.kl_grid)}): {read(matched, '')}.")
+    return "\n".join(lines)

@@ -40,7 +40,7 @@ from cory.lab.results import (ABLATION_METHODS, CONFOUND_METHODS, LAST_N, LLM1, 
 from cory.lab.learning import LEARNING_RULE
 from cory.lab.collapse import RULE as COLLAPSE_RULE, collapse_test
 from cory.lab.frontier import RULE as FRONTIER_RULE, frontier
-from cory.lab.matched_kl import RULE as MATCHED_KL_RULE, matched_kl
+from cory.lab.matched_kl import RULE as MATCHED_KL_RULE, matched_kl, normaliser_alone
 from cory.lab.verdict import NOT_LEARNED, VERDICT_RULE, ablation_lines, verdict
 from cory.errors import file_fault
 from cory.outputs import read_jsonl
@@ -356,6 +356,12 @@ def claim_sections(exp, main: list) -> tuple[list[str], list[str]]:
     if norm is not None:  # the authors' normalised CORY: how much of "lower KL" the normaliser alone makes
         matched += ["CORY with score normalisation (`cory_norm`, as the authors run it) against PPO, the same "
                     "reading (not part of the answer above):", "", norm.text, ""]
+        alone = normaliser_alone(exp)
+        if alone:
+            matched += ["The normaliser alone: CORY with score normalisation minus CORY without, paired by seed "
+                        "(two-sided paired t-tests, descriptive). At matched iterations it shows how much of \"lower "
+                        "KL at lower reward\" the normaliser makes by itself; at matched KL, whether it only moves CORY "
+                        "along its own reward-vs-KL path:", "", alone, ""]
     collapsing = ["## The collapse test", "", COLLAPSE_RULE, "", collapse.text, ""]
     first, second = (collapsing, matched) if claim.design.endpoint == "collapse" else (matched, collapsing)
     second[0] += " (secondary: not this folder's primary endpoint)"
