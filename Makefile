@@ -17,8 +17,8 @@ $(STAMP): requirements.txt requirements-assets.txt pyproject.toml
 install: $(STAMP)
 
 demo: install
-	$(PY) imdb_train/cory.py --config configs/imdb/cory_cpu.yaml --steps 6 --swap_period 3 --eval_every 0 \
-		--output_dir runs/demo --overwrite
+	$(PY) imdb_train/cory.py --config configs/imdb/cory_cpu.yaml --steps 4 --swap_period 2 --batch_size 16 \
+		--eval_every 0 --output_dir runs/demo --overwrite
 	@echo "samples (query, pioneer and observer answers, rewards): runs/demo/samples.jsonl"
 
 test: install
