@@ -181,6 +181,9 @@ def test_the_normalised_cory_is_read_beside_the_answer(tmp_path):
     claim = text.split("## The claim at matched KL")[1].split("## The collapse test")[0]
     assert "CORY with score normalisation (`cory_norm`, as the authors run it) against PPO" in claim
     assert "CORY with score normalisation (`cory_norm`, as the authors run it; score_norm" in text
+    # the confound figures' captions name the confounds run, not others
+    assert "confounds (CORY with score normalisation), PPO and CORY as thin reference lines" in text
+    assert "authors' resets" not in text
 
 
 def write_cory(root, label, seeds, llm1, llm2, rng=1):

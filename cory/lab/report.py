@@ -321,8 +321,9 @@ def draw_figures(exp: Experiment, main: list[tuple[Group, str]]) -> tuple[list[t
             name = f"fig_confounds_{metric}.png"
             notes += plot_metric(exp, root / name, metric, confounds, refs=main,
                                  title=f"confounds, {METRICS[metric][0]}")
-            figures.append((name, f"{METRICS[metric][0]}: confounds, PPO with score normalisation and CORY with "
-                                  "the authors' resets, PPO and CORY as thin reference lines"))
+            present = " and ".join(METHOD_NAMES[m] for m in CONFOUND_METHODS if exp.main_group(m) is not None)
+            figures.append((name, f"{METRICS[metric][0]}: confounds ({present}), PPO and CORY as thin reference "
+                                  "lines"))
     ablations = [(g, a) for m in ABLATION_METHODS for g in [exp.groups.get(m)] if g is not None for a in g.agents]
     if ablations:
         for metric in ("task_reward", "kl", "combined_reward"):
