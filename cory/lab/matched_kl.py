@@ -21,7 +21,7 @@ import numpy as np
 from cory.lab.design import Design, load_design
 from cory.lab.learning import baseline_learned
 from cory.lab.results import METHOD_NAMES, POLICY, Experiment, Group, fmt
-from cory.lab.stats import Diff, holm, min_detectable, p_value
+from cory.lab.stats import Diff, holm, min_detectable, p_two_sided, p_value
 
 
 SECONDARY_KL = (8.0, 12.0)  # also read (shown, not tested) where both paths reached them
@@ -87,6 +87,15 @@ def seed_reading(seed: int, mine: HeldoutPath, ppo: HeldoutPath, grid: tuple[flo
 
 # ----------------------------------------------------------------------------- one agent against PPO
 
+def paired_diff(values) -> Diff:
+    """The one-sample t of per-seed paired differences: mean, SE, df, n (SE and df NaN below 2 seeds)."""
+    d = np.asarray(values, dtype=float)
+    n = len(d)
+    if n < 2:
+        return Diff(True, float(d.mean()) if n else float("nan"), float("nan"), float("nan"), n)
+    return Diff(True, float(d.mean()), float(d.std(ddof=1) / math.sqrt(n)), float(n - 1), n)
+
+
 @dataclass
 class AgentReading:
     name: str
@@ -106,11 +115,7 @@ class AgentReading:
 
     @property
     def diff(self) -> Diff:
-        d = self.values
-        n = len(d)
-        if n < 2:
-            return Diff(True, float(d.mean()) if n else float("nan"), float("nan"), float("nan"), n)
-        return Diff(True, float(d.mean()), float(d.std(ddof=1) / math.sqrt(n)), float(n - 1), n)
+        return paired_diff(self.values)
 
     @property
     def judged(self) -> bool:
@@ -227,13 +232,6 @@ def judge(readings: list[AgentReading], design: Design, where: str) -> tuple[str
 
 # ----------------------------------------------------------------------------- the normaliser alone
 
-def paired_diff(values: list[float]) -> Diff:
-    d = np.asarray(values, dtype=float)
-    n = len(d)
-    if n < 2:
-        return Diff(True, float(d.mean()) if n else float("nan"), float("nan"), float("nan"), n)
-    return Diff(True, float(d.mean()), float(d.std(ddof=1) / math.sqrt(n)), float(n - 1), n)
-
 
 def normaliser_alone(exp: Experiment, method: str = "cory_norm", reference: str = "cory") -> str:
     """``method`` (CORY with score normalisation) minus ``reference`` (CORY without), paired by seed, per agent:
@@ -271,7 +269,7 @@ def normaliser_alone(exp: Experiment, method: str = "cory_norm", reference: str 
             d = paired_diff(values)
             if d.n < 2:
                 return f"{fmt(d.mean)}{unit} ({d.n} seed)"
-            p = min(1.0, 2 * min(p_value(d, "less"), p_value(d, "greater")))
+            p = p_two_sided(d)
             return f"{'+' if d.mean >= 0 else ''}{fmt(d.mean)}{unit} ± {fmt(d.se)} (SE, {d.n} seeds; two-sided p {fmt(p)})"
 
         if not used:

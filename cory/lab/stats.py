@@ -88,6 +88,11 @@ def p_value(d: Diff, direction: str, bound: float = 0.0) -> float:
     return float(stdtr(d.df, t) if direction == "less" else stdtr(d.df, -t))
 
 
+def p_two_sided(d: Diff) -> float:
+    """Two-sided p of the t-test of ``d.mean`` against 0 (NaN without a standard error)."""
+    return min(1.0, 2 * min(p_value(d, "less"), p_value(d, "greater"))) if math.isfinite(d.se) else float("nan")
+
+
 def power(effect: float, d: Diff, alpha: float) -> float:
     """Chance that the one-sided t-test at level ``alpha`` rejects when the true difference lies ``effect`` beyond
     the tested bound (noncentral t, with the observed standard error and degrees of freedom)."""

@@ -23,8 +23,8 @@ from functools import cached_property
 from cory.lab.learning import baseline_learned
 from cory.lab.results import (LAST_N, METHOD_NAMES, POLICY, REWARD_RANGES, curve, Experiment, Final, final_value, fmt,
                               fmt_final, Group, heldout_final, heldout_value)
-from cory.lab.stats import (ALPHA, POWER_TARGET, Diff, difference, holm, holm_adjusted, min_detectable, p_value, pct,
-                            power, trend)
+from cory.lab.stats import (ALPHA, POWER_TARGET, Diff, difference, holm, holm_adjusted, min_detectable, p_two_sided,
+                            p_value, pct, power, trend)
 from cory.tasks import registered
 
 MIN_SEEDS = 3        # fewer seeds per method: the numbers are shown, no verdict
@@ -529,7 +529,7 @@ def ablation_lines(exp: Experiment) -> str:
                 if a is None or b is None or min(a.n, b.n) < MIN_SEEDS:
                     continue
                 d = difference(a, b, pair.paired)
-                p = min(1.0, 2 * min(p_value(d, "less"), p_value(d, "greater"))) if math.isfinite(d.se) else float("nan")
+                p = p_two_sided(d)
                 tests.append((agent, metric, a, b, d, p))
         if not tests:
             continue
