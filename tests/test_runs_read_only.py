@@ -167,6 +167,19 @@ def test_the_runner_writes_into_an_empty_folder_or_its_own_experiment(tmp_path):
     assert p.returncode == 0 and "skip   ppo/seed_0" in p.stdout, p.stderr[-2000:]
 
 
+def test_the_runner_writes_into_a_folder_holding_only_its_design(tmp_path):
+    """A design is committed before its runs (DESIGN.md, design.yaml): the runner starts there and keeps both."""
+    out = tmp_path / "designed"
+    out.mkdir()
+    (out / "DESIGN.md").write_text("# written before the runs")
+    (out / "design.yaml").write_text("endpoint: collapse\n")
+    before = tree(out)
+    p = runner("--task", "imdb", "--preset", "tiny", "--methods", "ppo", "--seeds", "0", "--steps", "1", "--out", out,
+               "--no_eval", "--no_report")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert (out / "runs.json").is_file() and {k: v for k, v in tree(out).items() if k in before} == before
+
+
 # ----------------------------------------------------------------------------- a run stopped at once
 
 def test_a_second_stop_during_the_base_models_evaluation_is_one_line(tmp_path, monkeypatch):

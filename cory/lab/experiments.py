@@ -320,9 +320,12 @@ def _kl_coefs(args) -> list[float | None]:
     return kl_coefs
 
 
+DESIGN_FILES = {"DESIGN.md", "design.yaml"}
+
+
 def _out(args) -> Path:
-    """The experiment folder: nothing yet, an empty folder or one of the runner's own experiments (it has
-    runs.json), and never inside a training run's folder. A symbolic link is judged by the folder it leads to."""
+    """The experiment folder: nothing yet, an empty folder, one holding only its design (DESIGN.md, design.yaml)
+    or one of the runner's own experiments (it has runs.json), and never inside a training run's folder. A symbolic link is judged by the folder it leads to."""
     if not args.out.strip():  # "" would resolve to the current folder and fill it with the experiment
         raise ExperimentError(f"--out: must name the experiment folder, got {args.out!r}")
     out = Path(args.out).expanduser().resolve()
@@ -335,7 +338,8 @@ def _out(args) -> Path:
     if run is not None:  # the run's --overwrite would then refuse its folder, and its --resume misread it
         raise ExperimentError(f"--out: {args.out} is inside the training run {run}; choose a folder outside it")
     held = sorted(p.name for p in out.iterdir() if p.name != LOCK) if out.is_dir() else []
-    if held and not (out / "runs.json").is_file():
+    # a design is written (and committed) before its runs, so a folder holding only it is the experiment's own
+    if held and not set(held) <= DESIGN_FILES and not (out / "runs.json").is_file():
         raise ExperimentError(f"--out: {args.out} holds files ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}"
                               ") and no runs.json, so it is not an experiment folder; the runner writes only into a "
                               "new or empty folder or one of its own experiments: choose another --out")
