@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import sys
 from dataclasses import dataclass
 
@@ -33,6 +34,7 @@ import torch
 from trl.core import logprobs_from_logits
 
 from cory import packing
+from cory.errors import ConfigError
 
 # the full KL of a pass is taken in one go while its four [B, W, V] float32 tensors stay under this size, else a
 # few rows at a time (so a long window or a large vocabulary never needs them all at once)
@@ -213,10 +215,38 @@ def auto_pass_tokens(free_bytes: float, bytes_per_token: float, reserve_bytes: f
     return max(floor, int(usable // max(bytes_per_token, 1.0)))
 
 
+# Several runs on one card (the runner's --jobs) each measure the card's free memory at their first step and would
+# each budget 0.7 of it: on an H100 the sixth of six SmolLM2 runs then ran out of memory. The runner gives each run
+# its share of the card in this variable, and a run budgets within its share.
+SHARE_ENV = "CORY_CUDA_SHARE"
+
+
+def cuda_share() -> float:
+    """This run's share of its card: 1 alone, the runner's ``CORY_CUDA_SHARE`` when runs share one card."""
+    raw = os.environ.get(SHARE_ENV, "").strip()
+    if not raw:
+        return 1.0
+    try:
+        share = float(raw)
+    except ValueError:
+        share = float("nan")
+    if not 0 < share <= 1:
+        raise ConfigError(f"{SHARE_ENV}: must be a number in (0, 1] (this run's share of the GPU), got {raw!r}")
+    return share
+
+
+def usable_cuda_bytes(free: float, total: float, reserved: float, allocated: float, share: float = 1.0) -> float:
+    """What this process may still take: the card's free memory (within its share of the card, less what its
+    allocator already reserved) plus what its allocator holds but does not use."""
+    room = free if share >= 1 else min(free, share * total - reserved)
+    return max(0.0, room) + max(0.0, reserved - allocated)
+
+
 def free_cuda_bytes(device) -> float:
-    """Free memory on the card plus what PyTorch's allocator holds but does not use."""
-    free, _ = torch.cuda.mem_get_info(device)
-    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    """Free memory on the card for this run (``usable_cuda_bytes``)."""
+    free, total = torch.cuda.mem_get_info(device)
+    return usable_cuda_bytes(free, total, torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device),
+                             cuda_share())
 
 
 def measure_bytes_per_token(model, input_ids: torch.Tensor) -> float:

@@ -34,6 +34,7 @@ from cory.method import AGENT_NAMES, Method, method_of
 from cory.final import write_final
 from cory.outputs import DIGESTS, RunDir, RunLock, check_saveable, latest_checkpoint, load_checkpoint_file
 from cory.rollout import Rollout
+from cory.passes import cuda_share
 from cory.patches import cuda_allocator_segments, return_freed_memory
 from cory.tasks import make_task
 
@@ -278,6 +279,7 @@ def prepare_run(cfg: PPOArgs) -> Run | None:
     if plan is None:
         return None
     cuda_allocator_segments()
+    cuda_share()  # a bad share of the GPU fails here, before any model loads
     rank, world = parallel.setup()
     lock = RunLock(cfg.output_dir).acquire() if rank == 0 else None
     try:

@@ -9,6 +9,7 @@ from cory import models
 from cory.assets import locate
 from cory.agent import Agent
 from cory.config import build
+from cory.errors import ConfigError
 from cory import passes as budget
 import cory.ppo
 
@@ -73,3 +74,35 @@ def test_a_stubbed_small_card_takes_more_passes_and_the_same_step(tmp_path, monk
         assert getattr(s_auto, key) == pytest.approx(getattr(s_one, key), rel=1e-4, abs=1e-6), key
     before = torch.cat([p.detach().flatten() for p in policy.parameters()])
     assert float((p_auto - p_one).norm() / (p_one - before).norm()) < 1e-3
+
+
+def test_runs_sharing_a_gpu_budget_within_their_share(monkeypatch):
+    """Six runs on one 80 GiB card: each budgets within its share, not within what the whole card has free (on an
+    H100 the sixth of six runs that each took 0.7 of the free memory ran out of it)."""
+    gib = 2 ** 30
+    # alone: the card's free memory plus the allocator's unused cache, as before
+    assert budget.usable_cuda_bytes(60 * gib, 80 * gib, 6 * gib, 4 * gib) == 62 * gib
+    # a 0.15 share (12 GiB) with 6 GiB reserved: 6 GiB more at most, though the card has 60 free; plus the cache
+    assert budget.usable_cuda_bytes(60 * gib, 80 * gib, 6 * gib, 4 * gib, share=0.15) == pytest.approx(8 * gib)
+    # the card has less free than the share allows: the card's figure; over its share: only the cache
+    assert budget.usable_cuda_bytes(3 * gib, 80 * gib, 6 * gib, 4 * gib, share=0.15) == 5 * gib
+    assert budget.usable_cuda_bytes(60 * gib, 80 * gib, 14 * gib, 4 * gib, share=0.15) == 10 * gib
+    monkeypatch.delenv(budget.SHARE_ENV, raising=False)
+    assert budget.cuda_share() == 1.0
+    monkeypatch.setenv(budget.SHARE_ENV, "0.15")
+    assert budget.cuda_share() == 0.15
+    for bad in ("0", "1.5", "half", "nan", "-0.2"):
+        monkeypatch.setenv(budget.SHARE_ENV, bad)
+        with pytest.raises(ConfigError, match=rf"CORY_CUDA_SHARE: must be a number in \(0, 1\].*got '{bad}'"):
+            budget.cuda_share()
+
+
+def test_the_runner_gives_parallel_runs_their_share_of_the_cores_and_the_gpu():
+    from cory.lab.experiments import GPU_SHARE_ENV, child_env
+
+    assert GPU_SHARE_ENV == budget.SHARE_ENV
+    alone = child_env({"PATH": "/bin"}, 1)
+    assert budget.SHARE_ENV not in alone and "OMP_NUM_THREADS" not in alone
+    six = child_env({"PATH": "/bin"}, 6)
+    assert float(six[budget.SHARE_ENV]) == pytest.approx(0.15) and int(six["OMP_NUM_THREADS"]) >= 1
+    assert child_env({budget.SHARE_ENV: "0.5", "OMP_NUM_THREADS": "3"}, 6)[budget.SHARE_ENV] == "0.5"  # the user's

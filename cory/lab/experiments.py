@@ -383,6 +383,20 @@ def run(argv: list[str] | None = None) -> int:
         lock.release()
 
 
+GPU_SHARE_ENV = "CORY_CUDA_SHARE"  # cory.passes.SHARE_ENV, named here so the runner need not import torch
+
+
+def child_env(environ, jobs: int) -> dict:
+    """The runs' environment: parallel runs share the cores (instead of each starting one thread per core) and the
+    GPU (each budgets its passes within its share, ``cory.passes.cuda_share``; 0.9 of the card in all, since
+    every process's CUDA context and allocator slack lie outside what it budgets). A setting the user made wins."""
+    env = {**environ, "PYTHONUNBUFFERED": "1"}
+    if jobs > 1:
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
+        env.setdefault(GPU_SHARE_ENV, f"{0.9 / jobs:.4f}")
+    return env
+
+
 def _run(args, argv, pairs: list[Pair], spec: dict, out: Path) -> int:
     """Check every run's folder, record the invocation, train what is not finished, evaluate, report."""
     from tqdm.auto import tqdm
@@ -391,10 +405,7 @@ def _run(args, argv, pairs: list[Pair], spec: dict, out: Path) -> int:
     states = _states(pairs)
     record = Record(out, spec)
     invocation = _record_invocation(record, argv)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    if spec["jobs"] > 1 and "OMP_NUM_THREADS" not in env:
-        # parallel runs share the cores instead of each starting one thread per core
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec["jobs"]))
+    env = child_env(os.environ, spec["jobs"])
     todo = []
     for pair in pairs:
         state, why = states[pair.key]
