@@ -6,20 +6,22 @@
 #     source .device/setup.sh && bash benchmarks/gpu_session.sh 2      # GSM8K: 1B tf32, 7B bf16 + LoRA
 #     source .device/setup.sh && bash benchmarks/gpu_session.sh 3      # generation levers, the test suite
 #
-# `results` and `results_scaled` (issue 27's step 1) need the real SmolLM2 weights, packed by ../shared/gpu/pack.sh
-# into three 31 MiB parts. A copy to the GPU machine holds at most 64 MiB, and the tracked files (13 MiB), .device/
-# (21 MiB) and one part no longer fit together, so each part travels alone and waits in /tmp/gguf there:
+# `results` and `results_scaled` (issue 27's step 1) need the real SmolLM2 weights (98 MB), packed by
+# ../shared/gpu/pack.sh. A copy to the GPU machine holds at most 64 MiB (tracked files 17.5 MiB, .device/ 16 MiB
+# without its GSM8K copy), so the weights travel in three parts, each waiting in /tmp/gguf there. As run on
+# 2026-11-26 (parts of 28, 44 and 21.8 MiB, the name and md5 in .gguf3/; benchmarks/README.md):
 #
-#     bash benchmarks/gpu_session.sh gguf1                        # carry: [".gguf1"]  (no setup.sh needed)
-#     bash benchmarks/gpu_session.sh gguf2                        # carry: [".gguf2"]
-#     bash benchmarks/gpu_session.sh gguf3                        # carry: [".gguf3"]
-#     source .device/setup.sh && bash benchmarks/gpu_session.sh assemble && bash benchmarks/gpu_session.sh results
-#                                                                 # carry: [".device"]: results/imdb_gpu
-#     source .device/setup.sh && bash benchmarks/gpu_session.sh results_scaled     # results/imdb_gpu_scaled
+#     source .device/setup.sh && bash benchmarks/gpu_session.sh gguf1         # carry: [".device", ".gguf1"]
+#     bash benchmarks/gpu_session.sh gguf2                                     # carry: [".gguf2"]
+#     bash benchmarks/gpu_session.sh gguf3 && source .device/setup.sh && bash benchmarks/gpu_session.sh assemble \
+#         && bash benchmarks/gpu_session.sh results                            # carry: [".device", ".gguf3"]
+#     source .device/setup.sh && bash benchmarks/gpu_session.sh results_scaled # carry: [".device"]
 #
-# The four calls must reach the same machine (back to back: it is given back after 30 idle seconds); `assemble`
+# Every call that sources setup.sh carries .device: an ignored path not named in carry is removed there.
+# The calls must reach the same machine (back to back: it is given back after 30 idle seconds); `assemble`
 # says so when a part is missing. `results` runs PPO and CORY at the paper's Table 1 (configs/imdb/*_gpu.yaml) for
-# SEEDS (default 0,1,2), JOBS runs at a time (default 6: SmolLM2 fills little of the GPU), stops them cleanly
+# SEEDS (default 0,1,2), JOBS runs at a time (default 6, each budgeting within 0.9/6 of the card: six runs that
+# each budgeted the whole card filled an H100 and one ran out of memory, 2026-11-26), stops them cleanly
 # (checkpointed) before LIMIT seconds (default 500) and packs the experiment folder without weights into
 # $OUT/partresults/imdb_gpu.tgz. The same command on the same machine resumes the runs cut off.
 # `results_scaled` is the fallback when PPO does not learn there: the CPU search's reward form and learning rate
