@@ -89,6 +89,35 @@ def test_cory_that_did_not_learn_is_named(tmp_path):
     assert matched_kl(load_experiment(tmp_path)).answer == CORY_DID_NOT_LEARN
 
 
+def collapse_after(root, label, agents, after_iteration=15, to=0.0):
+    """PPO (or an agent) learned along its path, then its reward fell to ``to`` past the grid (KL still rising)."""
+    for p in (root / "runs" / label).glob("seed_*/eval.jsonl"):
+        rows = [json.loads(x) for x in p.read_text().splitlines()]
+        for r in rows:
+            if r["agent"] in agents and r["iterations"] > after_iteration:
+                r["task_reward"], r["kl"] = to, r["kl"] + 10.0
+        p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_a_ppo_that_learned_then_collapsed_is_read_at_the_grid_where_the_design_says_so(tmp_path):
+    """At the paper's batch on a GPU, PPO's held-out reward rose to 0.77 at KL 18 and fell below the base model's
+    by iteration 100: its final models say "did not learn", its path at the KL grid says it learned."""
+    write_paths(tmp_path, range(4), ppo=(0.05, 0.4), llm1=(0.05, 0.3), llm2=(0.05, 0.3))
+    collapse_after(tmp_path, "ppo", {"policy"})
+    assert matched_kl(load_experiment(tmp_path)).answer == PPO_DID_NOT_LEARN  # the default: the final models
+    (tmp_path / "design.yaml").write_text("learned_at: kl_grid\n")
+    v = matched_kl(load_experiment(tmp_path))
+    assert v.answer == "no", v.text  # the same line: read at matched KL, not refused
+    assert "largest KL-grid point" in v.text and "learning read along the path at the KL grid" in v.text
+    # a PPO that never rose along its path did not learn, whatever the design reads
+    write_paths(tmp_path, range(4), ppo=(0.0, 0.4), llm1=(0.05, 0.3), llm2=(0.05, 0.3))
+    assert matched_kl(load_experiment(tmp_path)).answer == PPO_DID_NOT_LEARN
+    # a CORY agent is read the same way: collapsed past the grid, it still learned what is compared
+    write_paths(tmp_path, range(4), ppo=(0.05, 0.4), llm1=(0.05, 0.3), llm2=(0.05, 0.3))
+    collapse_after(tmp_path, "cory", {"llm1", "llm2"})
+    assert all(a.learned for a in matched_kl(load_experiment(tmp_path)).agents)
+
+
 def test_reward_at_reads_where_the_path_first_reaches_k():
     p = HeldoutPath(np.array([0, 3, 6, 9]), np.array([0.0, 2.0, 5.0, 4.0]), np.array([0.1, 0.3, 0.6, 0.9]))
     assert reward_at(p, 1.0) == pytest.approx(0.2)
@@ -116,6 +145,7 @@ def test_design_file_is_read_and_checked(tmp_path):
     assert d.kl_grid == (1.0, 3.0) and d.margin == 0.1 and d.source == "design.yaml"
     for bad, what in (("kl_grid: []", "kl_grid"), ("kl_grid: [0]", "kl_grid"), ("margin: -1", "margin"),
                       ("alpha: 2", "alpha"), ("min_seeds: 1.5", "min_seeds"), ("endpoint: final_kl", "endpoint"), ("collapse_share: 0", "collapse_share"),
+                      ("learned_at: peak", "learned_at"),
                       ("colour: red", "unknown key"), ("- 1", "mapping"), ("kl_grid: [", "YAML")):
         (tmp_path / "design.yaml").write_text(bad + "\n")
         with pytest.raises(ReportError, match=what):

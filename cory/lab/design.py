@@ -18,6 +18,9 @@ from cory.errors import ReportError
 DESIGN_FILE = "design.yaml"
 ENDPOINTS = ("reward_at_matched_kl", "collapse")
 DEFAULTS = "the report's defaults"
+# where the matched-KL reading asks "did PPO learn?": its final models, or its held-out path at the KL grid (a run
+# that learned and then collapsed past the grid, as PPO did at the paper's batch on a GPU, learned what is compared)
+LEARNED_AT = ("final", "kl_grid")
 
 
 @dataclass(frozen=True)
@@ -31,12 +34,14 @@ class Design:
     min_seeds: int = 3
     # a final model has collapsed when its held-out distinct-2 is under this share of the base model's
     collapse_share: float = 0.5
+    learned_at: str = "final"
     source: str = DEFAULTS
 
     def text(self) -> str:
         grid = ", ".join(f"{k:g}" for k in self.kl_grid)
+        learned = "; learning read along the path at the KL grid" if self.learned_at == "kl_grid" else ""
         return (f"KL grid {grid} nats, margin {self.margin:g} reward units, α = {self.alpha:g} one-sided with Holm "
-                f"over the CORY agents, at least {self.min_seeds} paired seeds (from {self.source})")
+                f"over the CORY agents, at least {self.min_seeds} paired seeds{learned} (from {self.source})")
 
 
 def load_design(folder: str | Path) -> Design:
@@ -48,7 +53,7 @@ def load_design(folder: str | Path) -> Design:
         doc = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as e:
         raise ReportError(f"{path}: cannot be read as YAML ({type(e).__name__}); fix or remove it") from None
-    keys = ("endpoint", "kl_grid", "margin", "alpha", "min_seeds", "collapse_share")
+    keys = ("endpoint", "kl_grid", "margin", "alpha", "min_seeds", "collapse_share", "learned_at")
     if not isinstance(doc, dict):
         raise ReportError(f"{path}: must be a mapping of {', '.join(keys)}")
     unknown = sorted(set(map(str, doc)) - set(keys))
@@ -58,6 +63,9 @@ def load_design(folder: str | Path) -> Design:
     endpoint = doc.get("endpoint", default.endpoint)
     if endpoint not in ENDPOINTS:
         raise ReportError(f"{path}: endpoint {endpoint!r} is not one of {', '.join(ENDPOINTS)}")
+    learned_at = doc.get("learned_at", default.learned_at)
+    if learned_at not in LEARNED_AT:
+        raise ReportError(f"{path}: learned_at {learned_at!r} is not one of {', '.join(LEARNED_AT)}")
 
     def number(key, ok, allowed):
         v = doc.get(key, getattr(default, key))
@@ -75,4 +83,4 @@ def load_design(folder: str | Path) -> Design:
                   float(number("alpha", lambda v: 0 < v < 1, "a number in (0, 1)")),
                   int(number("min_seeds", lambda v: int(v) == v and v >= 2, "an integer >= 2")),
                   float(number("collapse_share", lambda v: 0 < v <= 1, "a number in (0, 1]")),
-                  DESIGN_FILE)
+                  learned_at, DESIGN_FILE)

@@ -39,7 +39,7 @@ class Learning:
     text: str
 
 
-def _base_error(result: dict) -> float:
+def base_error(result: dict) -> float:
     """The sampling error of the base model's one held-out mean: reward_sd / sqrt(prompts) for a reward, the
     binomial error of an accuracy over questions x samples (clustering by question ignored); 0 when unknown."""
     sd, n = result.get("reward_sd"), result.get("n_prompts")
@@ -59,7 +59,7 @@ def _gains(exp: Experiment, group: Group, agent: str) -> tuple[str, np.ndarray, 
     finals = {s: v for s, v in finals.items() if v is not None}
     if base is not None and finals:
         values = np.array(list(finals.values()))
-        return "held-out", values - base, base, float(values.mean()), _base_error(base_result)
+        return "held-out", values - base, base, float(values.mean()), base_error(base_result)
     c = curve(group, agent, "task_reward")
     if c is None or len(c.steps) < 2:
         return "", np.array([]), float("nan"), float("nan"), 0.0
@@ -72,14 +72,19 @@ def _gains(exp: Experiment, group: Group, agent: str) -> tuple[str, np.ndarray, 
 
 def baseline_learned(exp: Experiment, group: Group, agent: str = POLICY) -> Learning:
     """Whether ``group`` (PPO) learned its task, by ``LEARNING_RULE``."""
+    source, gains, start, end, start_error = _gains(exp, group, agent)
+    what = ("held-out reward of the final models against the base model's" if source == "held-out" else source)
+    return judge_gains(group.name(agent), source, what, gains, start, end, start_error)
+
+
+def judge_gains(name: str, source: str, what: str, gains: np.ndarray, start: float, end: float,
+                start_error: float) -> Learning:
+    """The one-sided t-test of ``LEARNING_RULE`` over per-seed ``gains`` (``what`` names what they are)."""
     from scipy.special import stdtr, stdtrit
 
-    source, gains, start, end, start_error = _gains(exp, group, agent)
-    name = group.name(agent)
     if not len(gains):
         return Learning(None, "", gains, start, end, float("nan"), float("nan"),
                         f"Whether {name} learned cannot be told: no held-out evaluation and too few iterations.")
-    what = ("held-out reward of the final models against the base model's" if source == "held-out" else source)
     mean = float(gains.mean())
     numbers = (f"{name}'s {what}: {fmt(start)} → {fmt(end)}, a gain of {fmt(mean)}"
                + (f" ± {fmt(float(gains.std(ddof=1)))} (std over {len(gains)} seeds)" if len(gains) > 1 else

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cory.lab.design import Design, load_design
-from cory.lab.learning import baseline_learned
-from cory.lab.results import METHOD_NAMES, POLICY, Experiment, Group, fmt
+from cory.lab.learning import Learning, base_error, baseline_learned, judge_gains
+from cory.lab.results import METHOD_NAMES, POLICY, Experiment, Group, fmt, heldout_value
 from cory.lab.stats import Diff, holm, min_detectable, p_two_sided, p_value
 
 
@@ -167,8 +167,34 @@ RULE = (
     "agent: _yes_ — shown higher than PPO's; _no_ — not shown higher and shown below PPO's + the margin (shown "
     "lower, or not higher by an amount that matters); _could not tell_ — neither. The folder: _yes_ if an agent's "
     "is yes and none is shown lower; _no_ if every agent's is no; else _could not tell_. Before any of it: _not "
-    "tested (PPO did not learn)_ when PPO's final held-out reward is not above the base model's beyond noise, _not "
-    "tested (CORY did not learn)_ when neither agent's is.")
+    "tested (PPO did not learn)_ when PPO's final held-out reward (with the design's `learned_at: kl_grid`: its path's "
+    "reward at the largest grid KL it reached, else at its last evaluation) is not above the base model's beyond "
+    "noise, _not tested (CORY did not learn)_ when neither agent's is.")
+
+
+def learned_along_path(exp: Experiment, group: Group, agent: str, grid: tuple[float, ...]) -> Learning:
+    """Did ``group``'s ``agent`` learn within what the matched-KL reading compares: per seed, its held-out path's
+    reward at the largest grid KL the path reached (else at its last evaluation) minus the base model's."""
+    base_result = exp.base_evaluation()
+    base = heldout_value(base_result)
+    gains = []
+    for seed in sorted(group.runs):
+        path = heldout_path(group, seed, agent)
+        if path is None or base is None:
+            continue
+        reached = [r for r in (reward_at(path, k) for k in sorted(grid, reverse=True)) if r is not None]
+        gains.append((reached[0] if reached else float(path.reward[-1])) - base)
+    gains = np.array(gains, dtype=float)
+    end = float(gains.mean() + base) if len(gains) else float("nan")
+    return judge_gains(group.name(agent), "held-out path", "held-out reward at the largest KL-grid point each seed's "
+                       "path reached (else its last evaluation) against the base model's", gains,
+                       float("nan") if base is None else base, end, base_error(base_result or {}))
+
+
+def _learned(exp: Experiment, group: Group, agent: str, design: Design) -> Learning:
+    if design.learned_at == "kl_grid":
+        return learned_along_path(exp, group, agent, design.kl_grid)
+    return baseline_learned(exp, group, agent)
 
 
 def matched_kl(exp: Experiment, method: str = "cory") -> MatchedKL:
@@ -178,7 +204,7 @@ def matched_kl(exp: Experiment, method: str = "cory") -> MatchedKL:
     if ppo is None or cory is None:
         name = METHOD_NAMES.get(method, method)
         return MatchedKL(NOT_DECIDED, f"**not decided** — no PPO and {name} runs with metrics to compare.", [], design)
-    learning = baseline_learned(exp, ppo)
+    learning = _learned(exp, ppo, POLICY, design)
     head = f"Design: {design.text()}."
     if learning.learned is not True:
         why = learning.text.split(" — ", 1)[-1]
@@ -186,7 +212,7 @@ def matched_kl(exp: Experiment, method: str = "cory") -> MatchedKL:
         return MatchedKL(answer, f"**{answer}** — {why} {head}", [], design)
     readings = []
     for agent in cory.agents:
-        reading = AgentReading(cory.name(agent), [], [], design, learned=baseline_learned(exp, cory, agent).learned)
+        reading = AgentReading(cory.name(agent), [], [], design, learned=_learned(exp, cory, agent, design).learned)
         for seed in sorted(set(cory.runs) & set(ppo.runs)):
             mine, base = heldout_path(cory, seed, agent), heldout_path(ppo, seed, POLICY)
             r = None
