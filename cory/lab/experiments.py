@@ -405,7 +405,6 @@ def _run(args, argv, pairs: list[Pair], spec: dict, out: Path) -> int:
     states = _states(pairs)
     record = Record(out, spec)
     invocation = _record_invocation(record, argv)
-    env = child_env(os.environ, spec["jobs"])
     todo = []
     for pair in pairs:
         state, why = states[pair.key]
@@ -416,6 +415,7 @@ def _run(args, argv, pairs: list[Pair], spec: dict, out: Path) -> int:
         else:
             todo.append((pair, state, why))
     record.save()
+    env = child_env(os.environ, min(spec["jobs"], max(1, len(todo))))  # the runs at once: jobs, or fewer left to do
 
     children = Children()
     failed = _train(todo, len(pairs), spec, record, invocation, out, env, children)
