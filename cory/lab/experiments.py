@@ -325,7 +325,8 @@ DESIGN_FILES = {"DESIGN.md", "design.yaml"}
 
 def _out(args) -> Path:
     """The experiment folder: nothing yet, an empty folder, one holding only its design (DESIGN.md, design.yaml)
-    or one of the runner's own experiments (it has runs.json), and never inside a training run's folder. A symbolic link is judged by the folder it leads to."""
+    or one of the runner's own experiments (it has runs.json), and never inside a training run's folder. A symbolic
+    link is judged by the folder it leads to."""
     if not args.out.strip():  # "" would resolve to the current folder and fill it with the experiment
         raise ExperimentError(f"--out: must name the experiment folder, got {args.out!r}")
     out = Path(args.out).expanduser().resolve()
