@@ -54,6 +54,15 @@ def test_cory_collapsing_as_often_is_no(tmp_path):
     assert [a.answer for a in v.agents] == ["no", "no"] and v.answer == "no", v.text
 
 
+def test_fewer_seeds_than_the_design_shows_the_counts_and_no_test(tmp_path):
+    write_finals(tmp_path, [0.1] * 3, [0.9, 0.2, 0.9], [0.9] * 3)
+    (tmp_path / "design.yaml").write_text("endpoint: collapse\nmin_seeds: 6\n")
+    v = collapse_test(load_experiment(tmp_path))
+    assert v.answer == "not decided" and "3 PPO seed(s) with a held-out distinct-2, the design needs 6" in v.text
+    assert "- CORY-LLM1: collapsed in 1 of 3 seeds" in v.text and "- CORY-LLM2: collapsed in 0 of 3 seeds" in v.text
+    assert "(not judged)" in v.text and "exact p" not in v.text and "good good good" in v.text
+
+
 def test_ppo_that_did_not_collapse_tests_nothing(tmp_path):
     write_finals(tmp_path, [0.9] * 4 + [0.1] * 2, [0.9] * 6, [0.9] * 6)
     assert collapse_test(load_experiment(tmp_path)).answer == PPO_DID_NOT_COLLAPSE

@@ -78,12 +78,13 @@ class AgentCollapse:
     def count(self) -> int:
         return sum(1 for _, b in self.pairs if b.collapsed)
 
-    def line(self) -> str:
+    def line(self, judged: bool = True) -> str:
         d2 = [b.distinct_2 for _, b in self.pairs if b.distinct_2 is not None]
         reward = [b.reward for _, b in self.pairs if b.reward is not None]
-        return (f"- {self.name}: collapsed in {self.count} of {len(self.pairs)} seeds; final held-out distinct-2 "
-                f"{_mean_sd(d2)}, reward {_mean_sd(reward)}; seeds where only PPO collapsed {self.wins}, only "
-                f"{self.name} {self.losses}: one-sided exact p {fmt(self.p)} — **{self.answer}**.")
+        out = (f"- {self.name}: collapsed in {self.count} of {len(self.pairs)} seeds; final held-out distinct-2 "
+               f"{_mean_sd(d2)}, reward {_mean_sd(reward)}; seeds where only PPO collapsed {self.wins}, only "
+               f"{self.name} {self.losses}")
+        return out + (f": one-sided exact p {fmt(self.p)} — **{self.answer}**." if judged else " (not judged).")
 
 
 def _mean_sd(values: list[float]) -> str:
@@ -126,8 +127,10 @@ def collapse_test(exp: Experiment) -> Collapse:
         readings.append(reading)
     samples = _samples(models)
     if len(known) < design.min_seeds:
+        # the numbers so far are shown (an interim look), no test
         return Collapse(NOT_DECIDED, f"**not decided** — {len(known)} PPO seed(s) with a held-out distinct-2, the "
-                                     f"design needs {design.min_seeds}. {head}\n\n{ppo_line}", readings)
+                                     f"design needs {design.min_seeds}. {head}\n\n"
+                        + "\n".join([ppo_line] + [r.line(judged=False) for r in readings]) + samples, readings)
     if 2 * ppo_count < len(known):
         answer = PPO_DID_NOT_COLLAPSE
         return Collapse(answer, f"**{answer}** — PPO collapsed in {ppo_count} of {len(known)} seeds, fewer than "
