@@ -178,9 +178,9 @@ def learned_along_path(exp: Experiment, group: Group, agent: str, grid: tuple[fl
     base_result = exp.base_evaluation()
     base = heldout_value(base_result)
     gains = []
-    for seed in sorted(group.runs):
+    for seed in sorted(group.runs) if base is not None else []:  # no base model's reward: nothing to gain over
         path = heldout_path(group, seed, agent)
-        if path is None or base is None:
+        if path is None:
             continue
         reached = [r for r in (reward_at(path, k) for k in sorted(grid, reverse=True)) if r is not None]
         gains.append((reached[0] if reached else float(path.reward[-1])) - base)
