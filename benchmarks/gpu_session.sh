@@ -23,7 +23,9 @@
 # SEEDS (default 0,1,2), JOBS runs at a time (default 6, each budgeting within 0.9/6 of the card: six runs that
 # each budgeted the whole card filled an H100 and one ran out of memory, 2026-11-26), stops them cleanly
 # (checkpointed) before LIMIT seconds (default 500) and packs the experiment folder without weights into
-# $OUT/partresults/imdb_gpu.tgz. The same command on the same machine resumes the runs cut off.
+# $OUT/partresults/imdb_gpu.tgz. The same command on the same machine resumes the runs cut off; a fresh machine
+# (a later session) cannot (checkpoints are not brought back), so a session short of device time picks the runs
+# that finish within it with METHODS (default ppo,cory) and SEEDS: the runner skips what runs.json marks finished.
 # `results_scaled` is the fallback when PPO does not learn there: the CPU search's reward form and learning rate
 # (vader-scaled, 3e-5; results/imdb_cpu_search) at the same batch 256, into results/imdb_gpu_scaled, packed into
 # $OUT/partresults_scaled/imdb_gpu_scaled.tgz.
@@ -123,7 +125,7 @@ results|results_scaled)  # PPO and CORY at Table 1 with the embedded SmolLM2: th
         name=imdb_gpu_scaled
         shaping=(--set reward_model=vader-scaled --set learning_rate=3e-5)
     fi
-    run "$name" "${LIMIT:-500}" $PY -m cory.lab.experiments --task imdb --preset gpu --methods ppo,cory \
+    run "$name" "${LIMIT:-500}" $PY -m cory.lab.experiments --task imdb --preset gpu --methods "${METHODS:-ppo,cory}" \
         --seeds "${SEEDS:-0,1,2}" --out "results/$name" --jobs "${JOBS:-6}" "${shaping[@]}"
     if [ -z "${DRY_RUN:-}" ]; then
         tar czf "$dest/$name.tgz" --exclude=checkpoints --exclude=final --exclude=.cory.lock "results/$name" \

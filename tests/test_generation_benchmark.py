@@ -96,6 +96,24 @@ def test_gpu_session_commands_pass_their_benchmarks_checks(part, tmp_path, monke
             assert cmd[1:3] == ["-m", "pytest"]
 
 
+def test_a_short_gpu_session_picks_the_runs_it_can_finish(tmp_path):
+    """A later session's fresh machine cannot resume a run cut off (its checkpoints stay behind), so `results` takes
+    METHODS and SEEDS to start only the runs that finish within the session's device time."""
+    import shlex
+
+    from cory.lab import experiments
+
+    p = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_session.sh"), "results"], capture_output=True,
+                       text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "OUT": str(tmp_path),
+                                                   "METHODS": "cory", "SEEDS": "0,2"})
+    assert p.returncode == 0, p.stderr
+    [cmd] = [shlex.split(line) for line in p.stdout.splitlines()]
+    args = experiments._parser().parse_args(cmd[3:])
+    args.out = str(tmp_path / "imdb_gpu")
+    pairs, _ = experiments.plan(args)
+    assert sorted((pair.method, pair.seed) for pair in pairs) == [("cory", 0), ("cory", 2)]
+
+
 def _session(part: str, cwd, tmp_path) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_session.sh"), part], cwd=cwd, capture_output=True,
                           text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"),
