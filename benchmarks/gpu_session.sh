@@ -24,7 +24,8 @@
 # each budgeted the whole card filled an H100 and one ran out of memory, 2026-11-26), stops them cleanly
 # (checkpointed) before LIMIT seconds (default 500) and packs the experiment folder without weights into
 # $OUT/partresults/imdb_gpu.tgz. The same command on the same machine resumes the runs cut off; a fresh machine
-# (a later session) cannot (checkpoints are not brought back), so a session short of device time picks the runs
+# (a later session) cannot (checkpoints are not brought back): --restart_cut_off moves such a committed run's
+# record under results/<name>/cut_off/<n>/ and starts it again, so a session short of device time picks the runs
 # that finish within it with METHODS (default ppo,cory) and SEEDS: the runner skips what runs.json marks finished.
 # `results_scaled` is the fallback when PPO does not learn there: the CPU search's reward form and learning rate
 # (vader-scaled, 3e-5; results/imdb_cpu_search) at the same batch 256, into results/imdb_gpu_scaled, packed into
@@ -126,7 +127,7 @@ results|results_scaled)  # PPO and CORY at Table 1 with the embedded SmolLM2: th
         shaping=(--set reward_model=vader-scaled --set learning_rate=3e-5)
     fi
     run "$name" "${LIMIT:-500}" $PY -m cory.lab.experiments --task imdb --preset gpu --methods "${METHODS:-ppo,cory}" \
-        --seeds "${SEEDS:-0,1,2}" --out "results/$name" --jobs "${JOBS:-6}" "${shaping[@]}"
+        --seeds "${SEEDS:-0,1,2}" --out "results/$name" --jobs "${JOBS:-6}" --restart_cut_off "${shaping[@]}"
     if [ -z "${DRY_RUN:-}" ]; then
         tar czf "$dest/$name.tgz" --exclude=checkpoints --exclude=final --exclude=.cory.lock "results/$name" \
             && echo "packed $dest/$name.tgz: tar xzf it in the checkout's root here"

@@ -159,7 +159,7 @@ def _listing(names: list[str]) -> str:
     return ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
 
 
-def _finished(run_dir: Path) -> bool:
+def run_finished(run_dir: Path) -> bool:
     """A finished run's results: its final models or their evaluation, or a metrics row for every iteration its
     config.yaml asks for (its checkpoints and final/ deleted, or never kept)."""
     if (run_dir / "final").is_dir() or evaluations(run_dir):
@@ -188,7 +188,7 @@ def restart_refusal(run_dir: str | os.PathLike) -> str | None:
     None for a run cut off before its first checkpoint in this folder, whose rows the restart redoes."""
     run_dir = Path(run_dir)
     copied = copied_run(run_dir)
-    if copied or not _finished(run_dir):
+    if copied or not run_finished(run_dir):
         return copied
     return f"{run_dir} holds a finished run's results ({_listing(_results(run_dir))})"
 

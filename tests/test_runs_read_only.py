@@ -65,6 +65,44 @@ def test_the_runner_never_reruns_a_committed_run_missing_its_config(committed):
     assert tree(committed) == before
 
 
+def test_a_run_cut_off_elsewhere_is_set_aside_only_when_asked(tmp_path):
+    """A run cut off in a lent GPU's call is committed as that call's record (metrics, no checkpoint): a later
+    machine cannot resume it. The runner refuses to start it again, naming --restart_cut_off; with it, the run's
+    folder moves under cut_off/1/ unchanged (nothing deleted) and the run starts anew; the finished run stays."""
+    import json
+
+    argv = ["--task", "imdb", "--preset", "tiny", "--methods", "ppo", "--seeds", "0,1", "--steps", "2", "--no_eval",
+            "--no_report"]
+    made = tmp_path / "made"
+    p = runner(*argv, "--out", made)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = tmp_path / "clone" / "exp"  # as a clone has it: no weights, seed 1 cut off after its first iteration
+    shutil.copytree(made, out)
+    for seed in (0, 1):
+        run = out / "runs" / "ppo" / f"seed_{seed}"
+        shutil.rmtree(run / "checkpoints")
+        shutil.rmtree(run / "final")
+    cut = out / "runs" / "ppo" / "seed_1"
+    metrics = (cut / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (cut / "metrics.jsonl").write_text(metrics[0])
+    record = json.loads((out / "runs.json").read_text())
+    record["runs"]["ppo/seed_1"]["status"] = "interrupted"
+    (out / "runs.json").write_text(json.dumps(record))
+    before, kept = tree(cut), tree(out / "runs" / "ppo" / "seed_0")
+
+    whole = tree(out)
+    refused(runner(*argv, "--out", out), f"{cut} holds a run copied or cloned", "--restart_cut_off")
+    assert tree(out) == whole
+
+    p = runner(*argv, "--out", out, "--restart_cut_off")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert f"set aside 1 run(s) cut off elsewhere: {out / 'cut_off' / '1'}" in p.stdout.replace(str(REPO) + "/", "")
+    assert tree(out / "cut_off" / "1" / "ppo" / "seed_1") == before
+    assert [r["step"] for r in read_jsonl(cut / "metrics.jsonl")] == [0, 1]
+    assert tree(out / "runs" / "ppo" / "seed_0") == kept
+    assert json.loads((out / "runs.json").read_text())["runs"]["ppo/seed_1"]["status"] == "finished"
+
+
 # ----------------------------------------------------------------------------- a training script on a committed run
 
 def test_resume_of_a_committed_run_refuses_to_start_it_again(committed):

@@ -50,8 +50,8 @@ from cory.config import SEED_LIMIT, CoryArgs, PPOArgs, load_yaml, on_resume_fiel
 from cory.errors import AssetError, ConfigError, ExperimentError, OneLineParser, ReportError, file_fault
 from cory.lab import heldout_runs
 from cory.lab.report import build_report
-from cory.lab.runs import (REPO, Children, Pair, Record, execute, git_state, lost_by, mismatch, now, pair_state,
-                           rel)
+from cory.lab.runs import (REPO, Children, Pair, Record, cut_off_elsewhere, execute, git_state, lost_by, mismatch, now,
+                           pair_state, rel, set_aside)
 from cory.outputs import LOCK, MANIFEST, RunLock, in_use
 
 
@@ -112,6 +112,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model_2x", help="the model for ppo_2x (default: the preset model's larger sibling: "
                    + ", ".join(f"{k} -> {v}" for k, v in LARGER_MODEL.items()) + ")")
     p.add_argument("--jobs", default="1", help="runs at a time (default 1; each run already uses every core)")
+    p.add_argument("--restart_cut_off", action="store_true",
+                   help="start again the runs cut off in another copy of this folder (committed from a lent GPU's "
+                        "call: metrics, no checkpoint): their folders move under OUT/cut_off/<n>/, nothing deleted")
     p.add_argument("--no_report", action="store_true", help="do not write the report at the end")
     p.add_argument("--no_eval", action="store_true", help="do not evaluate the finished runs' final models and the "
                    "base model on held-out prompts (python -m cory.lab.evaluate; by default for reward tasks)")
@@ -373,7 +376,7 @@ def run(argv: list[str] | None = None) -> int:
     if busy:
         raise ExperimentError(busy)
     _check_experiment_folder(args, spec, out)
-    _states(pairs)
+    _states(pairs, args.restart_cut_off)
     try:  # one runner per experiment folder (its runs.json); each run locks its own folder too
         lock = RunLock(out, "--out", "experiment runner").acquire()
     except ConfigError as e:
@@ -403,7 +406,11 @@ def _run(args, argv, pairs: list[Pair], spec: dict, out: Path) -> int:
     from tqdm.auto import tqdm
 
     _check_experiment_folder(args, spec, out)
-    states = _states(pairs)
+    states = _states(pairs, args.restart_cut_off)
+    again = [pair for pair in pairs if states[pair.key][0] == "again"]
+    if again:
+        print(f"set aside {len(again)} run(s) cut off elsewhere: {rel(set_aside(again, out))}")
+        states = _states(pairs)
     record = Record(out, spec)
     invocation = _record_invocation(record, argv)
     todo = []
@@ -457,10 +464,11 @@ def _check_experiment_folder(args, spec: dict, out: Path) -> None:
                                   f"experiment; use another folder for {spec['task']}/{spec['preset']}")
 
 
-def _states(pairs: list[Pair]) -> dict[str, tuple[str, str]]:
+def _states(pairs: list[Pair], restart_cut_off: bool = False) -> dict[str, tuple[str, str]]:
     """Each run's state (``pair_state``); a folder holding a run made otherwise (other settings, or more
     iterations than --steps), or what rerunning or continuing it would delete, is refused before anything is
-    written: a runner never replaces or shortens a run, nor deletes a result."""
+    written: a runner never replaces or shortens a run, nor deletes a result. With ``restart_cut_off``, a run
+    cut off elsewhere (``cut_off_elsewhere``) is "again": to be set aside, then started anew."""
     states = {}
     for pair in pairs:
         state, why = pair_state(pair)
@@ -469,6 +477,9 @@ def _states(pairs: list[Pair]) -> dict[str, tuple[str, str]]:
             if bad:
                 raise ExperimentError(f"{rel(pair.run_dir)} holds a run with {bad}; use another --out or move that "
                                       "folder away")
+        if restart_cut_off and cut_off_elsewhere(pair, state):
+            states[pair.key] = ("again", "cut off elsewhere, set aside")
+            continue
         refusal = lost_by(pair, state)
         if refusal:
             raise ExperimentError(refusal)

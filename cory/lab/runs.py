@@ -20,8 +20,8 @@ from pathlib import Path
 from cory.config import load_yaml
 from cory.errors import ConfigError
 from cory.final import final_complete
-from cory.outputs import (LOCK, check_output_dir, evaluation_refusal, latest_checkpoint, read_jsonl,
-                          restart_refusal)
+from cory.outputs import (LOCK, check_output_dir, copied_run, evaluation_refusal, latest_checkpoint, read_jsonl,
+                          restart_refusal, run_finished)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -130,7 +130,9 @@ def lost_by(pair: Pair, state: str) -> str | None:
         saved = _saved_config(d)
         advice = ("its config.yaml is missing: put it back, or use a new --out" if saved is None else
                   f"extending a run needs its checkpoints: rerun with --steps {pair.steps} into a new --out"
-                  if saved.get("steps") != pair.steps else "leave it as it is and use a new --out")
+                  if saved.get("steps") != pair.steps else
+                  "--restart_cut_off moves it under the experiment's cut_off/ and starts it again, or use a new --out"
+                  if cut_off_elsewhere(pair, state) else "leave it as it is and use a new --out")
         return (f"{refusal} and no checkpoint; the runner would start it again and delete them, so it refuses: "
                 f"{advice}")
     try:  # what the run's own --overwrite refuses (files no run writes, a folder no run made), refused here first
@@ -138,6 +140,28 @@ def lost_by(pair: Pair, state: str) -> str | None:
     except ConfigError as e:
         return str(e)
     return None
+
+
+def cut_off_elsewhere(pair: Pair, state: str) -> bool:
+    """A run cut off in another copy of its folder, as committed from a lent GPU's call: the metrics of its first
+    iterations, no checkpoint (weights are not committed), so it cannot resume here, only start again."""
+    d = pair.run_dir
+    saved = _saved_config(d)
+    return (state == "overwrite" and saved is not None and saved.get("steps") == pair.steps
+            and copied_run(d) is not None and not run_finished(d))
+
+
+def set_aside(pairs: list[Pair], out: Path) -> Path:
+    """Move runs cut off elsewhere to ``out/cut_off/<n>/<label>/seed_<s>/``, n the next free number (one per call),
+    nothing deleted, so that their folders are new and the runner starts them again. Returns ``out/cut_off/<n>``."""
+    root = out / "cut_off"
+    taken = [int(p.name) for p in root.iterdir() if p.name.isdigit()] if root.is_dir() else []
+    attempt = root / str(max(taken, default=0) + 1)
+    for pair in pairs:
+        dest = attempt / pair.label / f"seed_{pair.seed}"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        pair.run_dir.rename(dest)
+    return attempt
 
 
 # ----------------------------------------------------------------------------- running
