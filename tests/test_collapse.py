@@ -73,6 +73,10 @@ def test_the_design_chooses_which_test_leads_the_report(tmp_path):
     (tmp_path / "design.yaml").write_text("endpoint: collapse\ncollapse_share: 0.5\n")
     text = build_report(tmp_path).read_text()
     assert text.index("## The collapse test\n") < text.index("## The claim at matched KL (secondary")
+    assert "![held-out distinct-2 along training](fig_heldout_distinct_2.png)" in text  # the test's picture
+    assert (tmp_path / "fig_heldout_distinct_2.png").stat().st_size > 0
+    (tmp_path / "fig_heldout_distinct_2.png").unlink()
     (tmp_path / "design.yaml").write_text("endpoint: reward_at_matched_kl\n")
     text = build_report(tmp_path).read_text()
     assert text.index("## The claim at matched KL\n") < text.index("## The collapse test (secondary")
+    assert "fig_heldout_distinct_2.png" not in text and not (tmp_path / "fig_heldout_distinct_2.png").exists()

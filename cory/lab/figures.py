@@ -254,3 +254,34 @@ def plot_reward_vs_kl(exp: Experiment, path: Path, series: list[tuple[Group, str
     ax.legend(fontsize=8, loc="best")
     save_figure(fig, path)
     return True
+
+
+def plot_distinct_2(exp: Experiment, path: Path, series: list[tuple[Group, str]], base: float | None,
+                    floor: float | None) -> bool:
+    """The collapse test's picture: held-out distinct-2 against iterations (eval.jsonl), every seed thin, the mean
+    per method and agent thick, the base model's as a dotted line and the design's collapse threshold dashed.
+    False when no run has a held-out path."""
+    fig, ax = _axes(f"{setting_name(exp)}: held-out distinct-2 along training (collapse: under the dashed line)",
+                    "iterations completed", "held-out distinct-2 (distinct bigrams / bigrams)")
+    drawn = 0
+    for group, agent in series:
+        c = heldout_curve(group, agent, "distinct_2")
+        if c is None or len(c.steps) < 2:
+            continue
+        style = dict(color=colour(group.method), linestyle=LINESTYLES.get(agent, "-"))
+        for row in c.values:
+            ax.plot(c.steps, row, linewidth=0.7, alpha=0.35, **style)
+        n = len(c.seeds)
+        ax.plot(c.steps, c.mean, marker="o", markersize=3, linewidth=2.0,
+                label=f"{group.name(agent)} ({n} seed{'s' * (n != 1)})", **style)
+        drawn += 1
+    if not drawn:
+        return False
+    if base is not None:
+        ax.axhline(base, color="#555555", linestyle=":", linewidth=1.5, label=f"base model ({base:.3g})")
+    if floor is not None:
+        ax.axhline(floor, color="#aa2222", linestyle="--", linewidth=1.2, label=f"collapse threshold ({floor:.3g})")
+    ax.set_ylim(0.0, 1.02)
+    ax.legend(fontsize=8, loc="lower left")
+    save_figure(fig, path)
+    return True

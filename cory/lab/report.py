@@ -31,9 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cory.lab.figures import (DEGENERATION_METRICS, MAIN_FIGURE_METRICS, METRICS, plot_heldout, plot_metric,
-                              plot_reward_vs_kl, plot_sweep,
-                              write_atomically)
+from cory.lab.figures import (DEGENERATION_METRICS, MAIN_FIGURE_METRICS, METRICS, plot_distinct_2, plot_heldout,
+                              plot_metric, plot_reward_vs_kl, plot_sweep, write_atomically)
 from cory.lab.results import (ABLATION_METHODS, CONFOUND_METHODS, LAST_N, LLM1, LLM2, MAIN_METHODS, METHOD_NAMES,
                               curve, Experiment, final_value, finite, fmt, fmt_final, Group, heldout_value,
                               load_experiment, ReportError, setting_name, sweep_points)
@@ -364,6 +363,14 @@ def claim_sections(exp, main: list) -> tuple[list[str], list[str]]:
                         "KL at lower reward\" the normaliser makes by itself; at matched KL, whether it only moves CORY "
                         "along its own reward-vs-KL path:", "", alone, ""]
     collapsing = ["## The collapse test", "", COLLAPSE_RULE, "", collapse.text, ""]
+    base_d2 = finite((exp.base_evaluation() or {}).get("distinct_2"))
+    if (main and claim.design.endpoint == "collapse"
+            and plot_distinct_2(exp, root / "fig_heldout_distinct_2.png", main, base_d2,
+                                None if base_d2 is None else claim.design.collapse_share * base_d2)):
+        collapsing += ["![held-out distinct-2 along training](fig_heldout_distinct_2.png)", "",
+                       "_fig_heldout_distinct_2.png: held-out distinct-2 along training, each seed thin, the mean per "
+                       "method and agent thick; dotted: the base model's; dashed: the design's collapse threshold (the "
+                       "test reads each final model's held-out evaluation)._", ""]
     first, second = (collapsing, matched) if claim.design.endpoint == "collapse" else (matched, collapsing)
     second[0] += " (secondary: not this folder's primary endpoint)"
     return first, second
