@@ -101,14 +101,20 @@ class Collapse:
     agents: list[AgentCollapse] = field(default_factory=list)
 
 
+def threshold(exp: Experiment, design) -> tuple[float | None, float | None]:
+    """The base model's held-out distinct-2 and the collapse threshold the design draws from it (None, None
+    without the base model's evaluation)."""
+    base = finite((exp.base_evaluation() or {}).get("distinct_2"))
+    return base, None if base is None else design.collapse_share * base
+
+
 def collapse_test(exp: Experiment) -> Collapse:
     design = load_design(exp.path)
     ppo, cory = exp.main_group("ppo"), exp.main_group("cory")
-    base = finite((exp.base_evaluation() or {}).get("distinct_2"))
+    base, floor = threshold(exp, design)
     if ppo is None or cory is None or base is None:
         return Collapse(NOT_DECIDED, "**not decided** — it needs PPO and CORY runs and the base model's held-out "
                                      "distinct-2.")
-    floor = design.collapse_share * base
     head = (f"Collapsed: final held-out distinct-2 under {design.collapse_share:g} × the base model's "
             f"{fmt(base)} = {fmt(floor)}; α = {design.alpha:g}, Holm over the agents (from {design.source}).")
     ppo_models = final_models(ppo, POLICY, floor)

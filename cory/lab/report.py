@@ -37,7 +37,7 @@ from cory.lab.results import (ABLATION_METHODS, CONFOUND_METHODS, LAST_N, LLM1, 
                               curve, Experiment, final_value, finite, fmt, fmt_final, Group, heldout_value,
                               load_experiment, ReportError, setting_name, sweep_points)
 from cory.lab.learning import LEARNING_RULE
-from cory.lab.collapse import RULE as COLLAPSE_RULE, collapse_test
+from cory.lab.collapse import RULE as COLLAPSE_RULE, collapse_test, threshold
 from cory.lab.frontier import RULE as FRONTIER_RULE, frontier
 from cory.lab.matched_kl import RULE as MATCHED_KL_RULE, matched_kl, normaliser_alone
 from cory.lab.verdict import NOT_LEARNED, VERDICT_RULE, ablation_lines, verdict
@@ -363,10 +363,8 @@ def claim_sections(exp, main: list) -> tuple[list[str], list[str]]:
                         "KL at lower reward\" the normaliser makes by itself; at matched KL, whether it only moves CORY "
                         "along its own reward-vs-KL path:", "", alone, ""]
     collapsing = ["## The collapse test", "", COLLAPSE_RULE, "", collapse.text, ""]
-    base_d2 = finite((exp.base_evaluation() or {}).get("distinct_2"))
     if (main and claim.design.endpoint == "collapse"
-            and plot_distinct_2(exp, root / "fig_heldout_distinct_2.png", main, base_d2,
-                                None if base_d2 is None else claim.design.collapse_share * base_d2)):
+            and plot_distinct_2(exp, root / "fig_heldout_distinct_2.png", main, *threshold(exp, claim.design))):
         collapsing += ["![held-out distinct-2 along training](fig_heldout_distinct_2.png)", "",
                        "_fig_heldout_distinct_2.png: held-out distinct-2 along training, each seed thin, the mean per "
                        "method and agent thick; dotted: the base model's; dashed: the design's collapse threshold (the "
