@@ -45,10 +45,18 @@ def sequence_kl(model, reference, prompts: Sequence[Sequence[int]], responses: S
     One plain forward pass of each model on the left-padded prompt + response; prompt and padding
     positions are masked out.
     """
+    return sequence_kl_and_base_logprob(model, reference, prompts, responses, pad_id)[0]
+
+
+def sequence_kl_and_base_logprob(model, reference, prompts: Sequence[Sequence[int]],
+                                 responses: Sequence[Sequence[int]], pad_id: int) -> tuple[list[float], list[float]]:
+    """``sequence_kl``, and per sequence the reference's mean log-likelihood of the response's own tokens (nats per
+    token; None-free: an empty response gives 0). Read with distinct-n: token salad and digit strings are diverse
+    but unlikely under the base model, fluent repetition is likely but not diverse."""
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
     if not prompts:
-        return []
+        return [], []
     seqs = [list(p) + list(r) for p, r in zip(prompts, responses)]
     ids, mask = _left_pad(seqs, pad_id)
     width = ids.shape[1]
@@ -66,11 +74,14 @@ def sequence_kl(model, reference, prompts: Sequence[Sequence[int]], responses: S
         kw = {k: v.to(ref_device) for k, v in kw.items()}
         logq = F.log_softmax(reference(**kw).logits[:, :-1][predicts_response.to(ref_device)].float(), dim=-1)
         per_token = (logp.exp() * (logp - logq.to(logp.device))).sum(-1).cpu()
-    out, start = [], 0
+        tokens = ids[:, 1:][predicts_response].to(logq.device)
+        base_logprob = logq.gather(-1, tokens[:, None])[:, 0].cpu()
+    kls, logprobs, start = [], [], 0
     for r in responses:
-        out.append(float(per_token[start:start + len(r)].sum()))
+        kls.append(float(per_token[start:start + len(r)].sum()))
+        logprobs.append(float(base_logprob[start:start + len(r)].mean()) if len(r) else 0.0)
         start += len(r)
-    return out
+    return kls, logprobs
 
 
 def _response_ids(row: list[int], eos_id: int | None, pad_id: int | None) -> list[int]:
@@ -117,11 +128,13 @@ def sample(model, tokenizer, prompts: Sequence[Sequence[int]], max_new_tokens: i
 
 def evaluate_reward(model, reference, tokenizer, task, examples, *, max_new_tokens: int, batch_size: int,
                     seed: int, reward_name: str, label: str = "", allow_early_eos: bool = False,
-                    progress: bool = True) -> dict:
-    """Task reward, KL to ``reference``, distinct-1/2, the share of answers repeating a token 4+ times in a row and
-    the length of ``model``'s answers to ``examples``, answered from the pioneer's prompt alone."""
+                    progress: bool = True, greedy: bool = False) -> dict:
+    """Task reward, KL to ``reference``, the base model's log-likelihood of the answers, distinct-1/2, the share of
+    answers repeating a token 4+ times in a row and the length of ``model``'s answers to ``examples``, answered from
+    the pioneer's prompt alone. ``greedy``: also the reward of greedy answers (``greedy_reward``); a task with a
+    ``parseable(answer)`` test also gets the share of sampled answers it holds for (``parseable_share``)."""
     torch.manual_seed(seed)
-    texts, tokens, rewards, kls = [], [], [], []
+    texts, tokens, rewards, kls, logprobs, greedy_rewards = [], [], [], [], [], []
     stop = dict(stop_strings=[task.stop], tokenizer=tokenizer) if task.stop else {}
     extra = stop if allow_early_eos else {"min_new_tokens": max_new_tokens}
     # closed on an error too, so that the error's one line is not glued to a progress bar
@@ -134,7 +147,14 @@ def evaluate_reward(model, reference, tokenizer, task, examples, *, max_new_toke
             responses = sample(model, tokenizer, prompts, max_new_tokens, extra)
             answers = [task.clean_response(tokenizer.decode(r, skip_special_tokens=True)) for r in responses]
             rewards += checked_scores(task, chunk, answers, reward_name)
-            kls += sequence_kl(model, reference, prompts, responses, tokenizer.pad_token_id)
+            chunk_kls, chunk_logprobs = sequence_kl_and_base_logprob(model, reference, prompts, responses,
+                                                                     tokenizer.pad_token_id)
+            kls += chunk_kls
+            logprobs += chunk_logprobs
+            if greedy:  # after the sampled answers, so that they draw what they would without this reading
+                greedy_answers = [task.clean_response(tokenizer.decode(r, skip_special_tokens=True))
+                                  for r in sample(model, tokenizer, prompts, max_new_tokens, extra, greedy=True)]
+                greedy_rewards += checked_scores(task, chunk, greedy_answers, reward_name)
             texts += answers
             tokens += responses
             bar.update(len(chunk))
@@ -143,6 +163,9 @@ def evaluate_reward(model, reference, tokenizer, task, examples, *, max_new_toke
         # the spread of one answer's reward: the mean's sampling error is reward_sd / sqrt(n_prompts)
         "reward_sd": float(torch.tensor(rewards, dtype=torch.float64).std()) if len(rewards) > 1 else 0.0,
         "kl": float(sum(kls) / len(kls)),
+        "base_logprob": float(sum(logprobs) / len(logprobs)),
+        **({"greedy_reward": float(sum(greedy_rewards) / len(greedy_rewards))} if greedy else {}),
+        **({"parseable_share": sum(map(task.parseable, texts)) / len(texts)} if hasattr(task, "parseable") else {}),
         **degeneration(texts, tokens),
         "response_length": float(sum(len(r) for r in tokens) / len(tokens)),
         "n_prompts": len(examples),
@@ -173,6 +196,7 @@ class PeriodicEvaluation:
         self.tokenizer, self.reference = tokenizer, reference
         self.max_new_tokens = evaluation.answer_tokens
         self.allow_early_eos = cfg.allow_early_eos
+        self.greedy = evaluation.greedy
         self.batch_size = BATCH_SIZE  # the batching changes which draws each answer gets: as the evaluation's
 
     def __call__(self, models: dict, iterations: int) -> list[dict]:
@@ -187,7 +211,8 @@ class PeriodicEvaluation:
                 result = evaluate_reward(model, self.reference, self.tokenizer, self.task, self.examples,
                                          max_new_tokens=self.max_new_tokens, batch_size=self.batch_size,
                                          seed=self.SEED, reward_name=self.reward,
-                                         allow_early_eos=self.allow_early_eos, progress=False)
+                                         allow_early_eos=self.allow_early_eos, progress=False,
+                                         greedy=self.greedy)
             model.train(was_training)
             result.pop("samples")
             rows.append({"iterations": iterations, "agent": name, **result})

@@ -513,12 +513,15 @@ def run(p: Plan) -> dict:
             model = reference if entry.spec == p.reference else load_model(entry.spec, p.dtype)
             res = evaluate_reward(model, reference, tokenizer, task, examples, max_new_tokens=p.max_new_tokens,
                                   batch_size=p.batch_size, seed=p.seed, reward_name=p.reward, label=entry.label,
-                                  allow_early_eos=p.allow_early_eos)
+                                  allow_early_eos=p.allow_early_eos, greedy=task_spec(p.task).evaluation.greedy)
             results.append({"name": entry.label, "model": entry.spec, **res})
             del model
-        columns = [("reward", "task_reward", ".4f"), ("KL", "kl", ".4f"), ("distinct-1", "distinct_1", ".3f"),
+        columns = [("reward", "task_reward", ".4f"), ("greedy", "greedy_reward", ".4f"),
+                   ("parseable", "parseable_share", ".3f"), ("KL", "kl", ".4f"),
+                   ("base log-lik", "base_logprob", ".3f"), ("distinct-1", "distinct_1", ".3f"),
                    ("distinct-2", "distinct_2", ".3f"), ("repeat-4", "repeat4_share", ".3f"),
                    ("length", "response_length", ".2f")]
+        columns = [c for c in columns if c[1] in results[0]]
     else:
         protocol = task_spec(p.task).evaluation.protocols[p.protocol]
         settings["sampling"] = dict(protocol.sampling, stop_early=protocol.stop_early)

@@ -133,7 +133,8 @@ class Evaluation:
     ``(task) -> str | None``, a line printed under the results (e.g. that the data are a stand-in);
     ``protocols``: the ways ``--protocol`` may sample and read answers, "training" (the default) first;
     ``scored_as``: a training reward that shapes another for learning -> the reward it shapes, which evaluations
-    score its runs with (so every run of the task is measured on one scale)."""
+    score its runs with (so every run of the task is measured on one scale); ``greedy``: reward tasks also score
+    greedy answers (``greedy_reward``: a 0/1 task's accuracy without sampling's noise)."""
 
     metrics: str = REWARD_METRICS
     answer_tokens: int = 15
@@ -144,6 +145,7 @@ class Evaluation:
     note: Callable | None = None
     protocols: dict = field(default_factory=lambda: {"training": TRAINING_PROTOCOL})
     scored_as: dict = field(default_factory=dict)
+    greedy: bool = False
 
     def __post_init__(self):
         if self.metrics not in (REWARD_METRICS, PASS_AT_K):

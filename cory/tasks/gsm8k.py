@@ -56,17 +56,21 @@ ONE_SHOT_ANSWER = (
 _ONE_SHOT_BLOCK = f"Question: {ONE_SHOT_QUESTION}\nAnswer: {ONE_SHOT_ANSWER}\n\n"
 
 
+def question_prompt(one_shot_block: str, question: str, reference: str | None = None) -> str:
+    """The paper's GSM8K form: a worked example, then "Question: <q>", then (the observer's prompt) "Reference:
+    <the pioneer's answer>" on its own line, then "Answer:"."""
+    seen = f"Reference: {reference.strip()}\n" if reference is not None else ""
+    return f"{one_shot_block}Question: {question.strip()}\n{seen}Answer:"
+
+
 def build_prompt(question: str) -> str:
     """The pioneer's (and single-agent PPO's) prompt: the worked example, then the question."""
-    return f"{_ONE_SHOT_BLOCK}Question: {question.strip()}\nAnswer:"
+    return question_prompt(_ONE_SHOT_BLOCK, question)
 
 
 def build_observer_prompt(question: str, pioneer_response: str) -> str:
     """The observer's prompt: as ``build_prompt`` with the pioneer's answer as a reference."""
-    return (
-        f"{_ONE_SHOT_BLOCK}Question: {question.strip()}\n"
-        f"Reference: {pioneer_response.strip()}\nAnswer:"
-    )
+    return question_prompt(_ONE_SHOT_BLOCK, question, reference=pioneer_response)
 
 
 # The authors' evaluation prompt (their team's gsm8k_utils/gsm8k_eval.py, for CORY's reported pass@1 of 18%,
