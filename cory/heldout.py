@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from cory.metrics import degeneration
-from cory.rollout import checked_scores, tokenize_prompts
+from cory.rollout import checked_scores, stop_at, tokenize_prompts
 from cory.tasks.base import TRAINING_SAMPLING
 
 BATCH_SIZE = 32  # sequences per generate() call, unless told otherwise
@@ -135,7 +135,7 @@ def evaluate_reward(model, reference, tokenizer, task, examples, *, max_new_toke
     ``parseable(answer)`` test also gets the share of sampled answers it holds for (``parseable_share``)."""
     torch.manual_seed(seed)
     texts, tokens, rewards, kls, logprobs, greedy_rewards = [], [], [], [], [], []
-    stop = dict(stop_strings=[task.stop], tokenizer=tokenizer) if task.stop else {}
+    stop = stop_at(tokenizer, task.stop)
     extra = stop if allow_early_eos else {"min_new_tokens": max_new_tokens}
     # closed on an error too, so that the error's one line is not glued to a progress bar
     with tqdm(total=len(examples), desc=label, unit="prompt", dynamic_ncols=True, leave=False, file=sys.stderr,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -28,15 +29,26 @@ class Answers:
     ids: list[torch.Tensor]    # the tokens PPO trains on (cut to match the cleaned text)
 
 
+@lru_cache(maxsize=8)
+def stop_at(tokenizer: PreTrainedTokenizerBase, stop: str | None) -> dict:
+    """generate()'s arguments that end an answer where ``stop`` appears (none for None), built once per tokenizer:
+    ``generate(stop_strings=...)`` builds its criterion anew at every call, about 3 s for a 49k-token vocabulary
+    (transformers' cache of it is keyed by the vocabulary in the order ``get_vocab()`` lists it, which changes from
+    call to call)."""
+    if not stop:
+        return {}
+    from transformers import StoppingCriteriaList, StopStringCriteria
+
+    return {"stopping_criteria": StoppingCriteriaList([StopStringCriteria(tokenizer, [stop])])}
+
+
 def generation_kwargs(cfg: PPOArgs, tokenizer: PreTrainedTokenizerBase, task: Task) -> dict:
     """Sampling as configured (the scripts: the paper's top_k 0, top_p 1 and the authors' repetition penalty);
     the task's stop string ends an answer too."""
     kwargs = dict(do_sample=True, top_k=cfg.top_k, top_p=cfg.top_p, temperature=cfg.temperature,
                   repetition_penalty=cfg.repetition_penalty, pad_token_id=tokenizer.pad_token_id,
                   eos_token_id=tokenizer.eos_token_id)
-    if task.stop:
-        kwargs.update(stop_strings=[task.stop], tokenizer=tokenizer)
-    return kwargs
+    return {**kwargs, **stop_at(tokenizer, task.stop)}
 
 
 class Rollout:

@@ -39,7 +39,7 @@ from cory.models import load_causal_lm, load_tokenizer
 from cory.outputs import check_writable, json_safe
 from cory.heldout import BATCH_SIZE, evaluate_reward, sample
 from cory.lab.passk import mean_pass_at_k
-from cory.rollout import checked_scores, decode_and_clean, tokenize_prompts
+from cory.rollout import checked_scores, decode_and_clean, stop_at, tokenize_prompts
 from cory.tasks import (PASS_AT_K, REWARD_METRICS, TRAINING_PROTOCOL, SamplingProtocol, check_eval_config,
                         load_task_file, make_eval_task, registered, task_spec)
 
@@ -415,7 +415,7 @@ def evaluate_pass_at_k(model, tokenizer, task, examples, *, n: int, ks: Sequence
     by ``protocol``."""
     torch.manual_seed(seed)
     if protocol.stop_early:
-        stop = dict(stop_strings=[task.stop], tokenizer=tokenizer) if task.stop else {}
+        stop = stop_at(tokenizer, task.stop)
     else:
         stop = {"min_new_tokens": max_new_tokens}  # every answer runs to the limit
     per_call = max(1, batch_size // n)  # whole questions per step; a question's n samples stay together
