@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from cory.lab.collapse import PPO_DID_NOT_COLLAPSE, collapse_test, sign_test_p
+from cory.lab.collapse import PPO_DID_NOT_COLLAPSE, at_matched_kl, collapse_test, sign_test_p
 from cory.lab.report import build_report
 from cory.lab.results import load_experiment
 from test_report import cory_rows, ppo_rows, write_run
@@ -80,3 +80,83 @@ def test_the_design_chooses_which_test_leads_the_report(tmp_path):
     text = build_report(tmp_path).read_text()
     assert text.index("## The claim at matched KL\n") < text.index("## The collapse test (secondary")
     assert "fig_heldout_distinct_2.png" not in text and not (tmp_path / "fig_heldout_distinct_2.png").exists()
+
+
+# ----------------------------------------------------------------------------- at matched held-out KL (descriptive)
+
+ITERATIONS, EVERY = 30, 3
+
+
+def write_d2_paths(root, seeds, ppo, llm1, llm2, base_logprob=False, rng=0):
+    """Runs whose eval.jsonl holds held-out paths: per agent (KL rate per iteration, distinct-2 lost per nat), KL
+    grows with the iterations and distinct-2 falls along a line from the base model's (a little noise per point);
+    ``base_logprob`` also records the base model's log-likelihood of the answers, falling along its own line."""
+    g = np.random.default_rng(rng)
+    flat = np.zeros(ITERATIONS)
+    for s in seeds:
+        for label, agents, rows in (("ppo", {"policy": ppo}, ppo_rows(flat, flat)),
+                                    ("cory", {"llm1": llm1, "llm2": llm2}, cory_rows(flat, flat, flat, flat))):
+            d = write_run(root, label, s, rows, heldout=None)
+            evals = []
+            for agent, (rate, slope) in agents.items():
+                for it in range(0, ITERATIONS + 1, EVERY):
+                    kl = rate * it * (1 + g.normal(0, 0.03)) if it else 0.0
+                    row = {"iterations": it, "agent": agent, "task_reward": 0.1 + 0.01 * kl, "kl": kl,
+                           "distinct_2": BASE_D2 - slope * kl + (g.normal(0, 0.005) if it else 0.0)}
+                    if base_logprob:
+                        row["base_logprob"] = -2.0 - 0.05 * kl + (g.normal(0, 0.01) if it else 0.0)
+                    evals.append(row)
+            (d / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+
+
+def test_a_slower_walk_along_ppos_path_reads_nothing_at_matched_kl_and_much_at_the_end(tmp_path):
+    # CORY's agents walk PPO's own (KL, distinct-2) line at half and two fifths of its KL rate: at the last iteration
+    # they are far less collapsed, at the same held-out KL they are not
+    write_d2_paths(tmp_path, range(6), ppo=(2.0, 0.015), llm1=(1.0, 0.015), llm2=(0.8, 0.015))
+    reading = at_matched_kl(load_experiment(tmp_path))
+    points = [p for p in reading.points if p.key == "distinct_2"]
+    assert {p.agent for p in points} == {"CORY-LLM1", "CORY-LLM2"}
+    llm1 = {p.kl: p for p in points if p.agent == "CORY-LLM1"}
+    assert {2, 4, 6, 8, 10, 12, 20} <= set(llm1) and 40 not in llm1  # CORY's KL ends near 30, PPO's near 60
+    assert llm1[20].seeds == list(range(6))
+    for p in points:
+        assert abs(np.mean(p.matched)) < 0.01, p
+        assert np.mean(p.last) > 0.3, p  # 0.015 × (60 − 30 or 24) nats more distinct-2 at the end
+    assert reading.not_recorded == ["base_logprob"]
+    assert "| CORY-LLM1 | 10 | 6 | " in reading.text
+
+
+def test_a_cory_that_keeps_its_diversity_at_the_same_kl_reads_higher(tmp_path):
+    write_d2_paths(tmp_path, range(6), ppo=(2.0, 0.015), llm1=(1.0, 0.005), llm2=(1.0, 0.015))
+    points = {(p.agent, p.kl): p for p in at_matched_kl(load_experiment(tmp_path)).points}
+    assert np.mean(points["CORY-LLM1", 20.0].matched) == pytest.approx(0.01 * 20, abs=0.02)
+    assert abs(np.mean(points["CORY-LLM2", 20.0].matched)) < 0.01
+
+
+def test_the_report_reads_collapse_at_matched_kl_beside_the_test_and_says_what_was_not_recorded(tmp_path):
+    write_d2_paths(tmp_path, range(6), ppo=(2.0, 0.015), llm1=(1.0, 0.015), llm2=(0.8, 0.015))
+    (tmp_path / "design.yaml").write_text("endpoint: collapse\n")
+    text = build_report(tmp_path).read_text()
+    section = text.split("### Collapse at matched held-out KL (descriptive)\n")[1].split("\n## ")[0]
+    assert text.index("## The collapse test\n") < text.index("### Collapse at matched held-out KL") \
+        < text.index("## The claim at matched KL (secondary")
+    assert "_Descriptive, not a pre-registered test_" in section
+    assert "**Held-out distinct-2**" in section
+    assert ("The base model's mean per-token log-likelihood of the answers (`base_logprob`) was not recorded for these "
+            "runs") in section
+    assert "parseable_share`) was not recorded" not in section  # a task that does not parse is not told so
+    # recorded, it is read like distinct-2 and the sentence goes
+    write_d2_paths(tmp_path, range(6), ppo=(2.0, 0.015), llm1=(1.0, 0.015), llm2=(0.8, 0.015), base_logprob=True)
+    reading = at_matched_kl(load_experiment(tmp_path))
+    assert reading.not_recorded == [] and "was not recorded" not in reading.text
+    logprob = [p for p in reading.points if p.key == "base_logprob"]
+    assert logprob and all(abs(np.mean(p.matched)) < 0.02 for p in logprob)
+    assert all(np.mean(p.last) > 0.9 for p in logprob)  # 0.05 × 24-30 nats likelier at the end
+
+
+def test_no_reading_without_held_out_paths_of_both(tmp_path):
+    write_d2_paths(tmp_path, range(3), ppo=(2.0, 0.015), llm1=(1.0, 0.015), llm2=(0.8, 0.015))
+    for p in (tmp_path / "runs" / "cory").glob("seed_*/eval.jsonl"):
+        p.unlink()
+    assert at_matched_kl(load_experiment(tmp_path)) is None
+    assert "Collapse at matched held-out KL" not in build_report(tmp_path).read_text()

@@ -9,8 +9,8 @@ import pytest
 
 from cory.errors import ReportError
 from cory.lab.design import Design, load_design
-from cory.lab.matched_kl import (CORY_DID_NOT_LEARN, PPO_DID_NOT_LEARN, HeldoutPath,
-                                 matched_kl, normaliser_alone, reward_at)
+from cory.lab.matched_kl import (CORY_DID_NOT_LEARN, PPO_DID_NOT_LEARN, HeldoutPath, heldout_path,
+                                 matched_kl, normaliser_alone, reward_at, value_at)
 from cory.lab.report import build_report
 from cory.lab.results import load_experiment
 from test_report import cory_rows, ppo_rows, write_run
@@ -125,6 +125,25 @@ def test_reward_at_reads_where_the_path_first_reaches_k():
     assert reward_at(p, 5.0) == pytest.approx(0.6)
     assert reward_at(p, 6.0) is None                  # never reached
     assert reward_at(p, 0.0) == pytest.approx(0.1)
+
+
+def test_any_held_out_series_is_read_at_matched_kl_as_the_reward_is(tmp_path):
+    write_paths(tmp_path, range(1), ppo=(0.05, 1.0), llm1=(0.05, 0.5), llm2=(0.05, 0.4))
+    p = tmp_path / "runs" / "ppo" / "seed_0" / "eval.jsonl"
+    rows = [json.loads(x) for x in p.read_text().splitlines()]
+    for r in rows:  # distinct-2 falls by 0.01 a nat; one evaluation did not record it
+        r["distinct_2"] = 0.9 - 0.01 * r["kl"]
+    del rows[2]["distinct_2"]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    group = load_experiment(tmp_path).main_group("ppo")
+    reward, d2 = heldout_path(group, 0, "policy"), heldout_path(group, 0, "policy", "distinct_2")
+    assert reward.key == "task_reward" and d2.key == "distinct_2"
+    assert len(d2.iterations) == len(reward.iterations) - 1 and rows[2]["iterations"] not in d2.iterations
+    for k in (2.0, 7.5, 20.0):
+        assert value_at(d2, k) == pytest.approx(0.9 - 0.01 * k)
+        assert value_at(reward, k) == reward_at(reward, k)
+    assert value_at(d2, 1000.0) is None
+    assert heldout_path(group, 0, "policy", "base_logprob") is None  # not recorded: no path
 
 
 def test_endpoint_uses_only_grid_points_both_reached(tmp_path):

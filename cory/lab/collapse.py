@@ -6,6 +6,11 @@ held-out prompts) is under ``collapse_share`` of the base model's (``design.yaml
 against PPO: the seeds where exactly one of the two collapsed decide an exact one-sided sign test (McNemar's exact
 test), Holm over the agents. Where PPO collapsed in fewer than half of the seeds, the setting did not make PPO
 collapse and nothing is tested.
+
+Beside the test, a descriptive reading (``at_matched_kl``, added after the collapse folder's test was decided): a
+final model of a method that learns slower has moved less far from the base model, so it always looks less collapsed
+at the last iteration. Distinct-2 and the gibberish-robust measures eval.jsonl records are read along each run's
+held-out path at matched held-out KL (``cory.lab.matched_kl.value_at``), each CORY agent minus PPO, paired by seed.
 """
 from __future__ import annotations
 
@@ -15,8 +20,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cory.lab.design import Design, load_design
+from cory.lab.matched_kl import SECONDARY_KL, HeldoutPath, heldout_path, paired_diff, value_at
 from cory.lab.results import POLICY, Experiment, Group, finite, fmt, heldout_value
-from cory.lab.stats import holm
+from cory.lab.stats import holm, p_two_sided
 
 YES, NO, COULD_NOT_TELL = "yes", "no", "could not tell"
 PPO_DID_NOT_COLLAPSE, NOT_DECIDED = "not tested (PPO did not collapse)", "not decided"
@@ -159,3 +165,122 @@ def _samples(models: list[tuple[str, dict[int, FinalModel]]]) -> str:
     lines = [f"  - {name} seed {m.seed}{' (collapsed)' if m.collapsed else ''}: “{m.sample}”"
              for name, per_seed in models for m in per_seed.values() if m.sample]
     return ("\n- The first held-out answer of each final model:\n" + "\n".join(lines)) if lines else ""
+
+
+# ----------------------------------------------------------------------------- at matched held-out KL (descriptive)
+
+# where the collapse folder's PPO degenerated (held-out distinct-2 from 0.89 at 14 nats to under 0.1 by 46-72): read
+# too wherever a folder's paths reach them, beside the design's grid and the claim's SECONDARY_KL
+COLLAPSE_KL = (10.0, 20.0, 30.0, 40.0)
+
+# (eval.jsonl key, name, which way a difference reads); distinct-2 counts gibberish (digit strings, token salad) as
+# diverse, the base model's log-likelihood of the answers and the share that parses do not
+MEASURES = (
+    ("distinct_2", "Held-out distinct-2", "> 0: the agent's answers more diverse"),
+    ("base_logprob", "The base model's mean per-token log-likelihood of the answers (`base_logprob`)",
+     "> 0: the agent's answers likelier under the base model, as gibberish is not"),
+    ("parseable_share", "The share of answers that parse (`parseable_share`)",
+     "> 0: more of the agent's answers parse"),
+)
+ALWAYS_RECORDED = ("distinct_2", "base_logprob")  # parseable_share only for a task that parses answers
+
+MATCHED_RULE = (
+    "_Descriptive, not a pre-registered test_ (added after the collapse folder's test was decided; no answer is drawn "
+    "from it and its p values are not corrected for the many readings). At the last iteration a method that learns "
+    "slower has moved less far from the base model, so it always looks less collapsed. Here each run's held-out "
+    "evaluations form a path of (held-out KL, measure), read where the run first reaches each KL as the claim's "
+    "reward is (`cory.lab.matched_kl.value_at`), each CORY agent minus PPO paired by seed: mean ± SE over the seeds "
+    "whose two paths reached that KL, and a two-sided paired t-test's p; beside it, the same seeds' difference at the "
+    "last iteration both paths evaluated (the final one, for runs that finished). Distinct-2 counts gibberish (digit "
+    "strings, emoji, token salad) as diverse; the base model's log-likelihood of the answers (`base_logprob`) and, for "
+    "a task that parses its answers, the share that parses (`parseable_share`) do not, and are read the same way "
+    "where the runs recorded them.")
+
+
+@dataclass
+class MatchedPoint:
+    """One agent's reading of one measure at one held-out KL: per paired seed that reached it, the agent's value
+    minus PPO's there and at the last iteration both paths evaluated."""
+    agent: str
+    key: str
+    kl: float
+    seeds: list[int]
+    matched: list[float]
+    last: list[float]
+
+    def cells(self, all_seeds: int) -> list[str]:
+        seeds = str(len(self.seeds)) if len(self.seeds) == all_seeds else \
+            f"{len(self.seeds)} (seed{'s' if len(self.seeds) > 1 else ''} {', '.join(map(str, self.seeds))})"
+        return [self.agent, f"{self.kl:g}", seeds, *_signed(self.matched), *_signed(self.last)]
+
+
+def _signed(values: list[float]) -> list[str]:
+    """"mean ± SE" and the two-sided paired p of per-seed differences."""
+    d = paired_diff(values)
+    mean = f"{'+' if d.mean >= 0 else ''}{fmt(d.mean)}"
+    return [mean + (f" ± {fmt(d.se)}" if d.n > 1 else " (1 seed)"), fmt(p_two_sided(d))]
+
+
+def _last_common(a: HeldoutPath, b: HeldoutPath) -> float:
+    """``a``'s value minus ``b``'s at the last iteration both evaluated (NaN, shown n/a, if none)."""
+    end = max(set(a.iterations.tolist()) & set(b.iterations.tolist()), default=None)
+    if end is None:
+        return float("nan")
+    return float(a.values[a.iterations == end][0] - b.values[b.iterations == end][0])
+
+
+@dataclass
+class MatchedCollapse:
+    text: str
+    points: list[MatchedPoint] = field(default_factory=list)
+    not_recorded: list[str] = field(default_factory=list)  # measures no held-out row of these runs holds
+
+
+def at_matched_kl(exp: Experiment) -> MatchedCollapse | None:
+    """Each CORY agent's (``cory``, and ``cory_norm`` where run) held-out distinct-2 and gibberish-robust measures
+    minus PPO's at matched held-out KL, descriptive; None without held-out paths of PPO and a CORY method."""
+    design = load_design(exp.path)
+    ppo = exp.main_group("ppo")
+    corys = [g for g in (exp.main_group("cory"), exp.main_group("cory_norm")) if g is not None]
+    grid = sorted(set(design.kl_grid) | set(SECONDARY_KL) | set(COLLAPSE_KL))
+    if ppo is None or not any(heldout_path(ppo, s, POLICY) is not None and heldout_path(g, s, a) is not None
+                              for g in corys for a in g.agents for s in set(g.runs) & set(ppo.runs)):
+        return None
+    points, missing = [], []
+    lines = [MATCHED_RULE, "", f"Held-out KL read (nats): {', '.join(f'{k:g}' for k in grid)} — the design's grid, "
+             "the claim's secondary points and where the collapse folder's PPO degenerated — each where reached."]
+    for key, name, sense in MEASURES:
+        rows, pairs = [], 0
+        for g in corys:
+            for agent in g.agents:
+                paths = {s: (heldout_path(g, s, agent, key), heldout_path(ppo, s, POLICY, key))
+                         for s in sorted(set(g.runs) & set(ppo.runs))}
+                paths = {s: p for s, p in paths.items() if p[0] is not None and p[1] is not None}
+                pairs = max(pairs, len(paths))
+                for k in grid:
+                    point = MatchedPoint(g.name(agent), key, k, [], [], [])
+                    for s, (mine, theirs) in paths.items():
+                        a, b = value_at(mine, k), value_at(theirs, k)
+                        if a is not None and b is not None:
+                            point.seeds.append(s)
+                            point.matched.append(a - b)
+                            point.last.append(_last_common(mine, theirs))
+                    if point.seeds:
+                        points.append(point)
+                        rows.append(point.cells(len(paths)))
+        if not pairs:
+            if key in ALWAYS_RECORDED:
+                missing.append(key)
+                lines += ["", f"{name} was not recorded for these runs (older runs: their held-out evaluations "
+                              "predate it)."]
+            continue
+        lines += ["", f"**{name}**, agent minus PPO ({sense}):", "",
+                  _table(["agent − PPO", "held-out KL (nats)", "paired seeds", "at matched KL (mean ± SE)", "p",
+                          "at the last iteration, same seeds", "p"], rows)
+                  if rows else "_No paired seed's paths reached a KL read._"]
+    return MatchedCollapse("\n".join(lines), points, missing)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                     + ["| " + " | ".join(row) + " |" for row in rows])

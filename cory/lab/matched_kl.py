@@ -36,34 +36,46 @@ NOT_DECIDED = "not decided"
 
 @dataclass
 class HeldoutPath:
-    """One run's (one agent's) held-out path, in iteration order."""
+    """One run's (one agent's) held-out path, in iteration order: its held-out KL and one held-out series (``key``:
+    the task reward, or any other value eval.jsonl records, such as distinct-2, read at matched KL the same way)."""
     iterations: np.ndarray
     kl: np.ndarray
-    reward: np.ndarray
+    values: np.ndarray
+    key: str = "task_reward"
+
+    @property
+    def reward(self) -> np.ndarray:
+        return self.values
 
 
-def heldout_path(group: Group, seed: int, agent: str) -> HeldoutPath | None:
+def heldout_path(group: Group, seed: int, agent: str, key: str = "task_reward") -> HeldoutPath | None:
+    """The run's held-out (KL, ``key``) points at the iterations that recorded both; None with fewer than two."""
     run = group.runs[seed]
-    kl, reward = run.heldout_series(agent, "kl"), run.heldout_series(agent, "task_reward")
-    its = sorted(set(kl) & set(reward))
+    kl, values = run.heldout_series(agent, "kl"), run.heldout_series(agent, key)
+    its = sorted(set(kl) & set(values))
     if len(its) < 2:
         return None
-    return HeldoutPath(np.array(its), np.array([kl[i] for i in its]), np.array([reward[i] for i in its]))
+    return HeldoutPath(np.array(its), np.array([kl[i] for i in its]), np.array([values[i] for i in its]), key)
 
 
-def reward_at(path: HeldoutPath, k: float) -> float | None:
-    """The path's reward where its KL first reaches ``k`` (linear between the two points that bracket it), None if it
+def value_at(path: HeldoutPath, k: float) -> float | None:
+    """The path's value where its KL first reaches ``k`` (linear between the two points that bracket it), None if it
     never does."""
     for i in range(len(path.kl) - 1):
         a, b = path.kl[i], path.kl[i + 1]
         if a == k:
-            return float(path.reward[i])
+            return float(path.values[i])
         if min(a, b) < k <= max(a, b):
             t = (k - a) / (b - a)
-            return float(path.reward[i] + t * (path.reward[i + 1] - path.reward[i]))
+            return float(path.values[i] + t * (path.values[i + 1] - path.values[i]))
     if len(path.kl) and path.kl[-1] == k:
-        return float(path.reward[-1])
+        return float(path.values[-1])
     return None
+
+
+def reward_at(path: HeldoutPath, k: float) -> float | None:
+    """The path's reward where its KL first reaches ``k`` (``value_at`` on a task-reward path)."""
+    return value_at(path, k)
 
 
 @dataclass

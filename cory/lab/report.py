@@ -37,7 +37,7 @@ from cory.lab.results import (ABLATION_METHODS, CONFOUND_METHODS, LAST_N, LLM1, 
                               curve, Experiment, final_value, finite, fmt, fmt_final, Group, heldout_value,
                               load_experiment, ReportError, setting_name, sweep_points)
 from cory.lab.learning import LEARNING_RULE
-from cory.lab.collapse import RULE as COLLAPSE_RULE, collapse_test, threshold
+from cory.lab.collapse import RULE as COLLAPSE_RULE, at_matched_kl, collapse_test, threshold
 from cory.lab.frontier import RULE as FRONTIER_RULE, frontier
 from cory.lab.matched_kl import RULE as MATCHED_KL_RULE, matched_kl, normaliser_alone
 from cory.lab.verdict import NOT_LEARNED, VERDICT_RULE, ablation_lines, verdict
@@ -341,8 +341,8 @@ def draw_figures(exp: Experiment, main: list[tuple[Group, str]]) -> tuple[list[t
 
 
 def claim_sections(exp, main: list) -> tuple[list[str], list[str]]:
-    """The claim at matched KL (with its figure, drawn here) and the collapse test, as REPORT.md lines: the folder's
-    primary endpoint first, the other marked secondary."""
+    """The claim at matched KL (with its figure, drawn here) and the collapse test with its descriptive reading at
+    matched held-out KL, as REPORT.md lines: the folder's primary endpoint first, the other marked secondary."""
     root = exp.path
     claim, collapse = matched_kl(exp), collapse_test(exp)
     matched = ["## The claim at matched KL", "", MATCHED_KL_RULE, "", claim.text, ""]
@@ -369,6 +369,9 @@ def claim_sections(exp, main: list) -> tuple[list[str], list[str]]:
                        "_fig_heldout_distinct_2.png: held-out distinct-2 along training, each seed thin, the mean per "
                        "method and agent thick; dotted: the base model's; dashed: the design's collapse threshold (the "
                        "test reads each final model's held-out evaluation)._", ""]
+    descriptive = at_matched_kl(exp)
+    if descriptive is not None:  # beside the test, whichever leads: a slower learner looks less collapsed at the end
+        collapsing += ["### Collapse at matched held-out KL (descriptive)", "", descriptive.text, ""]
     first, second = (collapsing, matched) if claim.design.endpoint == "collapse" else (matched, collapsing)
     second[0] += " (secondary: not this folder's primary endpoint)"
     return first, second
