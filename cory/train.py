@@ -360,15 +360,26 @@ def _gib(n: float) -> str:
 
 
 def rng_state(length_rng: np.random.Generator) -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-            "length": length_rng.bit_generator.state}
+    """Every random stream a run draws from: torch's CPU generator and, on a GPU, each CUDA device's (sampling on
+    the GPU draws from those), numpy's, Python's, and the stream of answer lengths."""
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+             "length": length_rng.bit_generator.state}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict, length_rng: np.random.Generator) -> None:
+    """Put back what ``rng_state`` saved. CUDA's generators go back where the checkpoint has them and the run has
+    CUDA; a GPU run resumed on a CPU (or the reverse) goes on, with its own draws from there on."""
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
     length_rng.bit_generator.state = state["length"]
+    if state.get("cuda") and torch.cuda.is_available():
+        cuda = list(state["cuda"])[: torch.cuda.device_count()]
+        for device, device_state in enumerate(cuda):
+            torch.cuda.set_rng_state(device_state, device)
 
 
 def weights_digest(params: dict) -> str:

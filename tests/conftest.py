@@ -52,10 +52,11 @@ def repo() -> Path:
     return REPO
 
 
-def run_script(script: str, *args: str, timeout: int = 900, cwd: Path = REPO):
-    """A training script as a user runs it (a fresh process), returning the CompletedProcess."""
+def run_script(script: str, *args: str, timeout: int = 900, cwd: Path = REPO, env: dict | None = None):
+    """A training script as a user runs it (a fresh process), returning the CompletedProcess; ``env``: variables
+    set for it on top of this process's."""
     return subprocess.run([sys.executable, str(REPO / script), *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, cwd=cwd)
+                          text=True, timeout=timeout, cwd=cwd, env=None if env is None else {**os.environ, **env})
 
 
 def trained(script: str, out: Path, *args) -> list[dict]:

@@ -1,29 +1,39 @@
-"""On a CUDA GPU: the tiny runs under each precision, the auto pass budget under a small memory figure, and
-resume. Skipped where there is no GPU (CI); on a GPU machine: python -m pytest -m gpu."""
+"""The GPU path: tiny runs under each precision, the auto pass budget under a small memory figure, and exact
+resume. Each test takes a ``device``: on "cpu" it runs everywhere (CI included), so the code a GPU machine runs here
+cannot go stale unseen; on "cuda" it needs a GPU (marked gpu; on a GPU machine: python -m pytest -m gpu). The
+auto budget exists on CUDA alone (a CPU has no limit), so that test is CUDA's only."""
 import pytest
 import torch
 
-from conftest import IMDB_CORY, IMDB_PPO, REPO, run_script
+from conftest import IMDB_CORY, REPO, run_script
 from cory.config import build, load_yaml
 from cory.outputs import read_jsonl
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+CUDA = pytest.param("cuda", marks=[pytest.mark.gpu,
+                                   pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])
+DEVICES = ["cpu", CUDA]
+# a run on "cpu" sees no GPU even on a GPU machine
+HIDE_GPUS = {"cpu": {"CUDA_VISIBLE_DEVICES": ""}, "cuda": {}}
 
 RUNS = [("imdb_train/ppo.py", "configs/imdb/ppo_tiny.yaml", ["policy"]),
         ("imdb_train/cory.py", "configs/imdb/cory_tiny.yaml", ["llm1", "llm2"]),
         ("gsm8k_train/cory.py", "configs/gsm8k/cory_tiny.yaml", ["llm1", "llm2"])]
+# on a CPU, tf32 is fp32 and bf16 has tests of its own (tests/test_precision.py): fp32 runs the path
+PRECISIONS = [("cpu", "fp32")] + [pytest.param(*CUDA.values, p, marks=CUDA.marks, id=f"cuda-{p}")
+                                  for p in ("fp32", "tf32", "bf16")]
 
 
-@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("device,precision", PRECISIONS)
 @pytest.mark.parametrize("script,preset,agents", RUNS, ids=["imdb-ppo", "imdb-cory", "gsm8k-cory-lora"])
-def test_tiny_runs_on_cuda(tmp_path, script, preset, agents, precision):
+def test_tiny_runs(tmp_path, script, preset, agents, device, precision):
     out = tmp_path / "run"
-    p = run_script(script, "--config", preset, "--steps", "2", "--precision", precision, "--output_dir", out)
+    p = run_script(script, "--config", preset, "--steps", "2", "--precision", precision, "--output_dir", out,
+                   env=HIDE_GPUS[device])
     assert p.returncode == 0, p.stderr[-3000:]
     rows = read_jsonl(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1]
     for r in rows:
-        assert 0 < r["memory/peak_gib"] < 80  # CUDA: the allocator's peak over the iteration
+        assert 0 < r["memory/peak_gib"] < 80  # CUDA: the allocator's peak over the iteration; CPU: the process's
         for a in agents:
             assert r[f"{a}/kl"] == r[f"{a}/kl"] and r[f"{a}/policy_loss"] == r[f"{a}/policy_loss"]  # not NaN
 
@@ -47,7 +57,8 @@ def assert_same(a, b, rel=1e-4):
                 assert ra[k] == pytest.approx(rb[k], rel=rel, abs=1e-5), (ra["step"], k)
 
 
-def test_auto_budget_under_a_small_memory_figure_gives_the_same_run(tmp_path, monkeypatch):
+@pytest.mark.parametrize("device", [CUDA])
+def test_auto_budget_under_a_small_memory_figure_gives_the_same_run(tmp_path, monkeypatch, device):
     """The free memory is stubbed to a few MiB, so the measured budget comes out at the floor and every PPO
     mini-batch runs in several passes: no out-of-memory, and the same metrics as one pass per mini-batch."""
     from cory import passes as budget
@@ -63,19 +74,23 @@ def test_auto_budget_under_a_small_memory_figure_gives_the_same_run(tmp_path, mo
         return n
     monkeypatch.setattr(budget, "auto_pass_tokens", small)
     auto = prepare_run(tiny(IMDB_CORY, "cory", tmp_path / "auto", steps=2, precision="fp32",
-                            max_pass_tokens="auto"), "cory").fit()
+                            max_pass_tokens="auto")).fit()
     assert chosen and all(n < 64 for n in chosen)
-    one = prepare_run(tiny(IMDB_CORY, "cory", tmp_path / "one", steps=2, precision="fp32", max_pass_tokens=0),
-                      "cory").fit()
+    one = prepare_run(tiny(IMDB_CORY, "cory", tmp_path / "one", steps=2, precision="fp32", max_pass_tokens=0)).fit()
     assert_same(read_jsonl(auto / "metrics.jsonl"), read_jsonl(one / "metrics.jsonl"))
 
 
-@pytest.mark.parametrize("method,cls", [("cory", IMDB_CORY), ("ppo", IMDB_PPO)])
-def test_resume_on_cuda_equals_uninterrupted(tmp_path, method, cls):
-    from cory.train import prepare_run
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("method", ["cory", "ppo"])
+def test_resume_equals_uninterrupted(tmp_path, method, device):
+    """A run stopped after 2 iterations and resumed to 4 gives the uninterrupted run's numbers (on CUDA that needs
+    CUDA's generators in the checkpoint: sampling there draws from them)."""
+    script, preset = f"imdb_train/{method}.py", f"configs/imdb/{method}_tiny.yaml"
 
-    straight = prepare_run(tiny(cls, method, tmp_path / "a", steps=4, save_every=2, precision="fp32")).fit()
-    prepare_run(tiny(cls, method, tmp_path / "b", steps=2, precision="fp32")).fit()
-    p = run_script(f"imdb_train/{method}.py", "--resume", tmp_path / "b", "--steps", "4")
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert_same(read_jsonl(straight / "metrics.jsonl"), read_jsonl(tmp_path / "b" / "metrics.jsonl"))
+    def run(*args):
+        p = run_script(script, *args, env=HIDE_GPUS[device])
+        assert p.returncode == 0, p.stderr[-3000:]
+    run("--config", preset, "--precision", "fp32", "--steps", "4", "--save_every", "2", "--output_dir", tmp_path / "a")
+    run("--config", preset, "--precision", "fp32", "--steps", "2", "--output_dir", tmp_path / "b")
+    run("--resume", tmp_path / "b", "--steps", "4")
+    assert_same(read_jsonl(tmp_path / "a" / "metrics.jsonl"), read_jsonl(tmp_path / "b" / "metrics.jsonl"))
