@@ -28,6 +28,7 @@ import time
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -93,20 +94,20 @@ class Bench:
     """What every lever is measured on: the IMDB CORY preset's config and model, a pristine policy to copy from,
     the pioneer's and the observer's batch (real prompts, real sampled answers), and the results so far."""
     args: argparse.Namespace
-    cfg: object
-    tok: object
-    task: object
-    reference: object
-    pristine: object  # the policy every lever copies, moved a little away from the reference
+    cfg: Any
+    tok: Any
+    task: Any
+    reference: Any
+    pristine: Any  # the policy every lever copies, moved a little away from the reference
     length: int  # the longest responses of the range: the costliest iteration
     gen_kwargs: dict
     threads: int
     default_threads: int
     results: dict
-    first: object = None  # the agent that sampled the batches, reused by the generation levers
+    first: Any = None  # the agent that sampled the batches, reused by the generation levers
     shapes: dict = field(default_factory=dict)  # role -> (queries, responses)
     scores: dict = field(default_factory=dict)  # role -> training scores
-    lm_in: object = None  # the observer batch's prompts and answers, padded, for the training passes
+    lm_in: Any = None  # the observer batch's prompts and answers, padded, for the training passes
 
     def agent(self, cls=None):
         from cory.agent import Agent

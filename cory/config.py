@@ -433,7 +433,7 @@ def validate(cfg: PPOArgs) -> None:
         raise ConfigError("dataset_path: required when dataset is local")
     if cfg.resume is not None and cfg.overwrite:
         raise ConfigError("overwrite: cannot be combined with resume")
-    if cfg.method == "cory" and cfg.swap_period < 0:
+    if isinstance(cfg, CoryArgs) and cfg.swap_period < 0:
         raise ConfigError(f"swap_period: must be >= 0 (0 = never exchange roles), got {cfg.swap_period}")
 
 

@@ -20,6 +20,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,7 +49,7 @@ class Run:
     agents: dict  # name -> cory.agent.Agent: {"policy"} for PPO, {"llm1", "llm2"} for CORY
     rollout: Rollout
     run_dir: RunDir
-    reference: object = None  # the frozen model every agent's KL is measured against (None: LoRA's base)
+    reference: Any = None  # the frozen model every agent's KL is measured against (None: LoRA's base)
     start_step: int = 0
     world_size: int = 1
     iteration_start: dict | None = None  # sampler_state() before the current iteration drew its batch
@@ -72,7 +73,7 @@ class Run:
         self.heldout = self.heldout_evaluation()
         self.stop, self.logger = _StopSignals(verbose=self.run_dir.enabled), _Logger(cfg, self.run_dir.enabled)
         self.logged = 0  # iterations this invocation logged (a skipped batch logs none)
-        self.bar = None  # progress() makes it; a second stop signal can come before (the base model's evaluation)
+        self.bar: Any = None  # progress() makes it; a second stop signal can come before (the base model's evaluation)
         self.iteration = game.ITERATIONS[self.method.name]
         try:
             with self.stop, self.logger:

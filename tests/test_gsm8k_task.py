@@ -11,6 +11,7 @@ import sys
 import time
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -326,7 +327,7 @@ def test_hub_source_offline_raises_asset_error(offline_hub):
 def test_auto_uses_hub_when_reachable(monkeypatch):
     """With a (fake) reachable hub, auto picks it; a failing hub load falls back to generated."""
     calls = []
-    fake_assets = types.ModuleType("cory.assets")
+    fake_assets: Any = types.ModuleType("cory.assets")
 
     class AssetError(RuntimeError):
         pass
@@ -337,7 +338,7 @@ def test_auto_uses_hub_when_reachable(monkeypatch):
     )
     # the task module imports the hub check at its top: route its calls to whatever the fake holds now
     monkeypatch.setattr("cory.tasks.gsm8k.check_hub_asset", lambda *a, **k: fake_assets.check_hub_asset(*a, **k))
-    fake_datasets = types.ModuleType("datasets")
+    fake_datasets: Any = types.ModuleType("datasets")
 
     def load_dataset(name, config, split):
         assert (name, config) == ("openai/gsm8k", "main")

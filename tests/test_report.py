@@ -226,8 +226,8 @@ def test_partial_results_nan_none_and_different_lengths(tmp_path):
     assert list(c.steps) == common
     np.testing.assert_allclose(c.mean, kl[:, common].mean(axis=0))
     np.testing.assert_allclose(c.std, kl[:, common].std(axis=0, ddof=1))
-    f = final_value(exp.groups["ppo"], "policy", "kl")
-    np.testing.assert_allclose(f.per_seed, kl[:, common[-10:]].mean(axis=1))
+    final = final_value(exp.groups["ppo"], "policy", "kl")
+    np.testing.assert_allclose(final.per_seed, kl[:, common[-10:]].mean(axis=1))
     assert exp.groups["cory"].agents == ["llm1"]
 
     text = build_report(tmp_path).read_text()

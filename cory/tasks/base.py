@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence, cast
 
 
 @dataclass
@@ -74,11 +74,12 @@ class TaskBase:
 
         if examples is None:
             examples = []
+            task = cast(Task, self)  # a subclass writes the rest of Task
             try:
-                state = copy.deepcopy(self.state_dict())
-                examples = list(self.sample(self.PEEK))
-                self.load_state_dict(state)
-                examples += list(self.eval_examples(64))
+                state = copy.deepcopy(task.state_dict())
+                examples = list(task.sample(self.PEEK))
+                task.load_state_dict(state)
+                examples += list(task.eval_examples(64))
             except Exception:  # noqa: BLE001 - a task broken elsewhere fails where that is checked, naming it
                 pass
         texts = [prompt(ex) if prompt else ex.prompt for ex in examples]

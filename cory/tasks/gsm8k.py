@@ -114,8 +114,8 @@ def _load_local(split: str, dataset_path: str | Path) -> list[dict]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        raise ConfigError(f"dataset_path: {path} line {line} is not UTF-8 text; expected {_RECORD}") from None
+        bad = raw.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"dataset_path: {path} line {bad} is not UTF-8 text; expected {_RECORD}") from None
     rows = []
     for lineno, line in enumerate(text.split("\n"), 1):
         if line.strip():
