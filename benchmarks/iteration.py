@@ -2,14 +2,17 @@
 
     python benchmarks/iteration.py --preset cpu --batch_size 16 --iterations 3
     python benchmarks/iteration.py --preset tiny --batch_size 4 --iterations 2      # seconds, a smoke check
+    # what a run would use (preset, model, precision, pass budget), printed without loading anything:
+    python benchmarks/iteration.py --preset paper --device cuda --model random:gpt2-large --batch_size 256 --dry_run
     # on a GPU, random-weight stand-ins of the paper's shapes (no hub needed):
     python benchmarks/iteration.py --device cuda --model random:gpt2-large --batch_size 256 --precision tf32
     python benchmarks/iteration.py --device cuda --task gsm8k --model random:llama-2-7b --batch_size 32 \
         --mini_batch_size 2 --gradient_accumulation_steps 16 --response_length_min 256 --response_length_max 256 \
         --precision bf16 --variants ppo_peft,cory_peft
 
-Each variant runs in a fresh subprocess (``iteration_worker.py``, so peak resident memory is its own), on the
-IMDB preset's model (configs/imdb/{ppo,cory}_<preset>.yaml: embedded SmolLM2-135M + VADER for ``cpu``), with
+Each variant runs in a fresh subprocess (``iteration_worker.py``, so peak resident memory is its own), at the
+task's preset (``--preset``: configs/<task>/{ppo,cory}_<preset>.yaml, any the task has: tiny, cpu, gpu, paper;
+embedded SmolLM2-135M + VADER for IMDB's ``cpu``; a hub model of ``paper`` needs ``--model`` a stand-in here), with
 the same seed and so the same prompts and response lengths, the full batch in one PPO mini-batch:
 
     ppo        our PPO iteration (cory.game.ppo_iteration)
@@ -50,7 +53,12 @@ from pathlib import Path
 
 from iteration_worker import OVERRIDES, REPO, worker
 
-PRESETS = ("tiny", "cpu")
+TASKS = ("imdb", "gsm8k")
+
+
+def presets(task: str) -> list[str]:
+    """The presets a task has: configs/<task>/ppo_<preset>.yaml."""
+    return sorted(p.stem.split("_", 1)[1] for p in (REPO / "configs" / task).glob("ppo_*.yaml"))
 VARIANTS = ("ppo", "cory", "authors", "ppo_peft", "cory_peft")
 COMPONENTS = {
     "ppo": [("generate", "time/generate_s"), ("reward", "time/reward_s"), ("step", "time/step_s")],
@@ -277,11 +285,15 @@ def parse(argv):
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the full results here")
+    p.add_argument("--dry_run", action="store_true", help="print each variant's preset, model, precision, batch and "
+                   "PPO pass budget as a run would use them, then stop (nothing is loaded)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker_out", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.preset not in PRESETS:
-        raise UsageError(f"--preset: {args.preset!r} is not one of {', '.join(PRESETS)}")
+    if args.task not in TASKS:
+        raise UsageError(f"--task: {args.task!r} is not one of {', '.join(TASKS)}")
+    if args.preset not in presets(args.task):
+        raise UsageError(f"--preset: {args.preset!r} is not one of {', '.join(presets(args.task))} (configs/{args.task}/)")
     for name, low in (("batch_size", 1), ("iterations", 1), ("warmup", 0), ("swap_period", 1),
                       ("peft_iterations", 1), ("threads", 0)):
         if getattr(args, name) < low:
@@ -290,11 +302,9 @@ def parse(argv):
         if not args.max_pass_tokens.isdigit():
             raise UsageError(f"--max_pass_tokens: auto or an integer >= 0, got {args.max_pass_tokens!r}")
         args.max_pass_tokens = int(args.max_pass_tokens)
-    if args.task not in ("imdb", "gsm8k"):
-        raise UsageError(f"--task: {args.task!r} is not one of imdb, gsm8k")
     if args.device not in ("cpu", "cuda"):
         raise UsageError(f"--device: {args.device!r} is not one of cpu, cuda")
-    if args.device == "cuda":
+    if args.device == "cuda" and not args.dry_run:
         import torch
         if not torch.cuda.is_available():
             raise UsageError("--device cuda: no CUDA GPU is visible here")
@@ -344,6 +354,30 @@ def run_worker(args, variant: str) -> dict:
     return result
 
 
+def settings(args, variant: str) -> dict:
+    """What ``variant`` runs with: the preset's values with this command's flags, as the worker builds them."""
+    from cory.agent import resolve_precision
+    from iteration_worker import authors_cfg, build_cfg
+
+    sys.path.insert(0, str(REPO))
+    _, cfg = build_cfg(args, variant, tempfile.gettempdir())
+    if variant == "authors":
+        cfg = authors_cfg(cfg)
+    precision, why = resolve_precision(cfg.precision, args.device)
+    budget = cfg.max_pass_tokens if variant != "authors" else "trl's own passes"
+    if budget == "auto":
+        budget = "auto (from the GPU's free memory at the first step)" if args.device == "cuda" else "auto (no limit on a CPU)"
+    return {"variant": variant, "preset": args.preset, "task": args.task, "device": args.device,
+            "model": cfg.model_name, "precision": f"{precision} ({why})", "max_pass_tokens": budget or "no limit",
+            "batch": cfg.batch_size, "mini_batch": cfg.mini_batch_size, "ppo_epochs": cfg.ppo_epochs,
+            "response_tokens": f"{cfg.response_length_min}-{cfg.response_length_max}"}
+
+
+def dry_run(args) -> list[str]:
+    """One line per variant: the values its figures would be measured at."""
+    return [", ".join(f"{k} {v}" for k, v in settings(args, v).items()) for v in args.variants]
+
+
 def main(argv=None) -> int:
     try:
         args = parse(sys.argv[1:] if argv is None else argv)
@@ -355,6 +389,10 @@ def main(argv=None) -> int:
         result = worker(args)
         with open(args.worker_out, "w") as f:
             json.dump(result, f)
+        return 0
+    for line in dry_run(args):  # the values every figure below is measured at (auto budgets: measured, below)
+        print(line)
+    if args.dry_run:
         return 0
     started = time.perf_counter()
     raw = {v: run_worker(args, v) for v in args.variants}

@@ -184,3 +184,22 @@ def test_a_weights_part_fits_the_copy_to_a_gpu_beside_the_tracked_files():
     tracked = sum((REPO / f).stat().st_size for f in files.decode().split("\0") if f and (REPO / f).is_file())
     # a MiB of room for what a run leaves untracked in the checkout before it is copied
     assert tracked + part <= 63 * 2**20, f"tracked files {tracked / 2**20:.1f} MiB + a part {part / 2**20:.1f} MiB"
+
+
+def test_iteration_benchmark_prints_the_values_a_gpu_figure_runs_at(capsys):
+    """`iteration.py --dry_run` builds each variant's config as the worker would (the preset with the command's flags)
+    and prints it, loading nothing: on this CPU, the paper preset on CUDA with a GPT2-Large stand-in."""
+    import iteration
+
+    assert iteration.main(["--preset", "paper", "--device", "cuda", "--model", "random:gpt2-large", "--batch_size",
+                           "256", "--variants", "ppo,cory,authors", "--dry_run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3
+    for line in lines:
+        assert "preset paper" in line and "model random:gpt2-large" in line and "batch 256" in line
+        assert "precision tf32 (auto on CUDA" in line
+    assert "max_pass_tokens auto (from the GPU's free memory" in lines[0]
+    assert "max_pass_tokens trl's own passes" in lines[2]
+    # a preset the task does not have is one line naming the ones it has
+    assert iteration.main(["--task", "gsm8k", "--preset", "gpu", "--dry_run"]) == 2
+    assert "not one of cpu, paper, tiny" in capsys.readouterr().err
