@@ -24,5 +24,7 @@ demo: install
 test: install
 	$(PY) -m pytest -q
 
+# what the Makefile made: the venv and the tools' caches; runs/ holds users' runs (the scripts' default output
+# folder) and is not make's to delete: remove a run yourself with rm -r runs/NAME
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) .pytest_cache .mypy_cache .hypothesis
