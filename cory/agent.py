@@ -11,13 +11,12 @@ import warnings
 
 import torch
 from trl import PPOConfig, PPOTrainer
-from trl.trainer.utils import AdaptiveKLController, FixedKLController
 
 from cory import models, parallel
 from cory.config import TRL_FIELDS, PPOArgs
 from cory.passes import trainable_state_bytes
 from cory.patches import frozen_models_not_wrapped
-from cory.ppo import AgentTrainer, ScoreNormalizer, StepStats
+from cory.ppo import AgentTrainer, ScoreNormalizer, StepStats, kl_controller
 
 
 def ppo_config(cfg: PPOArgs) -> PPOConfig:
@@ -128,9 +127,7 @@ class Agent:
     def reset_optimizer_state(self) -> None:
         """The authors' exchange reloads fresh PPOTrainers: new Adam moments, KL coefficient and score stats."""
         self.trainer.optimizer.state.clear()
-        cfg = self.cfg
-        self.trainer.kl_ctl = (AdaptiveKLController(cfg.init_kl_coef, cfg.target, cfg.horizon)
-                               if cfg.adap_kl_ctrl else FixedKLController(cfg.init_kl_coef))
+        self.trainer.kl_ctl = kl_controller(self.cfg)
         self.normalizer = ScoreNormalizer()
 
     def state_dict(self) -> dict:

@@ -1,7 +1,7 @@
 """One PPO update of one agent, top to bottom: what ``agent.step(queries, responses, scores)`` does.
 
-The trainer is still trl's ``PPOTrainer`` (its models, Adam optimizer, accelerator and adaptive KL controller), with
-its ``step`` written out here so that every line of PPO is in view (Schulman et al. 2017; Ziegler et al. 2019):
+The trainer is still trl's ``PPOTrainer`` (its models, Adam optimizer and accelerator), with its ``step`` and its KL
+controller (``KLController``) written out here so that every line of PPO is in view (Schulman et al. 2017; Ziegler et al. 2019):
 
 1. **rollout pass**: one pass of the policy over query + response gives each response token's log-prob and value;
    the frozen reference's log-probs and the full-vocabulary KL(policy || reference) per token come from the same
@@ -30,6 +30,34 @@ from trl import PPOTrainer
 from trl.core import PPODecorators, entropy_from_logits, masked_mean
 
 from cory.passes import WindowOutputs, accepts_logits_to_keep, pass_plan, packs, resolve_budget, window_passes
+
+
+class KLController:
+    """η, the KL penalty's coefficient: fixed, or adapted towards a target KL (Ziegler et al. 2019, "Fine-Tuning
+    Language Models from Human Preferences", §2.2): after each batch of n samples with mean KL k,
+
+        η ← η · (1 + clip(k / target − 1, −0.2, 0.2) · n / horizon),
+
+    a proportional controller whose error is clipped, so that η moves by at most 0.2 · n / horizon per batch. trl
+    0.11.4's ``AdaptiveKLController`` and ``FixedKLController`` in one class (checked equal on recorded inputs in
+    tests/test_ppo_formulas.py); trl's ``PPOTrainer`` reads ``value`` and calls ``update`` as it does theirs."""
+
+    def __init__(self, init_kl_coef: float, target: float | None = None, horizon: float = 10000.0):
+        self.value = init_kl_coef
+        self.target = target  # None: fixed
+        self.horizon = horizon
+
+    def update(self, current: float, n_steps: int) -> None:
+        if self.target is None:
+            return
+        proportional_error = np.clip(current / self.target - 1, -0.2, 0.2)
+        self.value *= 1 + proportional_error * n_steps / self.horizon
+
+
+def kl_controller(config) -> KLController:
+    """The controller a config asks for (``adap_kl_ctrl``, ``init_kl_coef``, ``target``, ``horizon``: our fields or
+    trl's PPOConfig, which share the names)."""
+    return KLController(config.init_kl_coef, config.target if config.adap_kl_ctrl else None, config.horizon)
 
 
 class ScoreNormalizer:
@@ -225,6 +253,7 @@ class AgentTrainer(PPOTrainer):
     def __init__(self, *args, max_pass_tokens: int | str = 0, reserve_bytes: float = 0.0, pack: bool = True,
                  reuse_rollout: bool = True, compute=None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.kl_ctl = kl_controller(self.config)
         self.max_pass_tokens, self.reserve_bytes = max_pass_tokens, reserve_bytes
         self.pack, self.reuse_rollout = pack, reuse_rollout
         # compute(cache): the precision region the passes run in (bf16: autocast); with ``cache`` each weight is
@@ -276,9 +305,8 @@ class AgentTrainer(PPOTrainer):
                 break
         seconds["optimize_step"] = time.time() - t
 
-        # 5. the statistics, then η's update from this batch's KL: the adaptive controller (Ziegler et al. 2019)
-        # multiplies η by 1 + clip(KL / target − 1, ±0.2) · batch / horizon (trl's AdaptiveKLController.update);
-        # the fixed one leaves it
+        # 5. the statistics, then η's update from this batch's KL (``KLController``: fixed, or adapted towards the
+        # target KL)
         stats = self._statistics(batch, minibatches, kl_coef, seconds)
         self.kl_ctl.update(stats.kl, self.config.batch_size * self.accelerator.num_processes)
         if self.lr_scheduler is not None:

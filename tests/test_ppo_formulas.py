@@ -75,3 +75,26 @@ def test_losses_and_statistics_are_trls(ratio_threshold):
                          ("policy_kl", "policy/policykl"), ("clip_fraction", "policy/clipfrac"),
                          ("mean_value", "val/vpred"), ("mean_return", "returns/mean")]:
         assert getattr(stats, ours) == pytest.approx(float(trl_stats[theirs]), rel=1e-5, abs=1e-7), ours
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_the_kl_controller_is_trls(adaptive):
+    """cory.ppo.KLController against trl 0.11.4's AdaptiveKLController / FixedKLController on the same KL readings
+    (under, at and far over the target, where the clip binds), to the bit."""
+    from trl.trainer.utils import AdaptiveKLController, FixedKLController
+
+    from cory.ppo import kl_controller
+
+    config = SimpleNamespace(init_kl_coef=0.3, adap_kl_ctrl=adaptive, target=6.0, horizon=10000.0)
+    ours = kl_controller(config)
+    theirs = AdaptiveKLController(0.3, 6.0, 10000.0) if adaptive else FixedKLController(0.3)
+    for kl in [0.0, 0.5, 5.9, 6.0, 6.1, 7.2, 12.0, 45.0, 3.3, 1e-9, 100.0]:
+        for n in (8, 32, 256):
+            ours.update(kl, n)
+            theirs.update(kl, n)
+            assert ours.value == theirs.value
+    assert (ours.value != 0.3) == adaptive
+    # at most ±0.2 · n / horizon per batch: 45 nats against a target of 6 moves η by the clipped 0.2 · 256 / 10000
+    one = kl_controller(config)
+    one.update(45.0, 256)
+    assert one.value == pytest.approx(0.3 * (1 + (0.2 * 256 / 10000 if adaptive else 0)))
