@@ -23,7 +23,19 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 RECORD = REPO / "tests" / "data" / "step_record.json"
-RECORD_BF16 = REPO / "tests" / "data" / "step_record_bf16.json"
+RECORD_BF16 = REPO / "tests" / "data" / "step_record_bf16.json"  # made with AVX-512 BF16 kernels (no AMX)
+
+
+def kernel_family(flags) -> str:
+    """Which bfloat16 kernels a CPU with these flags runs: "amx" (AMX tiles), "avx512_bf16", or "emulated". bf16
+    numbers repeat within a family and differ across them (other instructions, other summation orders)."""
+    flags = set(flags)
+    return "amx" if "amx_tile" in flags else "avx512_bf16" if "avx512_bf16" in flags else "emulated"
+
+
+def bf16_record_path(family: str):
+    """Where the bf16 record of a kernel family lives (the first one, AVX-512 BF16's, keeps its old name)."""
+    return RECORD_BF16 if family == "avx512_bf16" else RECORD_BF16.with_name(f"step_record_bf16_{family}.json")
 DIRECTIONS = 8
 # (name, script, config, extra flags): explicit values, so the record does not follow later preset changes (the
 # precision default became auto, the cpu CORY preset's score_norm false, after the record was made)
@@ -86,7 +98,7 @@ def main() -> None:
     import subprocess
 
     bf16 = sys.argv[1:] == ["bf16"]
-    runs, path = (BF16_RUNS, RECORD_BF16) if bf16 else (RUNS, RECORD)
+    runs, path = (BF16_RUNS, bf16_record_path(kernel_family(cpu_flags()))) if bf16 else (RUNS, RECORD)
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     record = {"commit": commit, "runs": {}}
