@@ -2,7 +2,9 @@
 checks before a run, ``cory.lab.evaluate`` and the experiment runner ask it, and know no task by name."""
 from __future__ import annotations
 
+import os
 import runpy
+import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,9 +22,15 @@ class TaskSpec:
     check: Callable | None = None  # (cfg) -> None, raising ConfigError: what else to check before loading
     prompt_tokens: int = 64  # room kept for the prompt beside the longest answer (the model's context check)
     evaluation: Evaluation = field(default_factory=Evaluation)
+    where: str = ""  # file:line of the register_task call
 
 
 _REGISTRY: dict[str, TaskSpec] = {}
+
+
+def _caller() -> str:
+    frame = sys._getframe(2)  # register_task's caller; its file as a real path (a script may name itself relatively)
+    return f"{os.path.realpath(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
 def register_task(name: str, make: Callable, *, datasets=("auto",), rewards=(), check=None, prompt_tokens: int = 64,
@@ -30,9 +38,15 @@ def register_task(name: str, make: Callable, *, datasets=("auto",), rewards=(), 
     """Make ``task: name`` mean ``make(cfg, tokenizer, seed)``, a ``Task``; ``datasets`` and ``rewards`` are the
     values the config's ``dataset`` and ``reward_model`` may take (no ``rewards``: any); ``prompt_tokens``: the
     room its prompts need beside an answer; ``evaluation``: how ``cory.lab.evaluate`` scores it (default: mean
-    reward, KL and distinct-n of 15-token answers)."""
+    reward, KL and distinct-n of 15-token answers). A name is registered once: a second registration from another
+    place (another task file, or one that shadows a built-in task) is a ConfigError naming both places; the same
+    call run again (a module imported twice) replaces its own."""
+    where = _caller()
+    if name in _REGISTRY and _REGISTRY[name].where != where:
+        raise ConfigError(f"task {name!r} is registered twice: at {_REGISTRY[name].where} and at {where}; give one "
+                          "of them another name")
     _REGISTRY[name] = TaskSpec(make, tuple(datasets), tuple(rewards), check, prompt_tokens,
-                               evaluation or Evaluation())
+                               evaluation or Evaluation(), where)
 
 
 def registered() -> dict[str, TaskSpec]:
