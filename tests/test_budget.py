@@ -106,3 +106,13 @@ def test_the_runner_gives_parallel_runs_their_share_of_the_cores_and_the_gpu():
     six = child_env({"PATH": "/bin"}, 6)
     assert float(six[budget.SHARE_ENV]) == pytest.approx(0.15) and int(six["OMP_NUM_THREADS"]) >= 1
     assert child_env({budget.SHARE_ENV: "0.5", "OMP_NUM_THREADS": "3"}, 6)[budget.SHARE_ENV] == "0.5"  # the user's
+
+
+def test_a_relative_cory_cache_is_the_one_where_the_runner_started(tmp_path, monkeypatch):
+    """The runs start in the repository: a relative CORY_CACHE given to the runner must not build a cache there."""
+    from cory.lab.experiments import child_env
+
+    monkeypatch.chdir(tmp_path)
+    assert child_env({"CORY_CACHE": "my_cache"}, 1)["CORY_CACHE"] == str(tmp_path / "my_cache")
+    assert child_env({"CORY_CACHE": "/abs/cache"}, 2)["CORY_CACHE"] == "/abs/cache"
+    assert "CORY_CACHE" not in child_env({"PATH": "/bin"}, 1)

@@ -393,8 +393,11 @@ GPU_SHARE_ENV = "CORY_CUDA_SHARE"  # cory.passes.SHARE_ENV, named here so the ru
 def child_env(environ, jobs: int) -> dict:
     """The runs' environment: parallel runs share the cores (instead of each starting one thread per core) and the
     GPU (each budgets its passes within its share, ``cory.passes.cuda_share``; 0.9 of the card in all, since
-    every process's CUDA context and allocator slack lie outside what it budgets). A setting the user made wins."""
+    every process's CUDA context and allocator slack lie outside what it budgets). A setting the user made wins. A
+    relative CORY_CACHE is made absolute from where the runner was started: the runs start in the repository."""
     env = {**environ, "PYTHONUNBUFFERED": "1"}
+    if env.get("CORY_CACHE"):
+        env["CORY_CACHE"] = os.path.abspath(os.path.expanduser(env["CORY_CACHE"]))
     if jobs > 1:
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
         env.setdefault(GPU_SHARE_ENV, f"{0.9 / jobs:.4f}")
