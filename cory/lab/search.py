@@ -27,6 +27,17 @@ MIN_GAIN = 0.3      # held-out reward above the base model's
 MIN_DISTINCT = 0.5  # distinct-2 at least this share of the base model's
 MAX_MINUTES = 60.0  # per PPO run on the 2-core machine (one core per run)
 
+# per task: its name in titles, what its held-out reward is (figure axis), and how its held-out set is read
+TASKS = {
+    "imdb": ("IMDB", "held-out task reward (VADER, −1…1)",
+             "Held-out: the 110 built-in eval openings, 15-token answers sampled as in training, scored with plain VADER "
+             "(whatever the training reward's form)"),
+    "arithmetic": ("Arithmetic", "held-out accuracy, sampled as in training",
+                   "Held-out: the task's 200 held-out problems (never drawn in training), answers of up to 20 tokens "
+                   "sampled as in training, scored 0/1 (the reward is the accuracy; greedy accuracy is in each run's "
+                   "eval.jsonl)"),
+}
+
 
 @dataclass
 class SeedResult:
@@ -114,6 +125,17 @@ def _changes(config: dict, base: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(changed.items())) or "—"
 
 
+def _common_config(folders: list[Path]) -> dict:
+    """The resolved fields every setting's PPO runs share (so that each setting shows what sets it apart)."""
+    configs = []
+    for folder in folders:
+        group = load_experiment(folder).groups.get("ppo")
+        configs += [run.config for run in group.runs.values()] if group else []
+    if not configs:
+        return {}
+    return {k: v for k, v in configs[0].items() if all(c.get(k) == v for c in configs[1:])}
+
+
 def load_setting(folder: Path, base_config: dict, min_gain: float, max_minutes: float, name: str | None = None,
                  seeds: list[int] | None = None) -> Setting | None:
     """One setting: the PPO runs of an experiment folder (``seeds``: only these); what of it is skipped is in its
@@ -144,9 +166,9 @@ def _mean(values) -> str:
     return fmt(float(np.mean(values))) + (f" ± {fmt(float(np.std(values, ddof=1)))}" if len(values) > 1 else "")
 
 
-def summary_table(settings: list[Setting]) -> str:
+def summary_table(settings: list[Setting], against: str = "changes from `base`") -> str:
     points = sorted({i for s in settings for r in s.seeds for i in r.points if i > 0})
-    head = (["setting", "changes from `base` (resolved configs)", "seeds", "s / iteration"] + [f"held-out reward at {i}" for i in points]
+    head = (["setting", f"{against} (resolved configs)", "seeds", "s / iteration"] + [f"held-out reward at {i}" for i in points]
             + ["best gain over base (English)", "final KL (held-out)", "final distinct-2", "minutes per run",
                "meets the criterion"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -162,10 +184,10 @@ def summary_table(settings: list[Setting]) -> str:
     return "\n".join(lines)
 
 
-def plot(settings: list[Setting], path: Path, metric: str, ylabel: str, base: float | None) -> None:
+def plot(settings: list[Setting], path: Path, metric: str, ylabel: str, base: float | None, task: str = "IMDB") -> None:
     from cory.lab.figures import _axes, save_figure
 
-    fig, ax = _axes(f"IMDB, CPU search: held-out {metric.replace('_', ' ')} of PPO (mean over seeds)",
+    fig, ax = _axes(f"{task}, CPU search: held-out {metric.replace('_', ' ')} of PPO (mean over seeds)",
                     "iterations completed", ylabel, size=(8.5, 5.2))
     cmap = __import__("matplotlib").colormaps["tab20"]
     for k, s in enumerate(settings):
@@ -216,6 +238,8 @@ def build_summary(root: str | Path, min_gain: float = MIN_GAIN, max_minutes: flo
     if (root / "base" / "runs").is_dir():
         base_group = load_experiment(root / "base").groups.get("ppo")
         base_config = next(iter(base_group.runs.values())).config if base_group else {}
+    else:  # no base setting: each setting's changes are the fields in which the settings differ
+        base_config = _common_config(folders)
     settings = [s for f in folders if (s := load_setting(f, base_config, min_gain, max_minutes)) is not None]
     for item in also:
         name, _, where = item.partition("=")
@@ -235,14 +259,20 @@ def build_summary(root: str | Path, min_gain: float = MIN_GAIN, max_minutes: flo
     bases = [r.base for s in settings for r in s.seeds]
     base = float(np.mean(bases)) if bases else None
     base_d2 = [r.points[0]["distinct_2"] for s in settings for r in s.seeds]
-    plot(settings, root / "fig_search_reward.png", "task_reward", "held-out task reward (VADER, −1…1)", base)
-    plot(settings, root / "fig_search_kl.png", "kl", "held-out KL(π‖π₀), nats per answer", None)
+    task = next((r.config.get("task") for s in settings for r in s.exp.groups["ppo"].runs.values()), "imdb")
+    title, reward_axis, heldout = TASKS.get(task, (task, "held-out task reward", f"Held-out: the {task} task's "
+                                                   "held-out examples, answers sampled as in training"))
+    plot(settings, root / "fig_search_reward.png", "task_reward", reward_axis, base, title)
+    plot(settings, root / "fig_search_kl.png", "kl", "held-out KL(π‖π₀), nats per answer", None, title)
     plot(settings, root / "fig_search_distinct_2.png", "distinct_2", "held-out distinct-2",
-         float(np.mean(base_d2)) if base_d2 else None)
+         float(np.mean(base_d2)) if base_d2 else None, title)
     met = [s.name for s in settings if s.meets]
     ranking = _ranking(settings, float(np.mean(base_d2)) if base_d2 else None)
-    md = ["# IMDB on a CPU: the search for a preset where PPO learns", "",
-          f"Generated by `python -m cory.lab.search {root.as_posix()}{''.join(f' --also {a}' for a in also)}` from the "
+    options = "".join(f" --{k} {v:g}" for k, v, default in (("min_gain", min_gain, MIN_GAIN),
+                                                              ("max_minutes", max_minutes, MAX_MINUTES)) if v != default)
+    md = [f"# {title} on a CPU: the search for a preset where PPO learns", "",
+          f"Generated by `python -m cory.lab.search {root.as_posix()}{options}"
+          f"{''.join(f' --also {a}' for a in also)}` from the "
           "metrics in its folders; the design "
           "(grid, criterion, budget), fixed before the runs, is in [DESIGN.md](DESIGN.md).", "",
           f"Criterion: for every seed, PPO's held-out reward at least {min_gain:g} above the base model's "
@@ -250,9 +280,9 @@ def build_summary(root: str | Path, min_gain: float = MIN_GAIN, max_minutes: flo
           f"{MIN_DISTINCT:g} × the base model's there, within {max_minutes:g} minutes per run. "
           + (f"**Met by: {', '.join(f'`{n}`' for n in met)}.**" if met else "**No setting met it.**"), "",
           *([ranking, ""] if ranking else []),
-          summary_table(settings), "",
-          "Held-out: the 110 built-in eval openings, 15-token answers sampled as in training, scored with plain VADER "
-          "(whatever the training reward's form); mean ± std over seeds. s / iteration: the median over the runs' "
+          summary_table(settings, "changes from `base`" if (root / "base" / "runs").is_dir() else "what sets it apart"),
+          "",
+          f"{heldout}; mean ± std over seeds. s / iteration: the median over the runs' "
           "iterations (two runs at a time, one core each). Minutes per run: the run's wall time from `runs.json`, "
           "its evaluations included.", "",
           "![held-out reward](fig_search_reward.png)", "", "![held-out KL](fig_search_kl.png)", "",
