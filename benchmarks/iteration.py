@@ -284,7 +284,9 @@ def parse(argv):
                    help="tokens per PPO forward pass for ppo/cory variants: auto or a number (default: the preset's)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None, help="write the full results here")
+    p.add_argument("--json", default=None, help="write the full results here (a file this benchmark did not write is "
+                   "refused unless --force)")
+    p.add_argument("--force", action="store_true", help="replace the --json file even if this benchmark did not write it")
     p.add_argument("--dry_run", action="store_true", help="print each variant's preset, model, precision, batch and "
                    "PPO pass budget as a run would use them, then stop (nothing is loaded)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -320,6 +322,14 @@ def parse(argv):
                          f"({args.swap_period}) so that an exchange is timed")
     if args.json is not None and not Path(args.json).resolve().parent.is_dir():
         raise UsageError(f"--json: folder {Path(args.json).parent} does not exist")
+    if args.json is not None and not args.worker:
+        sys.path.insert(0, str(REPO))
+        from cory.errors import ConfigError
+        from cory.outputs import check_output_file
+        try:
+            check_output_file(Path(args.json), "--json", "python benchmarks/iteration.py", args.force)
+        except ConfigError as e:
+            raise UsageError(str(e)) from None
     return args
 
 

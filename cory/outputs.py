@@ -221,6 +221,25 @@ def check_writable(path: Path, name: str = "output_dir") -> None:
         raise ConfigError(f"{name}: cannot write in {folder} (permission denied); choose another place")
 
 
+def written_by(path: Path, program: str) -> bool:
+    """Whether ``path`` holds a JSON document that ``program`` wrote (its "command" starts with ``program``)."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and str(doc.get("command", "")).startswith(program)
+
+
+def check_output_file(path: Path, name: str, program: str, force: bool = False) -> None:
+    """An output file flag (``--json``): a file already there that ``program`` did not write (a user's file) is
+    refused in one line unless ``force``; then ``check_writable``. Before any work, so that nothing is lost."""
+    path = Path(path)
+    if path.is_file() and not force and not written_by(path, program):
+        raise ConfigError(f"{name}: {path} already exists and was not written by {program}; choose another file, or "
+                          "pass --force to replace it")
+    check_writable(path, name)
+
+
 def check_output_dir(output_dir: str, *, resume: bool, overwrite: bool, method: str = "", task: str = "") -> None:
     """Refuse to touch an existing run unless asked to, and anything but a run at all; writes nothing. ``method``
     and ``task``: this run's, so that a folder holding another method's run gets advice that works."""

@@ -36,7 +36,7 @@ from cory.config import load_yaml
 from cory.errors import AssetError, ConfigError, EvalError, OneLineParser, RunError, file_fault
 from cory.final import RECORD, WEIGHT_FILES, final_complete, final_weights_id
 from cory.models import load_causal_lm, load_tokenizer
-from cory.outputs import check_writable, json_safe
+from cory.outputs import check_output_file, json_safe
 from cory.heldout import BATCH_SIZE, evaluate_reward, sample
 from cory.lab.passk import mean_pass_at_k
 from cory.rollout import checked_scores, decode_and_clean, stop_at, tokenize_prompts
@@ -200,7 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="model weights (default float32)")
     p.add_argument("--json", metavar="OUT.json",
                    help="where to write the results (default: RUN/eval_<task>.json when all models come "
-                        "from one run folder, else nowhere)")
+                        "from one run folder, else nowhere); a file there that this tool did not write is refused "
+                        "unless --force")
+    p.add_argument("--force", action="store_true", help="replace the --json file even if this tool did not write it")
     reward = p.add_argument_group(f"{REWARD_METRICS} tasks (e.g. imdb)")
     reward.add_argument("--allow_early_eos", choices=("true", "false"),
                         help="true: EOS may end an answer before --max_new_tokens; false: every answer has that "
@@ -298,7 +300,7 @@ def plan(argv: Sequence[str] | None) -> Plan:
     if json_path is not None and json_path.is_dir():
         raise EvalError(f"--json {json_path}: is a folder, expected a file name")
     if json_path is not None:  # known now, not after the whole evaluation
-        check_writable(json_path, "--json")
+        check_output_file(json_path, "--json", "python -m cory.lab.evaluate", args.force)
     p = Plan(task=args.task, metrics=evaluation.metrics, rows=rows, reference=reference, dataset=dataset,
              dataset_path=dataset_path, reward=reward,
              limit=args.limit if args.limit is not None else evaluation.limit,

@@ -1,0 +1,39 @@
+"""Output flags never destroy: a --json path holding a file the tool did not write (a user's) is refused in one line
+before any work, and left as it was; --force replaces it; a file the tool wrote before is replaced (hardening
+round 5)."""
+import json
+import subprocess
+import sys
+
+from conftest import REPO
+
+
+def _run(*args, cwd):
+    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+def test_evaluate_refuses_a_users_file_and_replaces_its_own(tmp_path):
+    mine = tmp_path / "results.json"
+    mine.write_text("my own notes, not an evaluation\n")
+    args = ["-m", "cory.lab.evaluate", "--task", "imdb", "--model", "tiny", "--limit", "2", "--max_new_tokens", "2"]
+    p = _run(*args, "--json", mine, cwd=REPO)
+    assert p.returncode != 0 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "already exists and was not written by python -m cory.lab.evaluate" in p.stderr and "--force" in p.stderr
+    assert mine.read_text() == "my own notes, not an evaluation\n"
+    p = _run(*args, "--json", mine, "--force", cwd=REPO)
+    assert p.returncode == 0, p.stderr[-2000:]
+    first = json.loads(mine.read_text())
+    assert first["command"].startswith("python -m cory.lab.evaluate")
+    p = _run(*args, "--json", mine, "--seed", "1", cwd=REPO)  # its own file: replaced without --force
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(mine.read_text())["settings"]["seed"] == 1
+
+
+def test_the_iteration_benchmark_refuses_a_users_file_before_any_work(tmp_path):
+    mine = tmp_path / "results.json"
+    mine.write_text('{"mine": true}\n')
+    p = _run(REPO / "benchmarks" / "iteration.py", "--preset", "tiny", "--batch_size", "4", "--variants", "ppo",
+             "--json", mine, cwd=tmp_path)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "already exists and was not written by python benchmarks/iteration.py" in p.stderr
+    assert mine.read_text() == '{"mine": true}\n'
