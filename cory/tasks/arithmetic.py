@@ -26,11 +26,10 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
 
-from cory.tasks.base import REWARD_METRICS, Evaluation, Example, TaskBase
-from cory.tasks.gsm8k import question_prompt
-from cory.tasks.gsm8k_answers import correctness_reward, extract_answer, normalize_number, trim_at_stop
+from cory.tasks.base import REWARD_METRICS, Evaluation, Example
+from cory.tasks.gsm8k import CorrectnessTask, question_prompt
+from cory.tasks.gsm8k_answers import extract_answer, normalize_number
 from cory.tasks.registry import register_task
 
 
@@ -122,12 +121,11 @@ def held_out(name: str, size: int = EVAL_SIZE) -> tuple[Example, ...]:
     return tuple(out)
 
 
-class ArithmeticTask(TaskBase):
+class ArithmeticTask(CorrectnessTask):
     """Arithmetic problems as a ``cory.tasks.base.Task``: an endless seeded stream of training problems outside the
-    held-out share, and the held-out problems of ``held_out``."""
+    held-out share, and the held-out problems of ``held_out``; answers end and are scored as GSM8K's."""
 
     name = "arithmetic"
-    stop = "Question:"
 
     def __init__(self, setting: str = DEFAULT_SETTING, seed: int = 0) -> None:
         if setting not in SETTINGS:
@@ -160,14 +158,6 @@ class ArithmeticTask(TaskBase):
 
     def observer_prompt(self, example: Example, pioneer_response: str) -> str:
         return build_observer_prompt(example.query, pioneer_response)
-
-    def clean_response(self, text: str) -> str:
-        return trim_at_stop(text, self.stop)
-
-    def score(self, examples: Sequence[Example], responses: Sequence[str]) -> list[float]:
-        if len(examples) != len(responses):
-            raise ValueError(f"{len(examples)} examples but {len(responses)} responses")
-        return [correctness_reward(r, ex.reference) for ex, r in zip(examples, responses)]
 
     @staticmethod
     def parseable(response: str) -> bool:

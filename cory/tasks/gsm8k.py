@@ -299,7 +299,22 @@ def load_gsm8k(
 # ---------------------------------------------------------------------------------------------
 
 
-class Gsm8kTask(TaskBase):
+class CorrectnessTask(TaskBase):
+    """A task in GSM8K's answer form: an answer ends where the model starts a new "Question:", and scores 1 when its
+    final number equals the example's reference (``correctness_reward``), else 0. GSM8K's and the arithmetic task's."""
+
+    stop: str | None = "Question:"
+
+    def clean_response(self, text: str) -> str:
+        return trim_at_stop(text, self.stop)
+
+    def score(self, examples: Sequence[Example], responses: Sequence[str]) -> list[float]:
+        if len(examples) != len(responses):
+            raise ValueError(f"{len(examples)} examples but {len(responses)} responses")
+        return [correctness_reward(r, ex.reference) for ex, r in zip(examples, responses)]
+
+
+class Gsm8kTask(CorrectnessTask):
     """GSM8K as a ``cory.tasks.base.Task``.
 
     ``seed`` orders the training stream (a fresh seeded permutation of train per epoch);
@@ -408,14 +423,6 @@ class Gsm8kTask(TaskBase):
                     line = next(records)
             return f"dataset_path: {path} line {line}"
         return f"dataset: {self.source} {split} question {index + 1}"
-
-    def clean_response(self, text: str) -> str:
-        return trim_at_stop(text, self.stop)
-
-    def score(self, examples: Sequence[Example], responses: Sequence[str]) -> list[float]:
-        if len(examples) != len(responses):
-            raise ValueError(f"{len(examples)} examples but {len(responses)} responses")
-        return [correctness_reward(r, ex.reference) for ex, r in zip(examples, responses)]
 
     def state_dict(self) -> dict:
         return {
