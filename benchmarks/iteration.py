@@ -264,7 +264,8 @@ def print_table(summary: dict, checks: list[dict], peak: float) -> None:
 
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
-    p.add_argument("--preset", default="cpu")
+    p.add_argument("--preset", default="cpu", help="configs/<task>/<method>_<preset>.yaml: any preset the task has "
+                   "(tiny, cpu, gpu, paper; default cpu); a hub model in it needs --model, a stand-in, offline")
     p.add_argument("--task", default="imdb", help="imdb or gsm8k: configs/<task>/<method>_<preset>.yaml")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--model", "--model_name", dest="model_name", default=None,
