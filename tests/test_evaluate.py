@@ -147,7 +147,7 @@ def test_gsm8k_authors_protocol_is_named_and_runs_to_the_limit(tiny_run, tmp_pat
     (["--task", "imdb", "--model", "tiny", "--protocol", "authors"], "--protocol: 'authors' is not one of training for"),
     (["--task", "gsm8k", "--model", "tiny", "--protocol", "paper"], "--protocol: 'paper' is not one of training, authors"),
     (["--task", "gsm8k", "--model", "tiny", "--n", "2", "--k", "1,4"], "--k 4 is larger than --n 2"),
-    (["--task", "mnist", "--model", "tiny"], "'mnist' is not one of gsm8k, imdb"),
+    (["--task", "mnist", "--model", "tiny"], "'mnist' is not one of arithmetic, gsm8k, imdb"),
     (["--task", "imdb", "--model", "{tmp}/nope"], "no such directory"),
     (["--task", "imdb", "--model", "tiny", "--limit", "0"], "--limit: must be >= 1"),
     (["--task", "gsm8k", "--model", "tiny", "--n", "abc"], "--n: expected a positive integer"),

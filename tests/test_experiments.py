@@ -57,7 +57,7 @@ def test_plan_kl_sweep_folders(tmp_path):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--task", "mnist"], "--task: 'mnist' is not one of gsm8k, imdb"),
+    (["--task", "mnist"], "--task: 'mnist' is not one of arithmetic, gsm8k, imdb"),
     (["--preset", "huge"], "--preset: 'huge' is not one of cpu, gpu, paper, tiny"),
     (["--methods", "ppo,dpo"], "--methods: 'dpo' is not one of ppo, cory, cory_no_kt, cory_no_swap, ppo_2x, "
                                "ppo_norm, cory_norm, cory_authors"),

@@ -56,7 +56,7 @@ def registered() -> dict[str, TaskSpec]:
 def task_spec(name: str) -> TaskSpec:
     """The registration of task ``name`` (ConfigError, one line, naming the registered ones)."""
     if name not in _REGISTRY:
-        raise ConfigError(f"task: {name!r} is not one of {', '.join(_REGISTRY)} (or a task registered with "
+        raise ConfigError(f"task: {name!r} is not one of {', '.join(sorted(_REGISTRY))} (or a task registered with "
                           "cory.tasks.register_task)")
     return _REGISTRY[name]
 
