@@ -129,13 +129,14 @@ def ppo_step(ppo_batch):
 
     tok, reference, policy, queries, responses = ppo_batch
 
-    def step(tmp_path, cls=Agent, **over):
+    def step(tmp_path, cls=Agent, batch=None, **over):
+        """``batch``: (queries, responses) in place of the fixture's."""
         cfg = build(IMDB_PPO, {"model_name": "tiny", "reward_model": "vader", "batch_size": 4, "mini_batch_size": 4,
                               "ppo_epochs": 2, "init_kl_coef": 0.2, "learning_rate": 1e-3, "precision": "fp32",
                               "output_dir": str(tmp_path), **over})
         agent = cls("policy", cfg, copy.deepcopy(policy), reference, tok)
         np.random.seed(0)  # trl shuffles mini-batches with numpy
-        stats = agent.step(queries, responses, [1.0, -0.5, 0.25, 2.0])
+        stats = agent.step(*(batch or (queries, responses)), [1.0, -0.5, 0.25, 2.0])
         return agent, stats, torch.cat([p.detach().flatten() for p in agent.policy.parameters()])
     return step
 

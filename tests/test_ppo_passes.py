@@ -91,6 +91,21 @@ def test_our_step_matches_trl(setup, run_step, tmp_path, cls, over):
     assert float((params - stock_params).norm() / update) < 1e-3
 
 
+@pytest.mark.parametrize("over", [{}, {"mini_batch_size": 2, "gradient_accumulation_steps": 2}], ids=["one", "two"])
+def test_our_step_matches_trl_on_answers_ending_at_eos(setup, ppo_step, tmp_path, over):
+    """Answers of 1 to 7 tokens, three of them ending at EOS, as a task with a stop (arithmetic, GSM8K) trains on:
+    EOS is a token like any other, so both steps must agree on it too, here where the pad token is EOS itself."""
+    tok, _, policy, queries, responses = setup
+    eos = torch.tensor([tok.eos_token_id])
+    batch = (queries, [torch.cat([responses[0][:3], eos]), responses[1], eos, torch.cat([responses[3], eos])])
+    before = torch.cat([p.detach().flatten() for p in policy.parameters()])
+    _, stock_stats, stock_params = ppo_step(tmp_path / "stock", StockAgent, batch=batch, **over)
+    _, stats, params = ppo_step(tmp_path / "ours", Agent, batch=batch, **over)
+    for key in STATS:
+        assert getattr(stats, key) == pytest.approx(getattr(stock_stats, key), rel=2e-4, abs=1e-5), key
+    assert float((params - stock_params).norm() / (stock_params - before).norm()) < 1e-3
+
+
 def test_full_kl_in_chunks_of_rows_equals_the_whole(monkeypatch):
     """Where a pass's log-softmaxes would be large the KL is taken a few rows at a time: the same numbers."""
     from cory import passes
