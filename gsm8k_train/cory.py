@@ -28,7 +28,7 @@ class Hyperparameters(ppo.Hyperparameters, CoryArgs):
     other_reward_coef: float = 1.0         # reward = own + coef * partner's; 0 independent, -1 competitive
     knowledge_transfer: bool = True        # the observer reads the pioneer's answer; False = only the question
     # ---- the one change to PPO's settings: the paper's Table 2 trains CORY at 1e-4 (PPO: 1e-5)
-    learning_rate: float = 1e-4            # Adam learning rate
+    learning_rate: float = 1e-4
     output_dir: str = "runs/gsm8k_cory"    # the run's folder: config, metrics, samples, checkpoints, final models
 
 

@@ -31,7 +31,7 @@ class Hyperparameters(ppo.Hyperparameters, CoryArgs):
     # use_score_norm in Harry67Hu/CORY imdb_train/cory.py), their PPO run does not. An asymmetry: dividing by the sd
     # of r1 + r2 roughly doubles CORY's KL coefficient relative to its reward, so part of "lower KL" may be this
     # alone; the cpu preset turns it off for a like-for-like comparison (configs/imdb/cory_cpu.yaml)
-    score_norm: bool = True                # normalise training scores by their running mean and std
+    score_norm: bool = True                # (r1 + r2 - running mean) / running sd, as the authors' CORY run
     output_dir: str = "runs/imdb_cory"     # the run's folder: config, metrics, samples, checkpoints, final models
 
 

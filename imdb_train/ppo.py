@@ -26,25 +26,25 @@ class Hyperparameters(PPOArgs):
     output_dir: str = "runs/imdb_ppo"      # the run's folder: config, metrics, samples, checkpoints, final model
     steps: int = 100                       # PPO iterations, one batch each
     # ---- PPO: the paper's Table 1 (trl's PPOConfig defaults)
-    learning_rate: float = 1.41e-5         # Adam learning rate
-    batch_size: int = 256                  # queries per iteration
-    mini_batch_size: int = 256             # queries per optimizer step
-    ppo_epochs: int = 4                    # passes over each batch
+    learning_rate: float = 1.41e-5         # trl's default, which Table 1 keeps
+    batch_size: int = 256                  # review openings per iteration
+    mini_batch_size: int = 256             # the whole batch: one optimizer step per epoch
+    ppo_epochs: int = 4
     init_kl_coef: float = 0.3              # eta, the KL penalty's starting coefficient (the authors' cory.py: 0.4)
-    adap_kl_ctrl: bool = True              # adapt eta towards the target KL (Ziegler et al.)
-    target: float = 6.0                    # the adaptive controller's target KL
-    horizon: float = 10000.0               # the adaptive controller's horizon
-    gamma: float = 1.0                     # discount
-    lam: float = 0.95                      # GAE lambda
-    cliprange: float = 0.2                 # policy ratio clip
-    cliprange_value: float = 0.2           # value clip
-    vf_coef: float = 0.1                   # value loss weight
+    adap_kl_ctrl: bool = True              # eta moves towards a KL of 6 nats per answer, slowly (horizon 10,000)
+    target: float = 6.0
+    horizon: float = 10000.0
+    gamma: float = 1.0                     # the score comes once, at the answer's last token: no discount
+    lam: float = 0.95
+    cliprange: float = 0.2
+    cliprange_value: float = 0.2
+    vf_coef: float = 0.1                   # the value head shares the policy's body: its loss is kept small
     kl_penalty: str = "full"               # per-token KL estimate: the full-vocabulary KL(pi || pi0)
     # ---- answers: one length per batch, uniform in [4, 15] (trl's LengthSampler(4, 16)), sampled as drawn: GPT-2
     # practically never ends so short an answer with EOS
-    response_length_min: int = 4           # shortest answer, in tokens
-    response_length_max: int = 15          # longest answer, in tokens
-    allow_early_eos: bool = False          # every answer runs to its drawn length (EOS masked until then)
+    response_length_min: int = 4
+    response_length_max: int = 15
+    allow_early_eos: bool = False          # EOS masked until the drawn length
     repetition_penalty: float = 1.1        # the authors' generation (Harry67Hu/CORY imdb_train/ppo.py); 1 = off
 
 
