@@ -116,3 +116,29 @@ def test_a_relative_cory_cache_is_the_one_where_the_runner_started(tmp_path, mon
     assert child_env({"CORY_CACHE": "my_cache"}, 1)["CORY_CACHE"] == str(tmp_path / "my_cache")
     assert child_env({"CORY_CACHE": "/abs/cache"}, 2)["CORY_CACHE"] == "/abs/cache"
     assert "CORY_CACHE" not in child_env({"PATH": "/bin"}, 1)
+
+
+def test_auto_uses_an_h100_for_the_paper_batch_of_gpt2_large():
+    """The CPU stand-in for the paper preset on an H100 (issue 46): the card's free memory as an H100 reports it
+    (~79 GiB, less the policies and the reference already loaded) and GPT2-Large's bytes per token, scaled from the
+    2.65 MiB per token that `max_pass_tokens: auto` measured for SmolLM2-135M on an H100 (results/imdb_gpu/logs) by
+    layers x width, as benchmarks/README.md scales it. `auto` must give a budget that uses the card: a batch of 256
+    IMDB openings (2-7 tokens) with answers (4-15) in one or two passes, where the cpu preset's 384-token cap takes
+    fifteen, and the passes plus the agents' gradients and Adam moments within the free memory."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gib, mib = 2 ** 30, 2 ** 20
+    with torch.device("meta"):  # GPT2-Large's shapes, no memory
+        large = GPT2LMHeadModel(GPT2Config(n_layer=36, n_embd=1280, n_head=20))
+    weights = sum(p.numel() * p.element_size() for p in large.parameters())
+    per_token = 2.65 * mib * (36 * 1280) / (30 * 576)  # SmolLM2-135M: 30 layers of width 576
+    rng = np.random.default_rng(0)
+    lengths = list(rng.integers(2, 8, 256) + rng.integers(4, 16, 256))  # the paper's query and answer lengths
+    for agents in (1, 2):  # PPO, CORY: each agent's policy, and one shared reference
+        free = 79 * gib - (agents + 1) * weights
+        reserve = agents * budget.trainable_state_bytes(large)
+        tokens = budget.auto_pass_tokens(free, per_token, reserve)
+        assert tokens >= 10 * 384, (agents, tokens)
+        assert len(budget.pass_plan(lengths, tokens)) <= 2 < len(budget.pass_plan(lengths, 384))
+        used = reserve + tokens * per_token
+        assert 0.5 * free < used <= free, (agents, used / gib, free / gib)
