@@ -153,21 +153,36 @@ class Agent:
 def native_bf16_cpu() -> bool:
     """Whether this CPU computes bfloat16 in hardware (AVX-512 BF16 or AMX tiles); without, torch emulates it
     and bf16 autocast runs slower than float32."""
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    return cpu_bf16_kernels() != "emulated"
 
 
-def resolve_precision(precision: str, device_type: str, native_bf16: bool | None = None) -> tuple[str, str]:
-    """(the precision a run computes in, why): ``auto`` is tf32 on CUDA, bf16 on a CPU with native bfloat16, fp32
-    on any other CPU; a named precision is itself. ``native_bf16`` (tests): the CPU's answer, else asked."""
+def cpu_bf16_kernels() -> str:
+    """Which bfloat16 kernels this CPU runs: "amx" (AMX tiles), "avx512_bf16", or "emulated" (neither)."""
+    if torch.cpu._is_amx_tile_supported():
+        return "amx"
+    return "avx512_bf16" if torch.cpu._is_avx512_bf16_supported() else "emulated"
+
+
+# What `auto` picks on each CPU kind is what the benchmarks measured faster there, per PPO iteration at the cpu
+# preset (benchmarks/README.md, "Per CPU kind"): bf16 only where it was faster in every series
+AUTO_ON_CPU = {
+    "avx512_bf16": ("bf16", "auto on a CPU with AVX-512 BF16 (no AMX), where bf16 was measured 1.24-1.48x faster "
+                            "per PPO iteration than fp32"),
+    "amx": ("fp32", "auto on a CPU with AMX, where bf16 was measured 0.88-1.22x fp32's speed per PPO iteration "
+                    "(not reliably faster); precision: bf16 to use it anyway"),
+    "emulated": ("fp32", "auto on a CPU without native bfloat16, where torch emulates it slower than float32"),
+}
+
+
+def resolve_precision(precision: str, device_type: str, kernels: str | None = None) -> tuple[str, str]:
+    """(the precision a run computes in, why): ``auto`` is tf32 on CUDA and, on a CPU, what was measured fastest on
+    its kind (``AUTO_ON_CPU``); a named precision is itself. ``kernels`` (tests): the CPU's bf16 kernels, else
+    asked (``cpu_bf16_kernels``)."""
     if precision != "auto":
         return precision, "as configured"
     if device_type == "cuda":
         return "tf32", "auto on CUDA: TF32 matmuls, float32 weights"
-    if native_bf16 is None:
-        native_bf16 = native_bf16_cpu()
-    if native_bf16:
-        return "bf16", "auto on a CPU with native bfloat16 (AVX-512 BF16 or AMX)"
-    return "fp32", "auto on a CPU without native bfloat16, where torch emulates it slower than float32"
+    return AUTO_ON_CPU[kernels or cpu_bf16_kernels()]
 
 
 def precision_context(precision: str, device_type: str, cache: bool = True):

@@ -93,9 +93,9 @@ class PPOArgs:
                           choices=("full", "kl", "abs", "mse"))
     max_grad_norm: float | None = arg(None, "clip the gradient norm (none = no clipping)", trl=True)
     # ---- precision: tf32 measured 2.3x faster than fp32 for PPO at the paper's IMDB shapes on an H100; on a CPU, bf16
-    # pays only where the CPU has bf16 units (emulated, it is slower than fp32): benchmarks/README.md
-    precision: str = arg("auto", "auto: tf32 on CUDA, bf16 on a CPU with native bfloat16 (AVX-512 BF16 or AMX), fp32 "
-                         "on other CPUs; fp32: exact float32; tf32: float32 weights, TF32 matmuls on CUDA (a no-op on "
+    # paid only on AVX-512 BF16 without AMX (emulated it is slower, on AMX not reliably faster): benchmarks/README.md
+    precision: str = arg("auto", "auto: tf32 on CUDA, bf16 on a CPU with AVX-512 BF16 and no AMX (where it was "
+                         "measured faster), fp32 on other CPUs; fp32: exact float32; tf32: float32 weights, TF32 matmuls on CUDA (a no-op on "
                          "a CPU); bf16: bfloat16 compute (generation and PPO passes) with float32 weights, Adam "
                          "state, log-probabilities and KL", choices=("auto", "fp32", "tf32", "bf16"))
     # ---- speed and memory (results do not change, up to float rounding)

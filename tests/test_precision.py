@@ -65,16 +65,20 @@ def test_precision_is_checked():
 
 
 def test_auto_is_the_default_and_follows_the_hardware_not_this_machine():
-    """auto: bf16 only on a CPU that computes it natively (emulated bf16 is slower than fp32), tf32 on CUDA; a
-    named precision is never changed. The CPU's answer is passed in, so the test holds on any machine."""
+    """auto: on a CPU, bf16 only where it was measured faster than fp32 (AVX-512 BF16 without AMX: 1.24-1.48x), fp32
+    where it was not (AMX: 0.88-1.22x) or is emulated (AVX2: far slower); tf32 on CUDA; a named precision is never
+    changed. The CPU's kind is passed in, so the test holds on any machine."""
     assert build(IMDB_PPO, {}).precision == "auto"
-    assert resolve_precision("auto", "cpu", native_bf16=True)[0] == "bf16"
-    assert resolve_precision("auto", "cpu", native_bf16=False)[0] == "fp32"
-    assert resolve_precision("auto", "cuda", native_bf16=False)[0] == "tf32"
+    assert resolve_precision("auto", "cpu", kernels="avx512_bf16")[0] == "bf16"
+    assert resolve_precision("auto", "cpu", kernels="amx")[0] == "fp32"
+    assert resolve_precision("auto", "cpu", kernels="emulated")[0] == "fp32"
+    assert resolve_precision("auto", "cuda", kernels="emulated")[0] == "tf32"
     for named in ("fp32", "tf32", "bf16"):
-        for native in (True, False):
-            assert resolve_precision(named, "cpu", native_bf16=native) == (named, "as configured")
-    assert "emulates" in resolve_precision("auto", "cpu", native_bf16=False)[1]
+        for kernels in ("amx", "avx512_bf16", "emulated"):
+            assert resolve_precision(named, "cpu", kernels=kernels) == (named, "as configured")
+    assert "emulates" in resolve_precision("auto", "cpu", kernels="emulated")[1]
+    assert "AMX" in resolve_precision("auto", "cpu", kernels="amx")[1]
+    assert "measured" in resolve_precision("auto", "cpu", kernels="avx512_bf16")[1]
 
 
 def test_an_agent_computes_in_the_resolved_precision(setup, tmp_path, monkeypatch):
@@ -82,7 +86,7 @@ def test_an_agent_computes_in_the_resolved_precision(setup, tmp_path, monkeypatc
     cfg = build(IMDB_PPO, {"model_name": "tiny", "reward_model": "vader", "batch_size": 4, "mini_batch_size": 4,
                           "output_dir": str(tmp_path)})
     agent = Agent("policy", cfg, policy, reference, tok)
-    for native, want in ((True, torch.bfloat16), (False, None)):
-        monkeypatch.setattr("cory.agent.native_bf16_cpu", lambda: native)
+    for kernels, want in (("avx512_bf16", torch.bfloat16), ("amx", None), ("emulated", None)):
+        monkeypatch.setattr("cory.agent.cpu_bf16_kernels", lambda: kernels)
         with agent.compute():
             assert (torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None) == want
