@@ -131,40 +131,45 @@ def _in_datasets_cache(repo_id: str) -> bool:
     return Path(root, repo_id.replace("/", "___")).is_dir()
 
 
-_probe_results: dict[str, bool] = {}
+_probe_results: dict[tuple[str, str, str], str] = {}
 
 
-def _hub_reachable(timeout: float) -> bool:
-    """One HEAD request to the hub endpoint; the answer is remembered for the process."""
+def _hub_answer(repo_id: str, repo_type: str, timeout: float) -> str:
+    """What the hub says of ``repo_id``, asked once per process: "found", "missing" (the hub's own not-found answer)
+    or "unreachable". Only a real hub answer counts: the repository's info as JSON, or an error that carries the
+    hub's ``X-Error-Code``; a proxy or a web server that answers anything else (a bare 404, a login page) is no hub."""
     endpoint = (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
-    if endpoint in _probe_results:
-        return _probe_results[endpoint]
-    answer: list[bool] = []
+    key = (endpoint, repo_type, repo_id)
+    if key in _probe_results:
+        return _probe_results[key]
+    answer: list[str] = []
 
     def probe() -> None:
+        url = f"{endpoint}/api/{repo_type}s/{repo_id}"
         try:
-            request = urllib.request.Request(endpoint, method="HEAD")
-            with urllib.request.urlopen(request, timeout=timeout):
-                answer.append(True)
-        except urllib.error.HTTPError as err:  # the hub answered, if not with 200
-            answer.append(err.code < 500)
+            with urllib.request.urlopen(urllib.request.Request(url), timeout=timeout) as response:
+                info = json.loads(response.read(1 << 20))
+            answer.append("found" if isinstance(info, dict) and ("id" in info or "modelId" in info)
+                          else "unreachable")
+        except urllib.error.HTTPError as err:
+            code = err.headers.get("X-Error-Code", "") if err.headers else ""
+            answer.append("missing" if code == "RepoNotFound" else "found" if code else "unreachable")
         except Exception:
-            answer.append(False)
+            answer.append("unreachable")
 
     # urlopen's timeout does not cover name resolution, which can hang on a broken resolver;
     # a daemon thread bounds the whole probe.
     thread = threading.Thread(target=probe, daemon=True, name="cory-hub-probe")
     thread.start()
     thread.join(timeout + 1.0)
-    reachable = bool(answer and answer[0])
-    _probe_results[endpoint] = reachable
-    return reachable
+    _probe_results[key] = answer[0] if answer else "unreachable"
+    return _probe_results[key]
 
 
 def check_hub_asset(
     repo_id: str, repo_type: str = "model", timeout: float = 5.0, *, hint: str | None = None
 ) -> None:
-    """Return if ``repo_id`` is cached locally or the hub answers; else raise AssetError fast.
+    """Return if ``repo_id`` is cached locally or the hub has it; else raise AssetError fast.
 
     ``hint`` replaces the default advice at the end of the message (the default suggests the
     offline models, which only makes sense for the policy model).
@@ -174,9 +179,13 @@ def check_hub_asset(
     if repo_type == "dataset" and _in_datasets_cache(repo_id):
         return
     offline = _offline_env()
-    if offline is None and _hub_reachable(timeout):
+    answer = "unreachable" if offline else _hub_answer(repo_id, repo_type, timeout)
+    if answer == "found":
         return
-    why = f"{offline}=1 is set" if offline else "the hub is unreachable"
+    endpoint = (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+    why = (f"{offline}=1 is set" if offline else
+           f"the hub ({endpoint}) has no {repo_type} of that name (or it is private)" if answer == "missing" else
+           "the hub is unreachable")
     if hint is None:
         hint = (
             f"use --model_name {SMOLLM2_SPEC} (or {TINY_SPEC}) to run offline"

@@ -249,29 +249,60 @@ def test_cached_hub_asset_passes_offline(tmp_path, monkeypatch):
     assert assets.local_snapshot("someorg/cached-model") == repo / "snapshots" / commit
 
 
-def test_hub_probe(monkeypatch):
-    # A local HTTP server stands in for the hub; a closed local port for an unreachable one.
-    monkeypatch.delenv("HF_HUB_OFFLINE")
-    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
-
+def _serve(answer):
+    """A local HTTP server whose every GET and HEAD gets ``answer(path) -> (status, headers, body)``."""
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_HEAD(self):
-            self.send_response(200)
+        def do_GET(self):
+            status, headers, body = answer(self.path)
+            self.send_response(status)
+            for k, v in headers.items():
+                self.send_header(k, v)
             self.end_headers()
+            self.wfile.write(body)
+
+        do_HEAD = do_GET
 
         def log_message(self, *args):
             pass
 
     server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
-        assets.check_hub_asset("someorg/not-cached-model")  # the "hub" answers
-    finally:
-        server.shutdown()
-        server.server_close()
+    return server
 
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+
+def test_hub_probe(monkeypatch):
+    """Only a real hub answer counts: the repository's info (found), the hub's own not-found code (a one-line
+    refusal that says so), anything else (a web server's bare 404, a page that is not JSON, a closed port) is no
+    hub: unreachable, refused in one line at once."""
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+
+    def hub(path):
+        if path == "/api/models/someorg/on-the-hub":
+            return 200, {"Content-Type": "application/json"}, b'{"id": "someorg/on-the-hub", "sha": "abc"}'
+        return 401, {"X-Error-Code": "RepoNotFound"}, b'{"error": "Repository not found"}'
+
+    servers = {"hub": _serve(hub), "web": _serve(lambda path: (404, {}, b"<html>Not Found</html>")),
+               "page": _serve(lambda path: (200, {"Content-Type": "text/html"}, b"<html>login</html>"))}
+    try:
+        def at(name):
+            monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{servers[name].server_port}")
+            monkeypatch.setattr(assets, "_probe_results", {})
+
+        at("hub")
+        assets.check_hub_asset("someorg/on-the-hub")  # the hub has it
+        with pytest.raises(AssetError, match=r"the hub \(http://127.0.0.1:\d+\) has no model of that name"):
+            assets.check_hub_asset("someorg/not-on-the-hub")
+        for name in ("web", "page"):
+            at(name)
+            with pytest.raises(AssetError, match="the hub is unreachable"):
+                assets.check_hub_asset("someorg/on-the-hub")
+    finally:
+        for server in servers.values():
+            server.shutdown()
+            server.server_close()
+
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{servers['hub'].server_port}")  # closed now
     monkeypatch.setattr(assets, "_probe_results", {})
     start = time.perf_counter()
     with pytest.raises(AssetError, match="the hub is unreachable"):
