@@ -280,7 +280,7 @@ def load_yaml(path: str | os.PathLike) -> dict:
         if size > MAX_CONFIG_BYTES:
             raise ConfigError(f"config: {path} is {size / 2**20:.1f} MiB; a config file is a few dozen field: value "
                               f"lines (at most {MAX_CONFIG_BYTES >> 20} MiB)")
-        loader = _Loader(p.read_text())
+        loader = _Loader(p.read_text(encoding="utf-8"))
         loader.name = str(path)
         try:
             node = loader.get_single_node()
@@ -294,8 +294,9 @@ def load_yaml(path: str | os.PathLike) -> dict:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
         raise ConfigError(f"config: {path} is not valid YAML{where}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"config: {path} is not a text file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config: {path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); "
+                          "save it as UTF-8") from None
     except (ValueError, OverflowError, RecursionError) as e:  # e.g. a date like 2024-02-30, absurd nesting
         if isinstance(e, ConfigError):
             raise

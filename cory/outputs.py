@@ -165,8 +165,8 @@ def run_finished(run_dir: Path) -> bool:
     if (run_dir / "final").is_dir() or evaluations(run_dir):
         return True
     try:
-        steps = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("steps")
-    except (OSError, yaml.YAMLError, AttributeError):
+        steps = (yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}).get("steps")
+    except (OSError, ValueError, yaml.YAMLError, AttributeError):  # ValueError: not UTF-8
         return False
     logged = {row.get("step") for row in read_jsonl(run_dir / "metrics.jsonl")}
     return isinstance(steps, int) and set(range(steps)) <= logged
@@ -524,11 +524,11 @@ def _truncate_jsonl(path: Path, first_dropped_step: int, key: str = "step") -> N
     if not path.exists():
         return
     kept = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
-            continue  # a line cut by a kill mid-write
+            continue  # a line cut by a kill mid-write (or damaged: a byte that is not UTF-8)
         if row.get(key, -1) < first_dropped_step:
             kept.append(line)
     _atomic_write(path, "".join(line + "\n" for line in kept))

@@ -129,8 +129,8 @@ def run_identity(run_dir: Path) -> tuple[str, str | None]:
 
     manifest = read_manifest(run_dir) or {}
     try:
-        saved = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}
+    except (OSError, ValueError, yaml.YAMLError):  # ValueError: not UTF-8
         saved = {}
     saved = saved if isinstance(saved, dict) else {}
     return (manifest.get("method") or ("cory" if "swap_period" in saved else "ppo"),

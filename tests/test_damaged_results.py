@@ -75,6 +75,24 @@ def test_the_runner_refuses_a_runs_json_holding_a_list(exp):
     assert tree(exp) == before
 
 
+def test_latin1_bytes_are_a_note_or_one_line(exp):
+    """A byte that is not UTF-8 (Latin-1 'é') in a seed's config.yaml is a note of the report; in design.yaml one line
+    of the report; in runs.json one line of the runner; nothing is written."""
+    config = exp / "runs" / "cory" / "seed_2" / "config.yaml"
+    config.write_bytes(config.read_bytes() + b"# caf\xe9\n")
+    assert "`cory/seed_2`: config.yaml unreadable (not UTF-8 YAML); its settings are left out" in reported(exp)
+    (exp / "design.yaml").write_bytes(b"margin: 0.05\n# caf\xe9\n")
+    before = tree(exp)
+    refused(lab("report", exp), "design.yaml: not UTF-8 text (byte 0xe9 at offset 18); save it as UTF-8")
+    assert tree(exp) == before
+    (exp / "design.yaml").unlink()
+    (exp / "runs.json").write_bytes((exp / "runs.json").read_bytes().replace(b'"imdb"', b'"imdb\xe9"', 1))
+    before = tree(exp)
+    refused(lab("experiments", "--task", "imdb", "--preset", "cpu", "--methods", "ppo", "--seeds", "0", "--steps",
+                "20", "--out", exp), "runs.json is not valid UTF-8 JSON; fix or remove it")
+    assert tree(exp) == before
+
+
 # ----------------------------------------------------------------------------- the search
 
 @pytest.fixture

@@ -50,7 +50,10 @@ def load_design(folder: str | Path) -> Design:
     if not path.exists():
         return Design()
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ReportError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); save it as "
+                          "UTF-8") from None
     except (OSError, yaml.YAMLError) as e:
         raise ReportError(f"{path}: cannot be read as YAML ({type(e).__name__}); fix or remove it") from None
     keys = ("endpoint", "kl_grid", "margin", "alpha", "min_seeds", "collapse_share", "learned_at")

@@ -455,9 +455,9 @@ def _run(args, argv, pairs: list[Pair], spec: dict, out: Path) -> int:
 def _check_experiment_folder(args, spec: dict, out: Path) -> None:
     """``--out`` holds no other task's or preset's experiment, and no training run of its own."""
     try:
-        prior = json.loads((out / "runs.json").read_text()) if (out / "runs.json").is_file() else {}
-    except json.JSONDecodeError:
-        raise ExperimentError(f"--out: {rel(out / 'runs.json')} is not valid JSON; fix or remove it") from None
+        prior = json.loads((out / "runs.json").read_text(encoding="utf-8")) if (out / "runs.json").is_file() else {}
+    except ValueError:  # not JSON, or not UTF-8
+        raise ExperimentError(f"--out: {rel(out / 'runs.json')} is not valid UTF-8 JSON; fix or remove it") from None
     if not isinstance(prior, dict):
         raise ExperimentError(f"--out: {rel(out / 'runs.json')} holds a JSON {type(prior).__name__}, not the runner's "
                               "record of its runs; fix or remove it")

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cory.lab.design import load_design
 from cory.lab.figures import (DEGENERATION_METRICS, MAIN_FIGURE_METRICS, METRICS, plot_distinct_2, plot_heldout,
                               plot_metric, plot_reward_vs_kl, plot_sweep, write_atomically)
 from cory.lab.results import (ABLATION_METHODS, CONFOUND_METHODS, LAST_N, LLM1, LLM2, MAIN_METHODS, METHOD_NAMES,
@@ -381,6 +382,7 @@ def build_report(path: str | Path) -> Path:
     """Write the figures and REPORT.md into ``path``; returns REPORT.md's path."""
     exp = load_experiment(path)
     root = exp.path
+    load_design(root)  # a damaged design.yaml is refused before any figure is written
     notes = list(exp.notes)
     main = [(exp.main_group(m), a) for m in MAIN_METHODS if exp.main_group(m) is not None
             for a in exp.main_group(m).agents]

@@ -302,9 +302,10 @@ def _load_seed(seed: int, seed_dir: Path, where: str, notes: list[str]) -> SeedR
     config = {}
     if (seed_dir / "config.yaml").is_file():
         try:
-            config = yaml.safe_load((seed_dir / "config.yaml").read_text()) or {}
-        except yaml.YAMLError:
-            notes.append(f"`{where}`: config.yaml unreadable.")
+            config = yaml.safe_load((seed_dir / "config.yaml").read_text(encoding="utf-8")) or {}
+        except (yaml.YAMLError, ValueError):  # ValueError: not UTF-8
+            notes.append(f"`{where}`: config.yaml unreadable (not UTF-8 YAML); its settings are left out.")
+            config = {}
         if not isinstance(config, dict):
             notes.append(f"`{where}`: config.yaml holds a {type(config).__name__}, not a config; its settings are "
                          "left out.")
