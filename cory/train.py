@@ -3,21 +3,16 @@
 ``train(cfg)`` is what the training scripts call (the config's class says which method it plays, ``cory.method``). The iterations themselves are in
 ``cory.game``; this module is the loop around them: metrics and samples (``cory.outputs``), atomic
 checkpoints every ``save_every`` iterations, ``--resume``, the stop signals (Ctrl-C, SIGTERM) that finish
-the iteration and save, non-finite rewards, and the final models.
+the iteration and save, non-finite rewards, and the final models. What a checkpoint holds, and how it is saved
+and put back, is ``cory.checkpoint``'s.
 """
 from __future__ import annotations
 
-import copy
-import errno
-import hashlib
-import json
 import random
-import shutil
 import signal
 import sys
 import threading
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,15 +20,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from cory import game, memory, models, parallel, preflight
+from cory import checkpoint, game, memory, models, parallel, preflight
 from cory.agent import make_agents, resolve_precision, set_precision
 from cory.assets import locate
-from cory.config import INVOCATION_FIELDS, PPOArgs, to_dict
-from cory.errors import ConfigError, NonFinite, RunError, Stopped
+from cory.config import PPOArgs, to_dict
+from cory.errors import NonFinite, RunError, Stopped
 from cory.heldout import PeriodicEvaluation
 from cory.method import AGENT_NAMES, Method, method_of
-from cory.final import write_final
-from cory.outputs import DIGESTS, RunDir, RunLock, check_saveable, latest_checkpoint, load_checkpoint_file
+from cory.outputs import RunDir, RunLock, check_saveable, latest_checkpoint
 from cory.rollout import Rollout
 from cory.passes import cuda_share
 from cory.patches import cuda_allocator_segments, return_freed_memory
@@ -138,7 +132,7 @@ class Run:
                            f"rewards (on_nonfinite: skip): nothing was trained, no final models written; "
                            f"metrics: none in {self.cfg.output_dir}")
         self.save(self.cfg.steps)
-        self.save_final()
+        checkpoint.save_final(self.run_dir, self.agents, self.tokenizer, self.cfg, self.world_size)
 
     def stopped_at_once(self) -> Stopped:
         """A second signal: the current iteration is half done, so nothing new is saved."""
@@ -177,99 +171,14 @@ class Run:
                             "use --on_nonfinite skip to skip such batches")
         return RunError(f"{e}; the last good checkpoint is {latest_checkpoint(self.run_dir.path)}")
 
-    # -- checkpoints -----------------------------------------------------------------------------
+    # -- checkpoints (what they hold: cory.checkpoint) -------------------------------------------
     def sampler_state(self) -> dict:
-        """Where this process's data and random streams stand."""
-        return {"task": copy.deepcopy(self.task.state_dict()), "rng": rng_state(self.rollout.length_rng)}
+        return checkpoint.sampler_state(self.task, self.rollout.length_rng)
 
     def save(self, step: int, sampler: dict | None = None) -> None:
-        """Checkpoint after ``step`` completed iterations (everything a resumed run needs).
-
-        The agents are the same in every process; the data and random streams are not, so the main
-        process saves every process's ``sampler`` (default: where they stand now).
-        """
-        samplers = parallel.gather_objects(sampler or self.sampler_state())
-        files = {f"{name}.pt": agent.state_dict() for name, agent in self.agents.items()}
-        # the config the weights were trained with, so that a resume can tell a hand-edited config.yaml
-        files["state.pt"] = {"step": step, **samplers[0], "other_ranks": samplers[1:],
-                             "config": {k: v for k, v in to_dict(self.cfg).items() if k not in INVOCATION_FIELDS}}
-
-        def write(folder: Path):
-            for name, content in files.items():
-                _save(content, folder / name)
-        try:
-            self.run_dir.save_checkpoint(step, write, keep=self.cfg.keep_checkpoints)
-        except OSError as e:
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            root = self.run_dir.path
-            need, free = _gib(sum(map(_tensor_bytes, files.values()))), _gib(shutil.disk_usage(root).free)
-            last = latest_checkpoint(root)
-            kept = f"the last complete one, {last}, is kept" if last else "no earlier checkpoint"
-            raise RunError(f"checkpoint {step}: no space left on the device holding {root} ({free} free, the "
-                           f"checkpoint needs about {need}); {kept}; free space, then continue with --resume "
-                           f"{self.cfg.output_dir}") from None
-        parallel.barrier()  # no process runs ahead of, or later resumes from, a checkpoint still being written
-
-    def restore(self, folder: Path) -> None:
-        for name, agent in self.agents.items():
-            state = load_checkpoint_file(folder / f"{name}.pt")
-            try:
-                agent.load_state_dict(state)
-            except (KeyError, RuntimeError, ValueError, TypeError) as e:
-                raise ConfigError(f"resume: {folder / (name + '.pt')} does not fit this run's model "
-                                  f"({type(e).__name__}); was it written by another model or method?") from None
-        state = load_checkpoint_file(folder / "state.pt")
-        others = state.get("other_ranks", [])
-        rank = parallel.rank()
-        if 1 + len(others) != self.world_size:
-            warnings.warn(f"resume: {folder} was written by {1 + len(others)} processes and this run has "
-                          f"{self.world_size}; processes without a saved data stream start a fresh one")
-        mine = state if rank == 0 else (others[rank - 1] if rank <= len(others) else None)
-        length_rng = self.rollout.length_rng
-        if mine is not None:
-            try:  # the task refuses a state of another format or other data (a data file changed since)
-                self.task.load_state_dict(mine["task"])
-            except (ValueError, KeyError, TypeError) as e:
-                why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise ConfigError(f"resume: {folder / 'state.pt'} holds a task {self.cfg.task} state this run cannot "
-                                  f"take ({why}); resume with the data and version it was saved with, or start "
-                                  "again with --overwrite") from None
-            set_rng_state(mine["rng"], length_rng)
-        else:  # response lengths stay common to all processes
-            length_rng.bit_generator.state = state["rng"]["length"]
-        self.start_step = state["step"]
-
-    def save_final(self) -> None:
-        """The plain final models, from the main process, once every process holds the same weights: written whole
-        or not at all (``cory.final.write_final``), so a save cut short leaves no final/ that reads as finished."""
-        digests = ({name: weights_digest(agent.state_dict()["params"]) for name, agent in self.agents.items()}
-                   if self.world_size > 1 else {})
-        everyone = parallel.gather_objects(digests)
-        if self.run_dir.enabled:
-            def write(folder: Path):
-                for name, agent in self.agents.items():
-                    agent.use_own_adapter()  # merge_and_unload merges the active adapter only
-                    model = agent.policy.pretrained_model
-                    if getattr(agent.policy, "is_peft_model", False):
-                        # a plain model that loads from the query alone, without peft or the base
-                        model = copy.deepcopy(model).merge_and_unload()
-                    model.save_pretrained(folder / name)
-                    self.tokenizer.save_pretrained(folder / name)
-                if self.world_size > 1:
-                    record = {name: [d[name] for d in everyone] for name in digests}
-                    (folder / DIGESTS).write_text(json.dumps(record, indent=1))
-            try:
-                write_final(self.run_dir.path, self.cfg.steps, write)
-            except OSError as e:  # a full or read-only disk: the checkpoint of the last iteration is saved
-                raise RunError(f"final models: cannot write them in {self.run_dir.path} ({e.strerror or e}); "
-                               f"nothing of them was kept; free space, then finish the run with --resume "
-                               f"{self.cfg.output_dir}") from None
-        parallel.barrier()
-        for name in digests:
-            if len({d[name] for d in everyone}) > 1:
-                raise RunError(f"{name}: the {len(everyone)} processes ended with different weights (sha256 per "
-                               f"process in {self.run_dir.path / 'final' / DIGESTS})")
+        """Checkpoint after ``step`` completed iterations, of the data and random streams in ``sampler`` (default:
+        where they stand now)."""
+        checkpoint.save(self.run_dir, step, self.agents, sampler or self.sampler_state(), self.cfg)
 
 
 def prepare_run(cfg: PPOArgs) -> Run | None:
@@ -322,7 +231,7 @@ def _load_run(cfg: PPOArgs, plan: preflight.RunPlan, method: Method, rank: int, 
     np.random.seed(cfg.seed + rank)
     random.seed(cfg.seed + rank)
     if plan.resume_from is not None:  # a --resume without a checkpoint starts again from iteration 0
-        run.restore(plan.resume_from)
+        run.start_step = checkpoint.restore(plan.resume_from, agents, task, run.rollout.length_rng, cfg, world)
     return run
 
 
@@ -334,64 +243,6 @@ def train(cfg: PPOArgs) -> Path:
 
 
 # ----------------------------------------------------------------------------- helpers
-
-def _save(content, path: Path) -> None:
-    """torch.save through a Python file, so that a full disk raises its OSError (ENOSPC). An exception raised
-    while torch's zip writer is open (that OSError, or the KeyboardInterrupt of a second stop signal) can come
-    out as the writer's RuntimeError on closing: raise the cause instead."""
-    with open(path, "wb") as f:
-        try:
-            torch.save(content, f)
-        except RuntimeError as e:
-            if isinstance(e.__context__, (OSError, KeyboardInterrupt)):
-                raise e.__context__ from None
-            raise
-
-
-def _tensor_bytes(obj) -> int:
-    if isinstance(obj, torch.Tensor):
-        return obj.nbytes
-    if isinstance(obj, dict):
-        obj = list(obj.values())
-    return sum(map(_tensor_bytes, obj)) if isinstance(obj, (list, tuple)) else 0
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
-
-
-def rng_state(length_rng: np.random.Generator) -> dict:
-    """Every random stream a run draws from: torch's CPU generator and, on a GPU, each CUDA device's (sampling on
-    the GPU draws from those), numpy's, Python's, and the stream of answer lengths."""
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-             "length": length_rng.bit_generator.state}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict, length_rng: np.random.Generator) -> None:
-    """Put back what ``rng_state`` saved. CUDA's generators go back where the checkpoint has them and the run has
-    CUDA; a GPU run resumed on a CPU (or the reverse) goes on, with its own draws from there on."""
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    length_rng.bit_generator.state = state["length"]
-    if state.get("cuda") and torch.cuda.is_available():
-        cuda = list(state["cuda"])[: torch.cuda.device_count()]
-        for device, device_state in enumerate(cuda):
-            torch.cuda.set_rng_state(device_state, device)
-
-
-def weights_digest(params: dict) -> str:
-    """sha256 of ``{name: tensor}`` (names and bytes, in name order): equal digests, equal weights.
-    Applied to an agent's trainable parameters, as its checkpoint saves them under ``params``."""
-    h = hashlib.sha256()
-    for name in sorted(params):
-        h.update(name.encode())
-        h.update(params[name].detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
 
 class _StopSignals:
     """Ctrl-C (SIGINT) or SIGTERM (what schedulers and ``timeout`` send before they kill) asks the loop to

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from cory import train
+from cory import checkpoint
 from cory.outputs import load_checkpoint_file
 
 
@@ -26,40 +26,40 @@ def two_cuda_devices(monkeypatch):
 
 
 def _through_a_checkpoint(tmp_path, state):
-    train._save({"rng": state}, tmp_path / "state.pt")
+    checkpoint._save({"rng": state}, tmp_path / "state.pt")
     return load_checkpoint_file(tmp_path / "state.pt")["rng"]  # weights_only=True, as a resume reads it
 
 
 def test_a_checkpoint_restores_every_cuda_generator(tmp_path, two_cuda_devices):
     lengths = np.random.default_rng(0)
-    saved = _through_a_checkpoint(tmp_path, train.rng_state(lengths))
+    saved = _through_a_checkpoint(tmp_path, checkpoint.rng_state(lengths))
     assert [s.tolist() for s in saved["cuda"]] == [[1, 2, 3], [4, 5, 6]]
     two_cuda_devices[0], two_cuda_devices[1] = torch.tensor([9], dtype=torch.uint8), torch.tensor([9], dtype=torch.uint8)
-    train.set_rng_state(saved, lengths)
+    checkpoint.set_rng_state(saved, lengths)
     assert two_cuda_devices[0].tolist() == [1, 2, 3] and two_cuda_devices[1].tolist() == [4, 5, 6]
 
 
 def test_the_cpu_streams_come_back_too(tmp_path, two_cuda_devices):
     lengths = np.random.default_rng(3)
-    saved = _through_a_checkpoint(tmp_path, train.rng_state(lengths))
+    saved = _through_a_checkpoint(tmp_path, checkpoint.rng_state(lengths))
     drawn = (torch.rand(3).tolist(), np.random.rand(), random.random(), lengths.integers(100))
     for _ in range(5):
         torch.rand(3), np.random.rand(), random.random(), lengths.integers(100)
-    train.set_rng_state(saved, lengths)
+    checkpoint.set_rng_state(saved, lengths)
     assert (torch.rand(3).tolist(), np.random.rand(), random.random(), lengths.integers(100)) == drawn
 
 
 def test_a_machine_with_fewer_gpus_restores_those_it_has(tmp_path, two_cuda_devices):
-    saved = _through_a_checkpoint(tmp_path, train.rng_state(np.random.default_rng(0)))
+    saved = _through_a_checkpoint(tmp_path, checkpoint.rng_state(np.random.default_rng(0)))
     del two_cuda_devices[1]
     two_cuda_devices[0] = torch.tensor([0], dtype=torch.uint8)
-    train.set_rng_state(saved, np.random.default_rng(0))
+    checkpoint.set_rng_state(saved, np.random.default_rng(0))
     assert list(two_cuda_devices) == [0] and two_cuda_devices[0].tolist() == [1, 2, 3]
 
 
 def test_without_cuda_nothing_of_it_is_saved_and_a_gpu_checkpoint_still_resumes(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert "cuda" not in train.rng_state(np.random.default_rng(0))
-    gpu_made = {**train.rng_state(np.random.default_rng(0)), "cuda": [torch.tensor([1], dtype=torch.uint8)]}
+    assert "cuda" not in checkpoint.rng_state(np.random.default_rng(0))
+    gpu_made = {**checkpoint.rng_state(np.random.default_rng(0)), "cuda": [torch.tensor([1], dtype=torch.uint8)]}
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda *a: pytest.fail("no CUDA here"))
-    train.set_rng_state(_through_a_checkpoint(tmp_path, gpu_made), np.random.default_rng(0))
+    checkpoint.set_rng_state(_through_a_checkpoint(tmp_path, gpu_made), np.random.default_rng(0))

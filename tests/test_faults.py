@@ -223,7 +223,7 @@ def test_a_second_signal_during_a_checkpoint_write_stays_an_interrupt(tmp_path, 
     comes out as KeyboardInterrupt (the clean 'interrupted' exit), not as torch's zip writer's RuntimeError."""
     import io
 
-    from cory import train
+    from cory import checkpoint
 
     class InterruptedFile(io.FileIO):
         def write(self, data):
@@ -231,6 +231,6 @@ def test_a_second_signal_during_a_checkpoint_write_stays_an_interrupt(tmp_path, 
                 raise KeyboardInterrupt
             return super().write(data)
 
-    monkeypatch.setattr(train, "open", lambda path, mode: InterruptedFile(path, "w"), raising=False)
+    monkeypatch.setattr(checkpoint, "open", lambda path, mode: InterruptedFile(path, "w"), raising=False)
     with pytest.raises(KeyboardInterrupt):
-        train._save({"w": torch.zeros(1000)}, tmp_path / "policy.pt")
+        checkpoint._save({"w": torch.zeros(1000)}, tmp_path / "policy.pt")

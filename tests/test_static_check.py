@@ -21,10 +21,10 @@ def test_the_check_fails_on_a_stale_call_and_a_vanished_name(tmp_path):
     stale = tmp_path / "stale.py"
     stale.write_text("from cory.train import prepare_run\n"
                      "from cory.heldout import no_such_function\n"
-                     "from cory import train\n\n\n"
+                     "from cory import checkpoint\n\n\n"
                      "def use(cfg):\n"
                      "    prepare_run(cfg, 'cory')\n"
-                     "    train.rng_state()\n"
+                     "    checkpoint.rng_state()\n"
                      "    return no_such_function\n")
     p = _mypy(str(stale))
     assert p.returncode == 1

@@ -1,0 +1,192 @@
+"""What a run saves, and how a resume puts it back.
+
+A checkpoint, ``checkpoints/step_NNNNNN/`` after N completed iterations, holds everything a resumed run needs to go
+on as the uninterrupted one would:
+
+- ``<agent>.pt`` for each agent (``policy``; or ``llm1`` and ``llm2``): its trainable parameters (with LoRA, its
+  adapter), its optimizer's state, its KL coefficient and its score normaliser (``Agent.state_dict``);
+- ``state.pt``: the ``step`` (completed iterations); the main process's data sampler (``task``: the task's
+  ``state_dict``) and random streams (``rng``: torch's CPU generator, every CUDA device's on a GPU, numpy's,
+  Python's, and the answer lengths' generator); the same pair for every other process (``other_ranks``); and the
+  config it was trained with, less ``resume`` and ``overwrite`` (``config``).
+
+It is written whole or not at all (``RunDir.save_checkpoint``) and read back as data only
+(``cory.outputs.load_checkpoint_file``, which the checks before any model loads share without torch). The run's
+final models (``final/``, ``save_final``) are saved here too.
+"""
+from __future__ import annotations
+
+import copy
+import errno
+import hashlib
+import json
+import random
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from cory import parallel
+from cory.config import INVOCATION_FIELDS, PPOArgs, to_dict
+from cory.errors import ConfigError, RunError
+from cory.final import write_final
+from cory.outputs import DIGESTS, RunDir, latest_checkpoint, load_checkpoint_file
+from cory.tasks.base import Task
+
+
+def sampler_state(task: Task, length_rng: np.random.Generator) -> dict:
+    """Where this process's data and random streams stand."""
+    return {"task": copy.deepcopy(task.state_dict()), "rng": rng_state(length_rng)}
+
+
+def save(run_dir: RunDir, step: int, agents: dict, sampler: dict, cfg: PPOArgs) -> None:
+    """Checkpoint after ``step`` completed iterations; ``sampler``: this process's ``sampler_state``.
+
+    The agents are the same in every process; the data and random streams are not, so the main process saves
+    every process's ``sampler``.
+    """
+    samplers = parallel.gather_objects(sampler)
+    files = {f"{name}.pt": agent.state_dict() for name, agent in agents.items()}
+    # the config the weights were trained with, so that a resume can tell a hand-edited config.yaml
+    files["state.pt"] = {"step": step, **samplers[0], "other_ranks": samplers[1:],
+                         "config": {k: v for k, v in to_dict(cfg).items() if k not in INVOCATION_FIELDS}}
+
+    def write(folder: Path):
+        for name, content in files.items():
+            _save(content, folder / name)
+    try:
+        run_dir.save_checkpoint(step, write, keep=cfg.keep_checkpoints)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        root = run_dir.path
+        need, free = _gib(sum(map(_tensor_bytes, files.values()))), _gib(shutil.disk_usage(root).free)
+        last = latest_checkpoint(root)
+        kept = f"the last complete one, {last}, is kept" if last else "no earlier checkpoint"
+        raise RunError(f"checkpoint {step}: no space left on the device holding {root} ({free} free, the "
+                       f"checkpoint needs about {need}); {kept}; free space, then continue with --resume "
+                       f"{cfg.output_dir}") from None
+    parallel.barrier()  # no process runs ahead of, or later resumes from, a checkpoint still being written
+
+
+def restore(folder: Path, agents: dict, task: Task, length_rng: np.random.Generator, cfg: PPOArgs,
+            world_size: int) -> int:
+    """Put the checkpoint in ``folder`` back into the agents, the task and the random streams; returns its step."""
+    for name, agent in agents.items():
+        state = load_checkpoint_file(folder / f"{name}.pt")
+        try:
+            agent.load_state_dict(state)
+        except (KeyError, RuntimeError, ValueError, TypeError) as e:
+            raise ConfigError(f"resume: {folder / (name + '.pt')} does not fit this run's model "
+                              f"({type(e).__name__}); was it written by another model or method?") from None
+    state = load_checkpoint_file(folder / "state.pt")
+    others = state.get("other_ranks", [])
+    rank = parallel.rank()
+    if 1 + len(others) != world_size:
+        warnings.warn(f"resume: {folder} was written by {1 + len(others)} processes and this run has "
+                      f"{world_size}; processes without a saved data stream start a fresh one")
+    mine = state if rank == 0 else (others[rank - 1] if rank <= len(others) else None)
+    if mine is not None:
+        try:  # the task refuses a state of another format or other data (a data file changed since)
+            task.load_state_dict(mine["task"])
+        except (ValueError, KeyError, TypeError) as e:
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(f"resume: {folder / 'state.pt'} holds a task {cfg.task} state this run cannot "
+                              f"take ({why}); resume with the data and version it was saved with, or start "
+                              "again with --overwrite") from None
+        set_rng_state(mine["rng"], length_rng)
+    else:  # response lengths stay common to all processes
+        length_rng.bit_generator.state = state["rng"]["length"]
+    return state["step"]
+
+
+def save_final(run_dir: RunDir, agents: dict, tokenizer, cfg: PPOArgs, world_size: int) -> None:
+    """The plain final models, from the main process, once every process holds the same weights: written whole
+    or not at all (``cory.final.write_final``), so a save cut short leaves no final/ that reads as finished."""
+    digests = ({name: weights_digest(agent.state_dict()["params"]) for name, agent in agents.items()}
+               if world_size > 1 else {})
+    everyone = parallel.gather_objects(digests)
+    if run_dir.enabled:
+        def write(folder: Path):
+            for name, agent in agents.items():
+                agent.use_own_adapter()  # merge_and_unload merges the active adapter only
+                model = agent.policy.pretrained_model
+                if getattr(agent.policy, "is_peft_model", False):
+                    # a plain model that loads from the query alone, without peft or the base
+                    model = copy.deepcopy(model).merge_and_unload()
+                model.save_pretrained(folder / name)
+                tokenizer.save_pretrained(folder / name)
+            if world_size > 1:
+                record = {name: [d[name] for d in everyone] for name in digests}
+                (folder / DIGESTS).write_text(json.dumps(record, indent=1))
+        try:
+            write_final(run_dir.path, cfg.steps, write)
+        except OSError as e:  # a full or read-only disk: the checkpoint of the last iteration is saved
+            raise RunError(f"final models: cannot write them in {run_dir.path} ({e.strerror or e}); "
+                           f"nothing of them was kept; free space, then finish the run with --resume "
+                           f"{cfg.output_dir}") from None
+    parallel.barrier()
+    for name in digests:
+        if len({d[name] for d in everyone}) > 1:
+            raise RunError(f"{name}: the {len(everyone)} processes ended with different weights (sha256 per "
+                           f"process in {run_dir.path / 'final' / DIGESTS})")
+
+
+def rng_state(length_rng: np.random.Generator) -> dict:
+    """Every random stream a run draws from: torch's CPU generator and, on a GPU, each CUDA device's (sampling on
+    the GPU draws from those), numpy's, Python's, and the stream of answer lengths."""
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+             "length": length_rng.bit_generator.state}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict, length_rng: np.random.Generator) -> None:
+    """Put back what ``rng_state`` saved. CUDA's generators go back where the checkpoint has them and the run has
+    CUDA; a GPU run resumed on a CPU (or the reverse) goes on, with its own draws from there on."""
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    length_rng.bit_generator.state = state["length"]
+    if state.get("cuda") and torch.cuda.is_available():
+        cuda = list(state["cuda"])[: torch.cuda.device_count()]
+        for device, device_state in enumerate(cuda):
+            torch.cuda.set_rng_state(device_state, device)
+
+
+def weights_digest(params: dict) -> str:
+    """sha256 of ``{name: tensor}`` (names and bytes, in name order): equal digests, equal weights.
+    Applied to an agent's trainable parameters, as its checkpoint saves them under ``params``."""
+    h = hashlib.sha256()
+    for name in sorted(params):
+        h.update(name.encode())
+        h.update(params[name].detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _save(content, path: Path) -> None:
+    """torch.save through a Python file, so that a full disk raises its OSError (ENOSPC). An exception raised
+    while torch's zip writer is open (that OSError, or the KeyboardInterrupt of a second stop signal) can come
+    out as the writer's RuntimeError on closing: raise the cause instead."""
+    with open(path, "wb") as f:
+        try:
+            torch.save(content, f)
+        except RuntimeError as e:
+            if isinstance(e.__context__, (OSError, KeyboardInterrupt)):
+                raise e.__context__ from None
+            raise
+
+
+def _tensor_bytes(obj) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.nbytes
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    return sum(map(_tensor_bytes, obj)) if isinstance(obj, (list, tuple)) else 0
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
