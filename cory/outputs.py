@@ -221,23 +221,56 @@ def check_writable(path: Path, name: str = "output_dir") -> None:
         raise ConfigError(f"{name}: cannot write in {folder} (permission denied); choose another place")
 
 
-def written_by(path: Path, program: str) -> bool:
-    """Whether ``path`` holds a JSON document that ``program`` wrote (its "command" starts with ``program``)."""
+def written_by(path: Path, program: str, key: str = "command") -> bool:
+    """Whether ``path`` holds a JSON document that ``program`` wrote (its ``key``, "command", starts with
+    ``program``)."""
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return isinstance(doc, dict) and str(doc.get("command", "")).startswith(program)
+    return isinstance(doc, dict) and str(doc.get(key, "")).startswith(program)
 
 
-def check_output_file(path: Path, name: str, program: str, force: bool = False) -> None:
+def check_output_file(path: Path, name: str, program: str, force: bool = False, key: str = "command") -> None:
     """An output file flag (``--json``): a file already there that ``program`` did not write (a user's file) is
-    refused in one line unless ``force``; then ``check_writable``. Before any work, so that nothing is lost."""
+    refused in one line unless ``force``; then ``check_writable``. Before any work, so that nothing is lost.
+    ``key``: the field of the JSON document that records the command which wrote it (``written_by``)."""
     path = Path(path)
-    if path.is_file() and not force and not written_by(path, program):
+    if path.is_file() and not force and not written_by(path, program, key):
         raise ConfigError(f"{name}: {path} already exists and was not written by {program}; choose another file, or "
                           "pass --force to replace it")
     check_writable(path, name)
+
+
+def run_folder_of(path: str | os.PathLike) -> Path | None:
+    """The run folder ``path`` would be written in: the nearest folder above it (as given, or with its links
+    resolved) that holds a run's manifest or lock; None when there is none."""
+    path = Path(path).absolute()
+    for start in (path, path.resolve()):
+        for folder in start.parents:
+            if read_manifest(folder) is not None or (folder / LOCK).is_file():
+                return folder
+    return None
+
+
+def check_output_json(path: str | os.PathLike, name: str, program: str, force: bool = False,
+                      key: str = "command") -> None:
+    """A result file a command writes on its own (a benchmark's ``--json``), checked before any work: a file name
+    (not a folder) in a folder that exists, outside every run folder (a run's folder holds what runs write, and
+    ``--overwrite`` would refuse it), not a file ``program`` did not write unless ``force``
+    (``check_output_file``), and writable. A ConfigError of one line naming ``name``."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{name}: {path} is a folder; give a file name, e.g. {path / 'results.json'}")
+    folder = path.absolute().parent
+    if not folder.exists():
+        raise ConfigError(f"{name}: folder {path.parent} does not exist; create it or choose a file in an existing "
+                          "folder")
+    run = run_folder_of(path)
+    if run is not None:
+        raise ConfigError(f"{name}: {path} is inside the run folder {run}, which holds only what a run writes; "
+                          "choose a file outside it")
+    check_output_file(path, name, program, force, key)
 
 
 def check_output_dir(output_dir: str, *, resume: bool, overwrite: bool, method: str = "", task: str = "") -> None:

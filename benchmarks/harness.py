@@ -1,0 +1,122 @@
+"""What every benchmark does as a user program (issue 48): its ``--json`` is checked before any work and written
+whole, a child process's one-line error comes back as that line, and a signal (Ctrl-C, SIGTERM, SIGHUP) stops what
+the benchmark started and removes its temporary folder before it exits with the shell's 128 + the signal's number.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from cory.errors import ConfigError, Stopped, file_fault  # noqa: E402  (light: no torch)
+from cory.outputs import check_output_json  # noqa: E402
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def json_refusal(path: str | os.PathLike, program: str, force: bool, key: str = "command") -> str | None:
+    """Why ``--json PATH`` cannot be written (one line), checked before any work: a folder, a folder that does not
+    exist, a path inside a run folder, a file ``program`` did not write (unless ``force``), or no permission.
+    None when it can."""
+    try:
+        check_output_json(path, "--json", program, force, key)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+def write_json(path: str | os.PathLike, doc) -> str | None:
+    """``doc`` into ``path`` whole (a temporary file beside it, renamed over it), so an earlier file stays whole
+    when the disk fills; the one-line reason when it cannot be written, else None."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return file_fault(e, path)
+    return None
+
+
+def child_error(output: str) -> str | None:
+    """A child's one-line refusal: its output's last line when that is an "error: ..." line and no traceback
+    came before it, else None (a crash, whose lines say more than one)."""
+    lines = [ln for ln in re.split(r"[\r\n]", output) if ln.strip()]
+    if lines and lines[-1].startswith("error: ") and "Traceback (most recent call last)" not in output:
+        return lines[-1]
+    return None
+
+
+def signal_name(signum: int) -> str:
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
+@contextlib.contextmanager
+def stopped_by_signals():
+    """Within it, the first Ctrl-C, SIGTERM or SIGHUP raises ``Stopped`` in the main thread, so that the ``finally``
+    blocks that stop the benchmark's children and remove its temporary folder run; later signals are ignored while
+    they do (each wait there is bounded)."""
+    caught: list[int] = []
+
+    def handle(signum, frame):
+        if caught:
+            return
+        caught.append(signum)
+        raise Stopped(f"stopped by {signal_name(signum)}", signum)
+
+    previous = {s: signal.signal(s, handle) for s in SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def stop(proc: subprocess.Popen, *, group: bool = False, grace: float = 30.0) -> None:
+    """End ``proc`` (with ``group``: its whole process group, started with ``start_new_session``): SIGTERM, then
+    SIGKILL after ``grace`` seconds (at once when ``grace`` is 0); returns once it has ended."""
+    def send(sig):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if group:
+                os.killpg(proc.pid, sig)
+            elif proc.poll() is None:
+                proc.send_signal(sig)
+
+    if grace > 0 and proc.poll() is None:
+        send(signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+    send(signal.SIGKILL)  # a group: what the leader left running too
+    proc.wait()
+
+
+@contextlib.contextmanager
+def temporary_folder(prefix: str):
+    """A folder of the benchmark's own under the system's temporary folder, removed when the block ends however
+    it ends (a signal included, through ``stopped_by_signals``)."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def report_stop(e: Stopped, what: str) -> int:
+    """The one line a benchmark stopped by a signal ends with (``what``: what it did about it); its exit status."""
+    print(f"{e}: {what}", file=sys.stderr)
+    return e.exit_status
