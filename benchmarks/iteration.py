@@ -47,11 +47,15 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from harness import (Stopped, child_error, json_refusal, report_stop, stop, stopped_by_signals, temporary_folder,
+                     write_json)
 from iteration_worker import OVERRIDES, REPO, worker
+
+PROGRAM = "python benchmarks/iteration.py"
+UNUSED_DIR = "unused"  # a config's output_dir where it is only read (the workers' own are temporary folders)
 
 TASKS = ("imdb", "gsm8k")
 
@@ -71,6 +75,14 @@ TARGETS = {"outside_share": 0.05, "step_mfu": 0.60, "exchange_s": 0.050, "speedu
 
 class UsageError(Exception):
     pass
+
+
+class ChildError(Exception):
+    """A worker's one-line error (``message``), passed on as that line with its exit status."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
 
 
 # ----------------------------------------------------------------------------- FLOPs
@@ -321,23 +333,81 @@ def parse(argv):
     if "authors" in variants and args.warmup + args.iterations <= args.swap_period:
         raise UsageError(f"--iterations: the authors' loop needs warmup + iterations > swap_period "
                          f"({args.swap_period}) so that an exchange is timed")
-    if args.json is not None and not Path(args.json).resolve().parent.is_dir():
-        raise UsageError(f"--json: folder {Path(args.json).parent} does not exist")
-    if args.json is not None and not args.worker:
-        sys.path.insert(0, str(REPO))
-        from cory.errors import ConfigError
-        from cory.outputs import check_output_file
-        try:
-            check_output_file(Path(args.json), "--json", "python benchmarks/iteration.py", args.force)
-        except ConfigError as e:
-            raise UsageError(str(e)) from None
+    if not args.worker:
+        check_configs(args)
+        if args.json is not None:
+            refusal = json_refusal(args.json, PROGRAM, args.force)
+            if refusal:
+                raise UsageError(refusal)
     return args
 
 
-def run_worker(args, variant: str) -> dict:
-    out = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
+# the fields a worker's config takes from this command's flags, named as the flags are
+FLAG_OF_FIELD = {"model_name": "--model", "steps": "--iterations",
+                 **{f: f"--{f}" for f in ("batch_size", "mini_batch_size", "gradient_accumulation_steps", "seed",
+                                          "swap_period", "response_length_min", "response_length_max",
+                                          "max_pass_tokens", "precision")}}
+
+
+def as_flags(args, variant: str, message: str) -> UsageError:
+    """A config's one-line error about a field, said about the flag that set it (else about the preset)."""
+    field, colon, rest = message.partition(":")
+    if colon and field in FLAG_OF_FIELD and (field != "model_name" or args.model_name is not None):
+        return UsageError(f"{FLAG_OF_FIELD[field]}:{rest}")
+    method = "ppo" if variant.startswith("ppo") else "cory"
+    return UsageError(f"--preset {args.preset} (configs/{args.task}/{method}_{args.preset}.yaml): {message}")
+
+
+def check_configs(args) -> None:
+    """Each variant's config, built as its worker builds it and checked by the training config's own validation,
+    and its model name resolved from the disk alone (``cory.assets.model_spec``): a bad flag, or a combination
+    of flags the config refuses, is one line before any worker starts."""
+    sys.path.insert(0, str(REPO))
+    from cory.assets import model_spec
+    from cory.errors import AssetError, ConfigError
+    from iteration_worker import build_cfg
+
+    for variant in args.variants:
+        try:
+            _, cfg = build_cfg(args, variant, UNUSED_DIR)
+            model_spec(cfg.model_name)
+        except (ConfigError, AssetError) as e:
+            raise as_flags(args, variant, str(e)) from None
+
+
+def check_assets(args) -> None:
+    """What the workers load, found on this machine as they will look for it (offline: ``HF_HUB_OFFLINE=1``):
+    the model (a hub id must be in the local Hugging Face cache), and the task's reward and data, by the
+    training run's own checks (``cory.preflight.check_config``). Before any worker starts; not for --dry_run,
+    which loads nothing."""
+    from cory.assets import HUB, RANDOM_SHAPES, SMOLLM2_SPEC, TINY_SPEC, check_hub_asset
+    from cory.errors import AssetError, ConfigError
+    from cory.preflight import check_config
+    from iteration_worker import build_cfg
+
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")  # as the workers run
+    for variant in args.variants:
+        _, cfg = build_cfg(args, variant, UNUSED_DIR)
+        try:
+            spec = check_config(cfg)
+            if spec.kind == HUB:
+                stand_in = f"random:{cfg.model_name}" if cfg.model_name in RANDOM_SHAPES else "random:NAME"
+                check_hub_asset(cfg.model_name, hint=f"this benchmark runs offline: use a stand-in of its shape "
+                                                     f"({stand_in}), {SMOLLM2_SPEC} or {TINY_SPEC}")
+        except (ConfigError, AssetError) as e:
+            message = str(e)
+            if message.startswith("model '"):
+                message = f"model_name: {message}"
+            raise as_flags(args, variant, message) from None
+
+
+def run_worker(args, variant: str, folder: Path) -> dict:
+    """One variant's worker, its result file and its own temporary files in ``folder`` (the command's temporary
+    folder, its TMPDIR), its output in a log there. A worker's one-line error comes back as a ChildError; a
+    signal to this command stops the worker (``harness.stopped_by_signals``)."""
+    out, log_path = folder / f"{variant}.json", folder / f"{variant}.log"
     iterations, warmup = ((args.peft_iterations, 0) if variant.endswith("_peft") else (args.iterations, args.warmup))
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", variant, "--worker_out", out,
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", variant, "--worker_out", str(out),
            "--preset", args.preset, "--batch_size", str(args.batch_size), "--iterations", str(iterations),
            "--warmup", str(warmup), "--swap_period", str(args.swap_period), "--threads", str(args.threads),
            "--seed", str(args.seed), "--variants", variant, "--task", args.task, "--device", args.device,
@@ -348,21 +418,28 @@ def run_worker(args, variant: str) -> dict:
         if getattr(args, field) is not None:
             cmd += [f"--{field}", str(getattr(args, field))]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
+           "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore", "TMPDIR": str(folder)}
     if args.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU measurement stays on the CPU on a GPU machine
     print(f"running {variant} ...", file=sys.stderr, flush=True)
-    proc = subprocess.run(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with open(log_path, "w") as log:  # a file, not a pipe: nothing to drain while the worker is stopped
+        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            proc.wait()
+        finally:
+            stop(proc)
+    output = log_path.read_text(errors="replace")
     if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-        raise RuntimeError(f"{variant} failed (exit {proc.returncode}):\n{tail}")
-    for line in proc.stderr.splitlines():
+        line = child_error(output)
+        if line:
+            raise ChildError(line, proc.returncode)
+        tail = "\n".join(output.strip().splitlines()[-15:])
+        raise ChildError(f"error: {variant} failed (exit {proc.returncode}); its last lines:\n{tail}", 1)
+    for line in output.splitlines():
         if line.startswith(f"[{variant}]"):
             print(line, file=sys.stderr)
     with open(out) as f:
-        result = json.load(f)
-    os.unlink(out)
-    return result
+        return json.load(f)
 
 
 def settings(args, variant: str) -> dict:
@@ -371,7 +448,7 @@ def settings(args, variant: str) -> dict:
     from iteration_worker import authors_cfg, build_cfg
 
     sys.path.insert(0, str(REPO))
-    _, cfg = build_cfg(args, variant, tempfile.gettempdir())
+    _, cfg = build_cfg(args, variant, UNUSED_DIR)
     if variant == "authors":
         cfg = authors_cfg(cfg)
     precision, why = resolve_precision(cfg.precision, args.device)
@@ -392,32 +469,58 @@ def dry_run(args) -> list[str]:
 def main(argv=None) -> int:
     try:
         args = parse(sys.argv[1:] if argv is None else argv)
+        if not args.worker and not args.dry_run:
+            check_assets(args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.worker:
-        sys.path.insert(0, str(REPO))
-        result = worker(args)
-        with open(args.worker_out, "w") as f:
-            json.dump(result, f)
-        return 0
+        return run_as_worker(args)
     for line in dry_run(args):  # the values every figure below is measured at (auto budgets: measured, below)
         print(line)
     if args.dry_run:
         return 0
     started = time.perf_counter()
-    raw = {v: run_worker(args, v) for v in args.variants}
+    try:
+        with stopped_by_signals(), temporary_folder("cory_bench_") as folder:
+            raw = {v: run_worker(args, v, folder) for v in args.variants}
+    except ChildError as e:
+        print(str(e) if str(e).startswith("error: ") else f"error: {e}", file=sys.stderr)
+        return e.status
+    except Stopped as e:
+        return report_stop(e, "its worker was stopped and its temporary folder removed; nothing written")
     peak = max(max(r["matmul_peak_gflops"]) for r in raw.values())
     summary = {v: summarize(r, peak) for v, r in raw.items()}
     checks = targets(summary, raw)
     print_table(summary, checks, peak)
-    report = {"command": "python benchmarks/iteration.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    report = {"command": PROGRAM + " " + " ".join(sys.argv[1:] if argv is None else argv),
               "matmul_peak_gflops": peak, "wall_s": time.perf_counter() - started, "summary": summary,
               "targets": checks}
     print("\n" + json.dumps({"matmul_peak_gflops": peak, "summary": summary, "targets": checks}, indent=1))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({**report, "raw": raw}, f, indent=1)
+        fault = write_json(args.json, {**report, "raw": raw})
+        if fault:
+            print(f"error: {fault}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def run_as_worker(args) -> int:
+    """``--worker VARIANT``: its measurements into ``--worker_out``; a mistake found only here (a model or data the
+    checks could not see) is one line, exit 2 (1 for a run that cannot go on), which the command passes on."""
+    sys.path.insert(0, str(REPO))
+    from cory.errors import AssetError, ConfigError, RunError
+
+    try:
+        result = worker(args)
+    except (ConfigError, AssetError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except RunError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    with open(args.worker_out, "w") as f:
+        json.dump(result, f)
     return 0
 
 

@@ -12,6 +12,7 @@ import dataclasses
 import gc
 import os
 import resource
+import shutil
 import sys
 import tempfile
 import time
@@ -275,6 +276,16 @@ def instrument(run, log: list) -> None:
 
 
 def worker(args) -> dict:
+    """The variant's measurements; its run folder (and the authors' loop's saved models) in a temporary folder,
+    removed when it ends."""
+    tmp = tempfile.mkdtemp(prefix=f"cory_bench_{args.worker}_")
+    try:
+        return measure(args, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def measure(args, tmp: str) -> dict:
     import numpy as np
     import torch
 
@@ -286,7 +297,6 @@ def worker(args) -> dict:
     from cory.train import prepare_run
 
     variant = args.worker
-    tmp = tempfile.mkdtemp(prefix=f"cory_bench_{variant}_")
     method, cfg = build_cfg(args, variant, os.path.join(tmp, "run"))
     t0 = time.perf_counter()
     run = prepare_run(cfg)

@@ -6,18 +6,24 @@ size: benchmarks/iteration.py (variants ppo and cory) over a grid, one table.
 
 Rows: the cpu preset (SmolLM2-135M) at batch 8, 16, 32 with the preset's responses (4-15 tokens, one
 length per batch), at batch 16 with fixed 8- and 24-token responses, and the tiny preset (3.3M
-parameters) at batch 16. Each row is the median of --iterations after --warmup.
+parameters) at batch 16. Each row is the median of --iterations after --warmup. ``--json`` writes
+``{"command": ..., "rows": [one per setting]}``. A signal (Ctrl-C, SIGTERM, SIGHUP) stops the iteration benchmark
+running and removes this script's temporary folder; iteration.py's own one-line error comes back as that line.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
+from harness import (Stopped, child_error, json_refusal, report_stop, stop, stopped_by_signals, temporary_folder,
+                     write_json)
+
 HERE = Path(__file__).resolve().parent
+PROGRAM = "python benchmarks/scaling.py"
 GRID = [  # (label, preset, batch, response length min, max)
     ("cpu b8", "cpu", 8, None, None),
     ("cpu b16", "cpu", 16, None, None),
@@ -28,40 +34,97 @@ GRID = [  # (label, preset, batch, response length min, max)
 ]
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+class ChildError(Exception):
+    """iteration.py's one-line error (``message``), passed on as that line with its exit status."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--iterations", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--quick", action="store_true", help="the tiny preset only")
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None, help="write the table's rows here (a file this benchmark did not write is "
+                   "refused unless --force)")
+    p.add_argument("--force", action="store_true", help="replace the --json file even if this benchmark did not "
+                   "write it")
     args = p.parse_args(argv)
+    for name, low in (("iterations", 1), ("warmup", 0)):  # as iteration.py takes them, before any run starts
+        if getattr(args, name) < low:
+            raise ValueError(f"--{name}: must be >= {low}, got {getattr(args, name)}")
+    if args.json is not None:
+        refusal = json_refusal(args.json, PROGRAM, args.force)
+        if refusal:
+            raise ValueError(refusal)
+    return args
+
+
+def measure(args, label: str, preset: str, batch: int, rmin, rmax, folder: Path) -> dict:
+    """One row of the grid: benchmarks/iteration.py's result for it (its --json in ``folder``)."""
+    out = folder / f"row{len(list(folder.glob('row*.json')))}.json"
+    cmd = [sys.executable, str(HERE / "iteration.py"), "--preset", preset, "--batch_size", str(batch),
+           "--iterations", str(args.iterations), "--warmup", str(args.warmup), "--variants", "ppo,cory",
+           "--json", str(out)]
+    if rmin is not None:
+        cmd += ["--response_length_min", str(rmin), "--response_length_max", str(rmax)]
+    print(f"{label}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
+    log_path = folder / "log.txt"
+    with open(log_path, "w") as log:  # a file, not a pipe: nothing to drain while the run is stopped
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "TMPDIR": str(folder)})
+        try:
+            proc.wait()
+        finally:
+            stop(proc)  # SIGTERM first: iteration.py stops its worker and removes its own folder
+    if proc.returncode != 0:
+        output = log_path.read_text(errors="replace")
+        line = child_error(output)
+        if line is not None:  # its refusal, as it said it
+            raise ChildError(line, proc.returncode if proc.returncode > 0 else 1)
+        tail = "\n".join(output.strip().splitlines()[-15:])
+        raise ChildError(f"error: {label}: benchmarks/iteration.py failed (exit {proc.returncode}); its last "
+                         f"lines:\n{tail}", 1)
+    return json.loads(out.read_text())
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = parse(argv)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     rows = []
-    for label, preset, batch, rmin, rmax in GRID:
-        if args.quick and preset != "tiny":
-            continue
-        out = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
-        cmd = [sys.executable, str(HERE / "iteration.py"), "--preset", preset, "--batch_size", str(batch),
-               "--iterations", str(args.iterations), "--warmup", str(args.warmup), "--variants", "ppo,cory",
-               "--json", out]
-        if rmin is not None:
-            cmd += ["--response_length_min", str(rmin), "--response_length_max", str(rmax)]
-        print(f"{label}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        result = json.loads(Path(out).read_text())
-        Path(out).unlink()
-        s = result["summary"]
-        rows.append({"label": label, "preset": preset, "batch_size": batch, "response_length": [rmin, rmax],
-                     "params": result["raw"]["ppo"]["weights"]["total"],
-                     **{f"{m}_s": s[m]["seconds_per_iteration"] for m in ("ppo", "cory")},
-                     **{f"{m}_peak_mb": s[m]["peak_rss_mb"] for m in ("ppo", "cory")},
-                     **{f"{m}_tokens_per_s": s[m]["tokens_per_s"] for m in ("ppo", "cory")}})
+    try:
+        with stopped_by_signals(), temporary_folder("cory_scaling_") as folder:
+            for label, preset, batch, rmin, rmax in GRID:
+                if args.quick and preset != "tiny":
+                    continue
+                result = measure(args, label, preset, batch, rmin, rmax, folder)
+                s = result["summary"]
+                rows.append({"label": label, "preset": preset, "batch_size": batch, "response_length": [rmin, rmax],
+                             "params": result["raw"]["ppo"]["weights"]["total"],
+                             **{f"{m}_s": s[m]["seconds_per_iteration"] for m in ("ppo", "cory")},
+                             **{f"{m}_peak_mb": s[m]["peak_rss_mb"] for m in ("ppo", "cory")},
+                             **{f"{m}_tokens_per_s": s[m]["tokens_per_s"] for m in ("ppo", "cory")}})
+    except ChildError as e:
+        print(str(e), file=sys.stderr)
+        return e.status
+    except Stopped as e:
+        return report_stop(e, "the iteration benchmark it started was stopped and its temporary folder removed; "
+                              "nothing written")
     print(f"\n{'setting':<14}{'params':>9}{'PPO s/it':>10}{'CORY s/it':>11}{'ratio':>7}"
           f"{'PPO MiB':>9}{'CORY MiB':>9}")
     for r in rows:
         print(f"{r['label']:<14}{r['params'] / 1e6:>8.1f}M{r['ppo_s']:>10.2f}{r['cory_s']:>11.2f}"
               f"{r['cory_s'] / r['ppo_s']:>7.2f}{r['ppo_peak_mb']:>9.0f}{r['cory_peak_mb']:>9.0f}")
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        fault = write_json(args.json, {"command": " ".join([PROGRAM, *argv]), "rows": rows})
+        if fault:
+            print(f"error: {fault}", file=sys.stderr)
+            return 1
     return 0
 
 
