@@ -25,15 +25,15 @@ greedy tokens equal to the dynamic cache's on the first prompts.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from cory.config import PPOArgs  # noqa: E402  (imports nothing heavy: the checks stay before any model)
+from harness import Stopped, json_refusal, report_stop, stopped_by_signals, write_json
+
+from cory.config import PPOArgs  # imports nothing heavy: the checks stay before any model
+
+PROGRAM = "python benchmarks/generation.py"
 
 VARIANTS = ("dynamic", "static", "static_compile")
 PRECISIONS = PPOArgs.__dataclass_fields__["precision"].metadata["choices"]
@@ -64,7 +64,10 @@ def parse(argv):
                                                                "(100 iterations x 2 agents for CORY)")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None, help="also write the results here (a file this benchmark did not write is "
+                   "refused unless --force)")
+    p.add_argument("--force", action="store_true", help="replace the --json file even if this benchmark did not "
+                   "write it")
     args = p.parse_args(argv)
     args.prompt_tokens = int_range(args.prompt_tokens, "prompt_tokens")
     args.new_tokens = int_range(args.new_tokens, "new_tokens")
@@ -79,9 +82,30 @@ def parse(argv):
     for name in ("batch_size", "calls", "run_calls"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name}: must be >= 1, got {getattr(args, name)}")
-    if args.json is not None and not Path(args.json).resolve().parent.is_dir():
-        raise ValueError(f"--json: folder {Path(args.json).parent} does not exist")
+    if args.json is not None:
+        refusal = json_refusal(args.json, PROGRAM, args.force)
+        if refusal:
+            raise ValueError(refusal)
+    args.spec = model(args.model)
     return args
+
+
+def model(name: str):
+    """``--model`` resolved as a run resolves its model (``cory.assets``), before anything loads: a spec that names
+    no model, a folder without a model, a hub id neither cached nor reachable is one line."""
+    from cory.assets import HUB, RANDOM_SHAPES, SMOLLM2_SPEC, TINY_SPEC, check_hub_asset, model_spec
+    from cory.errors import AssetError
+
+    try:
+        spec = model_spec(name, "--model")
+        if spec.kind == HUB:
+            stand_in = f"random:{name}" if name in RANDOM_SHAPES else "random:NAME"
+            check_hub_asset(name, hint=f"download it, or use a stand-in of its shape ({stand_in}), {SMOLLM2_SPEC} "
+                                       f"or {TINY_SPEC}")
+    except AssetError as e:
+        message = str(e)
+        raise ValueError(message if message.startswith("--model") else f"--model: {message}") from None
+    return spec
 
 
 def batches(args, vocab: int, pad: int, eos: int):
@@ -149,11 +173,20 @@ def compare_with_dynamic(variants: dict) -> None:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = parse(argv)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    try:
+        with stopped_by_signals():
+            return measure(args, argv)
+    except Stopped as e:
+        return report_stop(e, "nothing written")
+
+
+def measure(args, argv: list[str]) -> int:
     import torch
     from tqdm.auto import tqdm
 
@@ -161,14 +194,20 @@ def main(argv=None) -> int:
 
     from cory.assets import locate
     from cory.agent import precision_context, resolve_precision, set_precision
+    from cory.errors import AssetError
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda: no CUDA GPU here", file=sys.stderr)
         return 2
     set_precision(args.precision)
     args.precision = resolve_precision(args.precision, args.device)[0]
-    tokenizer = models.load_tokenizer(locate(args.model))
-    model = models.load_causal_lm(locate(args.model)).to(args.device).eval()
+    try:
+        spec = locate(args.spec)  # the offline models built once into the cache
+    except AssetError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    tokenizer = models.load_tokenizer(spec)
+    model = models.load_causal_lm(spec).to(args.device).eval()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     calls = batches(args, model.config.vocab_size, pad, tokenizer.eos_token_id)
 
@@ -183,7 +222,7 @@ def main(argv=None) -> int:
                                   eos_token_id=tokenizer.eos_token_id, **sampling,
                                   **variant_kwargs(variant, args.device))[:, ids.shape[1]:].cpu()
 
-    results = {"model": args.model, "device": args.device, "precision": args.precision,
+    results = {"command": " ".join([PROGRAM, *argv]), "model": args.model, "device": args.device, "precision": args.precision,
                "batch_size": args.batch_size, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
                "calls": args.calls, "torch": torch.__version__,
                "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None, "variants": {}}
@@ -210,7 +249,10 @@ def main(argv=None) -> int:
     if "dynamic" in results["variants"]:
         compare_with_dynamic(results["variants"])
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+        fault = write_json(args.json, results)
+        if fault:
+            print(f"error: {fault}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -31,7 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from pathlib import Path
 
+from harness import Stopped, json_refusal, report_stop, stopped_by_signals, write_json
+
 REPO = Path(__file__).resolve().parent.parent
+PROGRAM = "python benchmarks/levers.py"
 PRESETS = ("tiny", "cpu")
 
 
@@ -75,7 +78,10 @@ def parse(argv):
     p.add_argument("--threads", type=int, default=0, help="torch threads outside the thread lever (0 = default)")
     p.add_argument("--compile", action="store_true", help="also measure torch.compile (minutes)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None, help="also write the results here (a file this benchmark did not write is "
+                   "refused unless --force)")
+    p.add_argument("--force", action="store_true", help="replace the --json file even if this benchmark did not "
+                   "write it")
     args = p.parse_args(argv)
     if args.preset not in PRESETS:
         raise ValueError(f"--preset: {args.preset!r} is not one of {', '.join(PRESETS)}")
@@ -84,8 +90,10 @@ def parse(argv):
             raise ValueError(f"--{name}: must be >= 1, got {getattr(args, name)}")
     if args.threads < 0:
         raise ValueError(f"--threads: must be >= 0, got {args.threads}")
-    if args.json is not None and not Path(args.json).resolve().parent.is_dir():
-        raise ValueError(f"--json: folder {Path(args.json).parent} does not exist")
+    if args.json is not None:
+        refusal = json_refusal(args.json, PROGRAM, args.force)
+        if refusal:
+            raise ValueError(refusal)
     return args
 
 
@@ -392,8 +400,9 @@ def compile_lever(b: Bench) -> None:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = parse(sys.argv[1:] if argv is None else argv)
+        args = parse(argv)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -403,19 +412,32 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     sys.path.insert(0, str(REPO))  # the training scripts' folders import by name (imdb_train.cory)
 
-    b = load(args)
-    sample_batches(b)
-    threads_lever(b)
-    generation_lever(b)
-    ppo_step_lever(b)
-    adam_lever(b)
-    if args.compile:
-        compile_lever(b)
+    from cory.errors import AssetError, ConfigError
+
+    try:
+        b = load(args)
+    except (ConfigError, AssetError) as e:  # the preset's model or task cannot be had here: one line
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    b.results = {"command": " ".join([PROGRAM, *argv]), **b.results}
+    try:
+        with stopped_by_signals():
+            sample_batches(b)
+            threads_lever(b)
+            generation_lever(b)
+            ppo_step_lever(b)
+            adam_lever(b)
+            if args.compile:
+                compile_lever(b)
+    except Stopped as e:
+        return report_stop(e, "nothing written")
     b.results["load_average"].append(os.getloadavg()[0])
     print(json.dumps(b.results, indent=1))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(b.results, f, indent=1)
+        fault = write_json(args.json, b.results)
+        if fault:
+            print(f"error: {fault}", file=sys.stderr)
+            return 1
     return 0
 
 if __name__ == "__main__":
