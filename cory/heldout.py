@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from cory.metrics import degeneration
 from cory.rollout import checked_scores, stop_at, tokenize_prompts
-from cory.tasks.base import TRAINING_SAMPLING
+from cory.tasks.base import TRAINING_SAMPLING, check_examples
 
 BATCH_SIZE = 32  # sequences per generate() call, unless told otherwise
 
@@ -192,7 +192,8 @@ class PeriodicEvaluation:
         reward = evaluation.scored_reward(cfg.reward_model)
         self.task = make_eval_task(dataclasses.replace(cfg, reward_model=reward), tokenizer)
         self.reward = reward
-        self.examples = self.task.eval_examples(evaluation.limit)
+        self.examples = check_examples(self.task.eval_examples(evaluation.limit), task=cfg.task,
+                                       what=f"eval_examples({evaluation.limit})", vocab_size=len(tokenizer))
         self.tokenizer, self.reference = tokenizer, reference
         self.max_new_tokens = evaluation.answer_tokens
         self.allow_early_eos = cfg.allow_early_eos

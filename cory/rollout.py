@@ -13,7 +13,7 @@ import torch
 
 from cory.config import PPOArgs
 from cory.errors import RunError
-from cory.tasks.base import Example, Task
+from cory.tasks.base import Example, Task, check_examples
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -69,6 +69,9 @@ class Rollout:
                 got = f"a {type(wrong[0]).__name__} ({str(wrong[0])[:40]!r})" if wrong else f"{len(texts)} prompts"
                 raise RunError(f"task {self.cfg.task}: observer_prompt() returned {got}; it must return the "
                                "observer's prompt as a string, one per example")
+        else:  # the pioneer's prompts: the task's examples, checked where they enter
+            check_examples(examples, task=self.cfg.task, what=f"sample({self.cfg.batch_size})",
+                           vocab_size=len(self.tokenizer))
         prompts = tokenize_prompts(self.tokenizer, examples, texts)
         longest = max(range(len(prompts)), key=lambda i: len(prompts[i]), default=None)
         if self.context is not None and longest is not None and \

@@ -116,3 +116,51 @@ def test_a_task_file_with_a_syntax_error_names_its_file_and_line(tmp_path):
     line = one_line(run("-m", "cory.lab.evaluate", "--task_file", path, "--task", "kind_words", "--model", "tiny"), 2)
     assert f"task_file: {path} line " in line
     assert not (tmp_path / "exp").exists()
+
+
+# ----------------------------------------------------------------------------- checked where they enter, in both
+
+SAMPLE = "        return [Example(query=s, prompt=f\"Say something about {s}:\") for s in picks]"
+HELD = "        return [Example(query=s, prompt=f\"Say something about {s}:\") for s in HELD_OUT[:limit]]"
+MAKE = "register_task(\"kind_words\", lambda cfg, tokenizer, seed: KindWords(seed), rewards=(\"kind_share\",))"
+EVALUATE = ["-m", "cory.lab.evaluate", "--task", "kind_words", "--model", "tiny", "--reward", "kind_share",
+            "--max_new_tokens", "3"]
+
+
+@pytest.mark.parametrize("replace,message", [
+    ((HELD, "        return []"), "task kind_words: eval_examples(None) returned no examples"),
+    ((HELD, "        return [Example(query=s, prompt='x', prompt_ids=[99999999]) for s in HELD_OUT]"),
+     "example 0's prompt_ids holds 99999999, outside the tokenizer's vocabulary (0..50256)"),
+    ((HELD, "        return [Example(query=s, prompt='x', prompt_ids=[]) for s in HELD_OUT]"),
+     "example 0's prompt_ids is empty"),
+    ((MAKE, MAKE.replace("KindWords(seed)", "None")), "make() returned NoneType, not a task"),
+    ((MAKE, MAKE.replace("KindWords(seed)", "KindWords(seed, 'extra')")),
+     "make() raised TypeError: KindWords.__init__() takes 2 positional arguments but 3 were given (registered at"),
+], ids=["no_eval_examples", "prompt_ids_outside_vocab", "empty_prompt_ids", "make_returns_none", "make_raises"])
+def test_evaluate_checks_a_plugin_where_it_enters(tmp_path, replace, message):
+    path = task_file(tmp_path, [replace])
+    out = tmp_path / "eval.json"
+    line = one_line(run(*EVALUATE[:2], "--task_file", path, *EVALUATE[2:], "--json", out), 2)
+    assert message in line, line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("replace,message", [
+    ((SAMPLE, "        return [Example(query=s, prompt='x', prompt_ids=[-1]) for s in picks]"),
+     "task kind_words: sample(4): example 0's prompt_ids holds -1, outside the tokenizer's vocabulary"),
+    ((MAKE, MAKE.replace("KindWords(seed)", "None")), "make() returned NoneType, not a task"),
+], ids=["prompt_ids_outside_vocab", "make_returns_none"])
+def test_training_checks_a_plugin_where_it_enters(tmp_path, replace, message):
+    path = task_file(tmp_path, [replace])
+    out = tmp_path / "run"
+    line = one_line(run(path, "ppo", *TINY, "--steps", "1", "--output_dir", out, cwd=tmp_path), 2)
+    assert message in line, line
+    assert not (out / "final").exists() and not (out / "metrics.jsonl").exists()
+
+
+def test_evaluate_refuses_answers_past_the_models_context_before_loading(tmp_path):
+    out = tmp_path / "eval.json"
+    line = one_line(run("-m", "cory.lab.evaluate", "--task", "imdb", "--model", "tiny", "--limit", "2",
+                        "--max_new_tokens", "100000", "--json", out), 2)
+    assert "does not fit tiny's context of" in line and "lower --max_new_tokens" in line, line
+    assert not out.exists()

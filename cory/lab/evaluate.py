@@ -41,7 +41,7 @@ from cory.heldout import BATCH_SIZE, evaluate_reward, sample
 from cory.lab.passk import mean_pass_at_k
 from cory.rollout import checked_scores, decode_and_clean, stop_at, tokenize_prompts
 from cory.tasks import (PASS_AT_K, REWARD_METRICS, TRAINING_PROTOCOL, SamplingProtocol, check_eval_config,
-                        load_task_file, make_eval_task, registered, task_spec)
+                        check_examples, load_task_file, make_eval_task, registered, task_spec)
 
 DEFAULT_KS = (1, 4, 16)
 DTYPES = ("float32", "bfloat16", "float16")
@@ -502,7 +502,8 @@ def run(p: Plan) -> dict:
     tokenizer = load_tokenizer(locate(p.reference if p.reference is not None else p.rows[0].spec))
     # the reward and the prompts first: a missing reward model fails before any LM is loaded
     task = _task(lambda: make_eval_task(p.task_config(), tokenizer))
-    examples = task.eval_examples(p.limit)
+    examples = check_examples(task.eval_examples(p.limit), task=p.task, what=f"eval_examples({p.limit})",
+                              vocab_size=len(tokenizer))
     settings.update(dataset=task.source,
                     **({"n_prompts": len(examples)} if reward_metrics else {"n_questions": len(examples)}))
     if reward_metrics:
@@ -510,6 +511,11 @@ def run(p: Plan) -> dict:
             if entry.spec != p.reference and not _same_vocabulary(load_tokenizer(locate(entry.spec)), tokenizer):
                 raise EvalError(f"--model {entry.spec}: its tokenizer differs from the reference "
                                 f"{p.reference}'s, so KL cannot be computed token by token")
+        for entry in p.rows:  # a prompt too long for a model fails before any model loads, naming the prompt
+            context = model_spec(entry.spec).context if is_valid_model_spec(entry.spec) else None
+            if context is not None and hasattr(task, "check_fits"):
+                task.check_fits(tokenizer, context, p.max_new_tokens, examples=examples, model=entry.spec,
+                                limit="--max_new_tokens")
         reference = load_model(p.reference, p.dtype)
         for entry in p.rows:
             model = reference if entry.spec == p.reference else load_model(entry.spec, p.dtype)

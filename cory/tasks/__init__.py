@@ -11,12 +11,12 @@ import importlib
 import pkgutil
 
 from cory.tasks.base import (PASS_AT_K, REWARD_METRICS, TRAINING_PROTOCOL, Evaluation, Example, SamplingProtocol, Task,
-                             TaskBase)
+                             TaskBase, check_examples)
 from cory.tasks.registry import (TaskSpec, check_config, check_eval_config, load_task_file, make_eval_task, make_task,
                                  register_task, registered, task_spec)
 
 __all__ = ["Evaluation", "Example", "PASS_AT_K", "REWARD_METRICS", "SamplingProtocol", "TRAINING_PROTOCOL", "Task",
-           "TaskBase", "TaskSpec", "check_config", "check_eval_config", "load_task_file", "make_eval_task", "make_task",
+           "TaskBase", "TaskSpec", "check_config", "check_examples", "check_eval_config", "load_task_file", "make_eval_task", "make_task",
            "register_task", "registered", "task_spec"]
 
 _NOT_TASKS = {"base", "registry", "gsm8k_answers"}

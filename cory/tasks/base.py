@@ -3,6 +3,7 @@ answer stops, and how its held-out examples are scored."""
 from __future__ import annotations
 
 import copy
+import numbers
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence, cast
 
@@ -92,6 +93,34 @@ class TaskBase:
                               f"({str(examples[worst].query)[:40]!r}...) with answers of up to {answer_tokens} tokens "
                               f"does not fit {model}'s context of {context} tokens; shorten the task's prompts or "
                               f"lower {limit}")
+
+
+def check_examples(examples, *, task: str, what: str, vocab_size: int | None = None) -> list[Example]:
+    """``examples`` as a task returned them (``what``: "eval_examples()", "sample(32)"), checked where they enter:
+    a non-empty list of ``Example``, each ``prompt_ids`` (when given) a non-empty list of token ids inside the
+    tokenizer's ``vocab_size``; else ConfigError, one line naming the task and what was wrong."""
+    from cory.errors import ConfigError
+
+    if not isinstance(examples, (list, tuple)):
+        raise ConfigError(f"task {task}: {what} returned a {type(examples).__name__}, not a list of Example")
+    if not examples:
+        raise ConfigError(f"task {task}: {what} returned no examples; it must return at least one")
+    for i, ex in enumerate(examples):
+        if not isinstance(ex, Example):
+            raise ConfigError(f"task {task}: {what} returned a {type(ex).__name__} at position {i}, not an Example")
+        ids = ex.prompt_ids
+        if ids is None:
+            continue
+        if len(ids) == 0:
+            raise ConfigError(f"task {task}: {what}: example {i}'s prompt_ids is empty; give at least one token id, "
+                              "or None to tokenize its prompt")
+        bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0
+               or (vocab_size is not None and t >= vocab_size)]
+        if bad:
+            allowed = f"0..{vocab_size - 1}" if vocab_size is not None else "non-negative integers"
+            raise ConfigError(f"task {task}: {what}: example {i}'s prompt_ids holds {bad[0]!r}, outside the "
+                              f"tokenizer's vocabulary ({allowed})")
+    return list(examples)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from cory.errors import ConfigError
+from cory.errors import AssetError, ConfigError
 from cory.tasks.base import Evaluation, Task
 
 
@@ -63,7 +63,8 @@ def task_spec(name: str) -> TaskSpec:
 
 def make_task(cfg, tokenizer, rank: int = 0) -> Task:
     """The task a config names; data-parallel ranks draw different batches."""
-    return task_spec(cfg.task).make(cfg, tokenizer, cfg.seed + 1000 * rank)
+    spec = task_spec(cfg.task)
+    return _made(cfg.task, spec, lambda: spec.make(cfg, tokenizer, cfg.seed + 1000 * rank))
 
 
 def make_eval_task(cfg, tokenizer) -> Task:
@@ -71,8 +72,30 @@ def make_eval_task(cfg, tokenizer) -> Task:
     reward_model)."""
     spec = task_spec(cfg.task)
     if spec.evaluation.make is not None:
-        return spec.evaluation.make(cfg, tokenizer)
-    return spec.make(cfg, tokenizer, 0)
+        return _made(cfg.task, spec, lambda: spec.evaluation.make(cfg, tokenizer))
+    return _made(cfg.task, spec, lambda: spec.make(cfg, tokenizer, 0))
+
+
+# what a task's make() may raise on purpose (a missing data file, a bad value): it already says what is wrong
+_TOLD = (ConfigError, FileNotFoundError, ValueError)
+
+
+def _made(name: str, spec: TaskSpec, make: Callable) -> Task:
+    """``make()``'s task, checked where it enters: an unexpected exception or something that is not a task is
+    a ConfigError, one line naming the task and where it was registered."""
+    try:
+        task = make()
+    except (*_TOLD, AssetError):
+        raise
+    except Exception as e:  # noqa: BLE001 - a plug-in's own bug, named with its place
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ConfigError(f"task {name}: make() raised {type(e).__name__}: {first} (registered at {spec.where})") \
+            from None
+    missing = [m for m in ("sample", "eval_examples", "score", "observer_prompt") if not callable(getattr(task, m, None))]
+    if missing:
+        raise ConfigError(f"task {name}: make() returned {type(task).__name__}, not a task (no {', '.join(missing)}; "
+                          f"registered at {spec.where})")
+    return task
 
 
 def _check_values(cfg, spec: TaskSpec) -> None:
