@@ -335,10 +335,23 @@ def quiet():
 
 
 def _is_built(target: Path, recipe: int) -> bool:
+    """Whether ``target`` holds a whole build of ``recipe``: its marker says so, and every file the build wrote is
+    there at the size it was written (a file deleted or cut short since is a damaged cache, rebuilt). A marker of
+    before the sizes were recorded is taken if its folder holds a config and weights."""
     try:
-        return json.loads((target / _MARKER).read_text())["recipe"] == recipe
-    except (OSError, ValueError, KeyError, TypeError):
+        marker = json.loads((target / _MARKER).read_text(encoding="utf-8"))
+        if marker["recipe"] != recipe:
+            return False
+        files = marker.get("files")
+        if files is None:
+            return (target / "config.json").is_file() and any(target.glob("*.safetensors"))
+        return all((target / name).is_file() and (target / name).stat().st_size == size for name, size in files.items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
+
+
+def _file_sizes(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def _build_once(target: Path, recipe: int, build: Callable[[Path], None]) -> Path:
@@ -372,7 +385,7 @@ def _build_once(target: Path, recipe: int, build: Callable[[Path], None]) -> Pat
         try:
             with torch.random.fork_rng(devices=[]):
                 build(tmp)
-            (tmp / _MARKER).write_text(json.dumps({"recipe": recipe}))
+            (tmp / _MARKER).write_text(json.dumps({"recipe": recipe, "files": _file_sizes(tmp)}))
             if target.exists():  # an older recipe: move it aside first, rename can't overwrite
                 stale = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
                 os.rename(target, stale / "old")

@@ -151,7 +151,29 @@ def test_build_once_serialises_concurrent_builders(tmp_path):
 
     # A newer recipe replaces the old build.
     assets._build_once(target, 2, build)
-    assert len(calls) == 2 and json.loads((target / assets._MARKER).read_text()) == {"recipe": 2}
+    assert len(calls) == 2 and json.loads((target / assets._MARKER).read_text()) == {"recipe": 2, "files": {"x": 4}}
+
+
+@pytest.mark.parametrize("damage", ["deleted", "cut_short"])
+def test_a_damaged_cache_is_rebuilt(tmp_path, damage):
+    """A cached build whose file was deleted or cut short since (its marker still there) is rebuilt, not loaded."""
+    calls = []
+
+    def build(out: Path) -> None:
+        calls.append(out)
+        (out / "config.json").write_text('{"model_type": "gpt2"}')
+        (out / "tokenizer.json").write_text('{"model": {"vocab": {"a": 0, "b": 1}}}')
+
+    target = tmp_path / "asset"
+    assets._build_once(target, 1, build)
+    if damage == "deleted":
+        (target / "config.json").unlink()
+    else:
+        (target / "tokenizer.json").write_text('{"model": {"vo')
+    assets._build_once(target, 1, build)
+    assert len(calls) == 2
+    assert (target / "tokenizer.json").read_text() == '{"model": {"vocab": {"a": 0, "b": 1}}}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".asset.lock", "asset"]  # nothing left aside
 
 
 def test_build_once_leaves_the_callers_rng_where_it_was(tmp_path):
