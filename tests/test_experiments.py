@@ -232,7 +232,10 @@ def test_runs_json_lists_the_methods_and_seeds_of_every_command(tmp_path):
     assert experiments.Record(tmp_path, spec).data["kl_coefs"] is None  # never saved: nothing to keep
 
 
-def test_sigterm_to_the_runner_reaches_its_run_and_is_recorded(tmp_path, capsys):
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGHUP"])
+def test_sigterm_to_the_runner_reaches_its_run_and_is_recorded(tmp_path, capsys, signum):
+    """SIGTERM (a scheduler, ``kill``), or SIGHUP (the terminal or ssh session closed), to the runner alone: its run
+    saves a checkpoint and stops (as on SIGTERM), no orphan goes on training, and the run is recorded as cut off."""
     import os
     import signal
     import time
@@ -255,7 +258,7 @@ def test_sigterm_to_the_runner_reaches_its_run_and_is_recorded(tmp_path, capsys)
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert f"being written by another experiment runner (pid {proc.pid} on " in err and len(err.strip().splitlines()) == 1
-    proc.send_signal(signal.SIGTERM)  # to the runner alone, as a scheduler or `kill` sends it
+    proc.send_signal(getattr(signal, signum))  # to the runner alone
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
     with pytest.raises(ProcessLookupError):  # the run stopped too: no orphan left training

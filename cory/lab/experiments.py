@@ -512,10 +512,10 @@ def _train(todo: list, total: int, spec: dict, record: Record, invocation: dict,
     failed = []
 
     def stop(signum, frame):
-        children.stop(signum)
+        children.stop(passed_on(signum))
         raise KeyboardInterrupt
 
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, stop) for s in STOP_SIGNALS}
     pool = ThreadPoolExecutor(max_workers=spec["jobs"])
     try:
         futures = {pool.submit(execute, pair, state, record, out, env, why, children): pair
@@ -554,6 +554,16 @@ def _train(todo: list, total: int, spec: dict, record: Record, invocation: dict,
     return failed
 
 
+# a hang-up (the terminal or the ssh session the runner ran in closed) stops the runs as SIGTERM does: each saves a
+# checkpoint and stops, and a rerun finds them cut off (a training script that got SIGHUP itself would die unsaved)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def passed_on(signum: int) -> int:
+    """The signal a runner's stop signal ``signum`` is passed on to its runs as."""
+    return signal.SIGTERM if signum == signal.SIGHUP else signum
+
+
 def _evaluate(args, pairs: list[Pair], spec: dict, out: Path, env: dict, children: Children) -> list[str]:
     """The held-out evaluations of the finished runs and of the base model (``cory.lab.heldout_runs``); the names
     of those that failed."""
@@ -568,8 +578,7 @@ def _evaluate(args, pairs: list[Pair], spec: dict, out: Path, env: dict, childre
         return []
     todo = heldout_runs.commands(spec["task"], [(p.key, p.run_dir) for p in pairs], out, eval_args, rel,
                                  args.task_file)
-    previous = {s: signal.signal(s, lambda signum, frame: children.stop(signum))
-                for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, lambda signum, frame: children.stop(passed_on(signum))) for s in STOP_SIGNALS}
     try:
         return [f"eval {name}" for name in heldout_runs.run_evaluations(todo, out, env, children, tqdm.write, REPO)]
     finally:
