@@ -204,9 +204,23 @@ def evaluation_refusal(run_dir: str | os.PathLike) -> str | None:
             "another folder")
 
 
+def check_text_path(path, name: str = "output_dir") -> None:
+    """A path a run writes into its files (config.yaml, the manifest, runs.json) must be text: under a C locale
+    without UTF-8 mode Python reads a non-ASCII name from the command line as undecodable bytes, which no UTF-8
+    file can hold, so the run would train and then fail writing it. Refused at the start, in one line."""
+    text = os.fspath(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{name}: {ascii(text)} is not text in this process's encoding "
+                          f"({sys.getfilesystemencoding()}: a C locale without UTF-8 mode); name it in ASCII, or run "
+                          "with PYTHONUTF8=1") from None
+
+
 def check_writable(path: Path, name: str = "output_dir") -> None:
     """``path`` (a file or folder to be written, created with its parents if need be) can be written: its
     nearest existing ancestor is a folder we may write in. ``name`` is the field or flag to blame."""
+    check_text_path(path, name)
     path = Path(path).absolute()
     existing = path
     while not existing.exists():
@@ -276,6 +290,7 @@ def check_output_json(path: str | os.PathLike, name: str, program: str, force: b
 def check_output_dir(output_dir: str, *, resume: bool, overwrite: bool, method: str = "", task: str = "") -> None:
     """Refuse to touch an existing run unless asked to, and anything but a run at all; writes nothing. ``method``
     and ``task``: this run's, so that a folder holding another method's run gets advice that works."""
+    check_text_path(output_dir)
     path = Path(output_dir)
     if path.is_symlink() and not path.exists():  # a folder cannot be made where the link is
         raise ConfigError(f"output_dir: {output_dir} is a symbolic link to {os.readlink(path)}, which does not "

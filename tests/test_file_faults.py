@@ -113,3 +113,22 @@ def test_the_report_into_a_read_only_folder(exp):
         assert tree(exp) == before
     finally:
         exp.chmod(0o755)
+
+
+def test_an_output_dir_that_is_not_text_here_is_refused_before_anything_runs(tmp_path):
+    """Under a C locale without UTF-8 mode, "run_café" reaches Python as undecodable bytes that no UTF-8 file can
+    hold: the run once trained whole and then crashed writing its final models. Now: one line, before anything."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO, one_line
+
+    env = dict(os.environ, LC_ALL="C", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0")
+    p = subprocess.run([sys.executable, str(REPO / "imdb_train" / "ppo.py"), "--config",
+                        str(REPO / "configs" / "imdb" / "ppo_tiny.yaml"), "--steps", "1", "--output_dir", "run_café"],
+                       capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    line = one_line(p, 2)
+    assert "output_dir: 'run_caf\\udcc3\\udca9' is not text in this process's encoding" in line, line
+    assert "PYTHONUTF8=1" in line
+    assert list(tmp_path.iterdir()) == []
