@@ -134,11 +134,15 @@ def _in_datasets_cache(repo_id: str) -> bool:
 _probe_results: dict[tuple[str, str, str], str] = {}
 
 
+def _endpoint() -> str:
+    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+
+
 def _hub_answer(repo_id: str, repo_type: str, timeout: float) -> str:
     """What the hub says of ``repo_id``, asked once per process: "found", "missing" (the hub's own not-found answer)
     or "unreachable". Only a real hub answer counts: the repository's info as JSON, or an error that carries the
     hub's ``X-Error-Code``; a proxy or a web server that answers anything else (a bare 404, a login page) is no hub."""
-    endpoint = (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+    endpoint = _endpoint()
     key = (endpoint, repo_type, repo_id)
     if key in _probe_results:
         return _probe_results[key]
@@ -182,7 +186,7 @@ def check_hub_asset(
     answer = "unreachable" if offline else _hub_answer(repo_id, repo_type, timeout)
     if answer == "found":
         return
-    endpoint = (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+    endpoint = _endpoint()
     why = (f"{offline}=1 is set" if offline else
            f"the hub ({endpoint}) has no {repo_type} of that name (or it is private)" if answer == "missing" else
            "the hub is unreachable")

@@ -290,7 +290,6 @@ def check_output_json(path: str | os.PathLike, name: str, program: str, force: b
 def check_output_dir(output_dir: str, *, resume: bool, overwrite: bool, method: str = "", task: str = "") -> None:
     """Refuse to touch an existing run unless asked to, and anything but a run at all; writes nothing. ``method``
     and ``task``: this run's, so that a folder holding another method's run gets advice that works."""
-    check_text_path(output_dir)
     path = Path(output_dir)
     if path.is_symlink() and not path.exists():  # a folder cannot be made where the link is
         raise ConfigError(f"output_dir: {output_dir} is a symbolic link to {os.readlink(path)}, which does not "
