@@ -8,6 +8,7 @@ fails in seconds), instead of a name each loader would resolve again.
 from __future__ import annotations
 
 import contextlib
+import re
 from pathlib import Path
 
 import torch
@@ -93,7 +94,36 @@ def _load_causal_lm(spec: ModelSpec, *, dtype, load_in_4bit: bool = False):
             device_map={"": torch.cuda.current_device()},
         )
     with unloadable(spec, "model"):
-        return AutoModelForCausalLM.from_pretrained(spec.path, **kwargs)
+        model, info = AutoModelForCausalLM.from_pretrained(spec.path, output_loading_info=True, **kwargs)
+    check_loaded_whole(spec, info)
+    return model
+
+
+def check_weights_fit(spec: ModelSpec, field: str = "model_name") -> None:
+    """``check_loaded_whole`` of a model folder before any model loads: a load onto the meta device reads the
+    weights' names and shapes, not their values (half a second for SmolLM2)."""
+    with quiet(), unloadable(spec, "model"):
+        _, info = AutoModelForCausalLM.from_pretrained(spec.path, device_map="meta", output_loading_info=True)
+    check_loaded_whole(spec, info, field)
+
+
+# weights a checkpoint may hold beside the model's own: trl's value head (read by _restore_value_head) and buffers
+# older GPT-2 and Llama checkpoints saved that transformers now computes
+_HARMLESS_EXTRA = re.compile(r"(^|\.)v_head\.|rotary_emb\.inv_freq$|\.attn\.(masked_)?bias$")
+
+
+def check_loaded_whole(spec: ModelSpec, info: dict, field: str = "model_name") -> None:
+    """An AssetError unless every weight the config asks for came from the folder: transformers fills a missing one
+    with random values and only warns, and a run would then train (or an evaluation score) a half-random model."""
+    missing = sorted(info.get("missing_keys") or [])
+    mismatched = sorted(str(k[0]) if isinstance(k, tuple) else str(k) for k in info.get("mismatched_keys") or [])
+    extra = sorted(k for k in info.get("unexpected_keys") or [] if not _HARMLESS_EXTRA.search(k))
+    for keys, what in ((missing, "missing from its weights (they would start random)"),
+                       (mismatched, "of another shape in its weights"),
+                       (extra, "in its weights but not in its config (they would be dropped)")):
+        if keys:
+            raise AssetError(f"{field}: {spec}'s config.json does not match its weights: {len(keys)} weight(s) "
+                             f"{what}, e.g. {keys[0]!r}; put back the config.json saved with these weights")
 
 
 def load_causal_lm(spec: ModelSpec, dtype=None):

@@ -177,6 +177,26 @@ def test_bad_input_is_one_line_and_exit_2(args, expected, tmp_path, capsys):
     assert captured.out == ""
 
 
+@pytest.mark.parametrize("layers, expected", [(+1, "missing from its weights (they would start random)"),
+                                               (-1, "in its weights but not in its config")])
+def test_a_config_that_does_not_fit_its_weights_is_refused(layers, expected, tmp_path, capsys):
+    """transformers starts missing weights random and drops extra ones with a warning: an evaluation would score a
+    half-random model, so the loader refuses in one line naming the folder."""
+    folder = tmp_path / "edited"
+    shutil.copytree(assets.tiny_model_dir(), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["n_layer"] += layers
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SystemExit) as exc:
+        main(["--task", "imdb", "--model", str(folder), "--reference", "tiny", "--limit", "2"])
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "config.json does not match its weights" in lines[0] and expected in lines[0], \
+        captured.err
+    assert str(folder) in lines[0]
+
+
 def test_cli_error_in_a_fresh_process():
     p = subprocess.run([sys.executable, "-m", "cory.lab.evaluate", "--task", "gsm8k", "--model", "tiny",
                         "--n", "2", "--k", "4"], capture_output=True, text=True, cwd=REPO, timeout=120)

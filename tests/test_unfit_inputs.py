@@ -26,6 +26,22 @@ def test_a_tokenizer_with_no_pad_eos_bos_or_unk_token(tmp_path):
     assert not run.exists()  # the folder it made for the run is gone again
 
 
+def test_a_model_folder_whose_config_does_not_fit_its_weights(tmp_path):
+    """transformers would start the weights of a third layer random (and only warn): training refuses instead."""
+    from cory import assets
+
+    model = tmp_path / "model"
+    shutil.copytree(assets.tiny_model_dir(), model)
+    config = json.loads((model / "config.json").read_text())
+    config["n_layer"] += 1
+    (model / "config.json").write_text(json.dumps(config))
+    run = tmp_path / "run"
+    refused(run_script("imdb_train/ppo.py", *TINY, "--model_name", model, "--output_dir", run),
+            f"error: model_name: {model}'s config.json does not match its weights",
+            "missing from its weights (they would start random)")
+    assert not run.exists()
+
+
 # a billion queries: its logits alone are hundreds of TiB, more than any machine has
 HUGE = ["--batch_size", "1000000000", "--adap_kl_ctrl", "false"]  # (adaptive KL refuses it first, on the horizon)
 

@@ -35,7 +35,7 @@ from cory.assets import (MODEL_SPECS_HELP, SMOLLM2_SPEC, TINY_SPEC, check_hub_as
 from cory.config import load_yaml
 from cory.errors import AssetError, ConfigError, EvalError, OneLineParser, RunError, file_fault
 from cory.final import RECORD, WEIGHT_FILES, final_complete, final_weights_id
-from cory.models import load_causal_lm, load_tokenizer
+from cory.models import check_weights_fit, load_causal_lm, load_tokenizer
 from cory.outputs import check_output_file, json_safe
 from cory.heldout import BATCH_SIZE, evaluate_reward, sample
 from cory.lab.passk import mean_pass_at_k
@@ -123,6 +123,10 @@ def _check_causal_lm(folder: Path, flag: str) -> None:
     if not kinds and (not isinstance(config, dict) or config.get("model_type") not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
         kind = config.get("model_type") if isinstance(config, dict) else None
         raise EvalError(f"{flag}: {folder}'s config.json names no causal language model (model_type {kind!r})")
+    try:  # every weight the config asks for is in the folder (a missing one would be scored as random values)
+        check_weights_fit(model_spec(str(folder)), flag)
+    except AssetError as e:
+        raise EvalError(str(e)) from None
 
 
 def _run_config(run: Path) -> dict:
