@@ -287,6 +287,33 @@ def _vocab(config) -> int | None:
     return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
 
 
+# what a model folder's weights are made of: every file from_pretrained may read them from, and its config
+_WEIGHT_FILES = ("config.json", "*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json", "*.pt",
+                 "*.pth")
+
+
+def weights_fingerprint(spec: ModelSpec) -> str | None:
+    """What a run's base model (and reference) is, so that a resume can tell it changed: a local folder's config and
+    weight files hashed (sha256 of their names and bytes; about a second per GB), a hub model's cached revision;
+    None for the models built here (``tiny``, ``random:``, the embedded model: fixed by this code and its pins) and
+    for a hub model not cached."""
+    if spec.kind == HUB:
+        snapshot = local_snapshot(spec.name)
+        return f"hub revision {snapshot.name}" if snapshot is not None else None
+    if spec.kind != FOLDER:
+        return None
+    import hashlib
+
+    folder = Path(spec.path or spec.name)
+    digest = hashlib.sha256()
+    files = sorted({f for pattern in _WEIGHT_FILES for f in folder.glob(pattern) if f.is_file()})
+    for f in files:
+        digest.update(f.name.encode() + b"\0")
+        with open(f, "rb") as handle:
+            digest.update(hashlib.file_digest(handle, "sha256").digest())
+    return f"sha256 {digest.hexdigest()} of {len(files)} files"
+
+
 def locate(spec: ModelSpec | str) -> ModelSpec:
     """``spec`` with ``path`` set: the offline models built (once per cache), a hub id checked (fast when the
     hub is out of reach). A name is resolved first, for callers that hold one."""

@@ -8,7 +8,8 @@ on as the uninterrupted one would:
 - ``state.pt``: the ``step`` (completed iterations); the main process's data sampler (``task``: the task's
   ``state_dict``) and random streams (``rng``: torch's CPU generator, every CUDA device's on a GPU, numpy's,
   Python's, and the answer lengths' generator); the same pair for every other process (``other_ranks``); and the
-  config it was trained with, less ``resume`` and ``overwrite`` (``config``).
+  config it was trained with, less ``resume`` and ``overwrite`` (``config``); and what its base model was
+  (``base_model``: ``cory.assets.weights_fingerprint``, where there is one).
 
 It is written whole or not at all (``RunDir.save_checkpoint``) and read back as data only
 (``cory.outputs.load_checkpoint_file``, which the checks before any model loads share without torch). The run's
@@ -41,8 +42,9 @@ def sampler_state(task: Task, length_rng: np.random.Generator) -> dict:
     return {"task": copy.deepcopy(task.state_dict()), "rng": rng_state(length_rng)}
 
 
-def save(run_dir: RunDir, step: int, agents: dict, sampler: dict, cfg: PPOArgs) -> None:
-    """Checkpoint after ``step`` completed iterations; ``sampler``: this process's ``sampler_state``.
+def save(run_dir: RunDir, step: int, agents: dict, sampler: dict, cfg: PPOArgs, base_model: str | None = None) -> None:
+    """Checkpoint after ``step`` completed iterations; ``sampler``: this process's ``sampler_state``; ``base_model``:
+    the base model's ``weights_fingerprint``, which a resume compares (``cory.preflight.check_resumable``).
 
     The agents are the same in every process; the data and random streams are not, so the main process saves
     every process's ``sampler``.
@@ -51,7 +53,8 @@ def save(run_dir: RunDir, step: int, agents: dict, sampler: dict, cfg: PPOArgs) 
     files = {f"{name}.pt": agent.state_dict() for name, agent in agents.items()}
     # the config the weights were trained with, so that a resume can tell a hand-edited config.yaml
     files["state.pt"] = {"step": step, **samplers[0], "other_ranks": samplers[1:],
-                         "config": {k: v for k, v in to_dict(cfg).items() if k not in INVOCATION_FIELDS}}
+                         "config": {k: v for k, v in to_dict(cfg).items() if k not in INVOCATION_FIELDS},
+                         **({"base_model": base_model} if base_model is not None else {})}
 
     def write(folder: Path):
         for name, content in files.items():

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cory import memory
-from cory.assets import ModelSpec, check_4bit, model_spec
+from cory.assets import ModelSpec, check_4bit, model_spec, weights_fingerprint
 from cory.config import INVOCATION_FIELDS, PPOArgs, on_resume_fields, to_dict
 from cory.errors import AssetError, ConfigError
 from cory.final import final_complete
@@ -26,6 +26,7 @@ class RunPlan:
     """What the checks found that a run needs before it loads anything."""
     spec: ModelSpec  # the model name, resolved once for every loader
     resume_from: Path | None = None  # the checkpoint a --resume continues from, checked; None: from iteration 0
+    base_fingerprint: str | None = None  # the base model's weights (``weights_fingerprint``), recorded by checkpoints
 
 
 def check_config(cfg: PPOArgs) -> ModelSpec:
@@ -63,14 +64,15 @@ def check_run(cfg: PPOArgs) -> RunPlan | None:
             raise ConfigError("load_in_4bit: needs use_peft: true (4-bit weights cannot be trained directly)")
     check_output_dir(cfg.output_dir, resume=cfg.resume is not None, overwrite=cfg.overwrite, method=cfg.method,
                      task=cfg.task)
-    resume_from = check_resumable(Path(cfg.output_dir), cfg) if cfg.resume is not None else None
+    fingerprint = weights_fingerprint(spec)
+    resume_from = check_resumable(Path(cfg.output_dir), cfg, fingerprint) if cfg.resume is not None else None
     if cfg.report_to == "wandb":
         check_wandb()
     if cfg.report_to == "tensorboard":
         if importlib.util.find_spec("tensorboard") is None:
             raise ConfigError("report_to: tensorboard is not installed (pip install tensorboard), or use "
                               "--report_to none")
-    return RunPlan(spec, resume_from)
+    return RunPlan(spec, resume_from, fingerprint)
 
 
 def check_context(cfg: PPOArgs, spec: ModelSpec) -> None:
@@ -159,10 +161,11 @@ def nothing_to_do(cfg: PPOArgs) -> str | None:
             "changed (--steps N, more iterations, extends it)")
 
 
-def check_resumable(run_dir: Path, cfg: PPOArgs) -> Path | None:
+def check_resumable(run_dir: Path, cfg: PPOArgs, fingerprint: str | None = None) -> Path | None:
     """The run in ``run_dir`` is one this script continues (same method and task), what the resume replaces was
-    written here, and its newest checkpoint's state can be read. Returns that checkpoint; None when there is none
-    (the run starts again from iteration 0)."""
+    written here, its newest checkpoint's state can be read, and its base model is the one ``fingerprint`` describes
+    now (``weights_fingerprint``). Returns that checkpoint; None when there is none (the run starts again from
+    iteration 0)."""
     method = method_of(cfg)
     check_identity(run_dir, method.name, cfg.task)
     checkpoint = latest_checkpoint(run_dir)
@@ -185,6 +188,11 @@ def check_resumable(run_dir: Path, cfg: PPOArgs) -> Path | None:
         raise ConfigError(f"steps: {run_dir} has done {state['step']} iterations, more than --steps {cfg.steps}; a "
                           f"resumed run can only be extended (--steps {state['step']} or more)")
     check_trained_config(checkpoint, state.get("config"), cfg)
+    base = state.get("base_model")
+    if isinstance(base, str) and fingerprint is not None and base != fingerprint:
+        raise ConfigError(f"resume: the base model {cfg.model_name} has changed since {checkpoint.name} was saved (its "
+                          "weights or config.json differ from those the run started from, which are its KL "
+                          "reference too); resume with the model it was trained from, or start again with --overwrite")
     for name in method.agents:
         if not (checkpoint / f"{name}.pt").is_file():
             raise ConfigError(f"resume: {checkpoint} has no {name}.pt; is it a {method.name} run?")

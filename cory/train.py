@@ -48,6 +48,7 @@ class Run:
     world_size: int = 1
     iteration_start: dict | None = None  # sampler_state() before the current iteration drew its batch
     lock: RunLock | None = None  # held by the main process from before the models load to the end of fit()
+    base_fingerprint: str | None = None  # what the base model was (``cory.assets.weights_fingerprint``)
 
     @property
     def task(self):
@@ -178,7 +179,8 @@ class Run:
     def save(self, step: int, sampler: dict | None = None) -> None:
         """Checkpoint after ``step`` completed iterations, of the data and random streams in ``sampler`` (default:
         where they stand now)."""
-        checkpoint.save(self.run_dir, step, self.agents, sampler or self.sampler_state(), self.cfg)
+        checkpoint.save(self.run_dir, step, self.agents, sampler or self.sampler_state(), self.cfg,
+                        self.base_fingerprint)
 
 
 def prepare_run(cfg: PPOArgs) -> Run | None:
@@ -225,7 +227,8 @@ def _load_run(cfg: PPOArgs, plan: preflight.RunPlan, method: Method, rank: int, 
 
     run = Run(cfg=cfg, method=method, agents=agents, reference=reference,
               rollout=Rollout(cfg, task, tokenizer, np.random.default_rng(cfg.seed), spec.context),
-              run_dir=RunDir(cfg.output_dir, enabled=rank == 0), world_size=world)
+              run_dir=RunDir(cfg.output_dir, enabled=rank == 0), world_size=world,
+              base_fingerprint=plan.base_fingerprint)
     # trl seeds every RNG when it builds a trainer; seed again so the run depends on cfg.seed alone
     torch.manual_seed(cfg.seed + rank)
     np.random.seed(cfg.seed + rank)

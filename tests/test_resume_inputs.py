@@ -72,3 +72,30 @@ def test_an_output_dir_that_is_a_dangling_link(tmp_path):
     assert line == (f"error: output_dir: {link} is a symbolic link to {tmp_path / 'gone'}, which does not exist; "
                     "create that folder or choose another output_dir")
     assert link.is_symlink() and not (tmp_path / "gone").exists()
+
+
+def test_a_base_model_folder_changed_since_the_checkpoint(tmp_path):
+    """The base model is the KL reference too: a resume from weights that are no longer those the run started
+    from would go on against another reference. The checkpoint records a fingerprint, and the resume refuses."""
+    from safetensors.torch import load_file, save_file
+
+    from cory import assets
+
+    base = tmp_path / "base"
+    shutil.copytree(assets.tiny_model_dir(), base)
+    run = tmp_path / "run"
+    p = run_script("imdb_train/ppo.py", *TINY, "--model_name", base, "--steps", "1", "--output_dir", run)
+    assert p.returncode == 0, p.stderr[-2000:]
+    shutil.copytree(run, tmp_path / "same")  # the same base: resumes
+    p = run_script("imdb_train/ppo.py", "--resume", tmp_path / "same", "--steps", "2")
+    assert p.returncode == 0, p.stderr[-2000:]
+    weights = base / "model.safetensors"
+    tensors = load_file(weights)
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name] + 0.01  # fine-tuned further in place, say
+    save_file(tensors, weights, metadata={"format": "pt"})
+    before = files(run)
+    refused(run_script("imdb_train/ppo.py", "--resume", run, "--steps", "2"),
+            f"resume: the base model {base} has changed since step_000001 was saved",
+            "resume with the model it was trained from, or start again with --overwrite")
+    assert files(run) == before

@@ -52,7 +52,7 @@ def main() -> None:
     p.add_argument("--json", required=True)
     args = p.parse_args()
     cfg = build(Hyperparameters, {
-        "seed": 0, "batch_size": 32, "mini_batch_size": 8, "ppo_epochs": 2, "learning_rate": 1e-5,
+        "seed": 0, "batch_size": 32, "mini_batch_size": 8, "gradient_accumulation_steps": 1, "ppo_epochs": 2, "learning_rate": 1e-5,
         "output_dir": "/tmp/unused", "precision": "fp32"})
     spec = locate(cfg.model_name)
     tokenizer = models.load_tokenizer(spec)
