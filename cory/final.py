@@ -2,7 +2,9 @@
 
 final/ is written whole or not at all: the models go into a temporary folder beside it (``.final_tmp_*``), which is
 renamed to ``final`` once complete, so a save cut short (a kill, a full disk) never leaves a final/ that counts as a
-finished run's. With them goes ``final/cory_final.json``, an id drawn anew for every final/ written: an evaluation
+finished run's. With them goes ``final/cory_final.json``: the size of every file written (a final/ whose files no
+longer have them, e.g. a copy cut short, is not whole, and ``--resume`` writes it again from the last checkpoint),
+and an id drawn anew for every final/ written: an evaluation
 (``cory.lab.evaluate``'s ``eval_<task>.json``) records the id of the weights it scored, and the runner and the
 report take an evaluation whose id is not final/'s any more (a ``--resume`` has since replaced the models) as
 stale, not as the final models' result.
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 FINAL = "final"
-MARKER = "cory_final.json"   # in final/: {"project": "cory", "iterations": N, "id": "<hex>"}
+MARKER = "cory_final.json"   # in final/: {"project": "cory", "iterations": N, "id": "<hex>", "files": {path: bytes}}
 TMP = re.compile(r"\.final_(tmp|old)_\w+")  # a final/ being written, or the one it replaces
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -37,7 +39,7 @@ def write_final(run_dir: Path, iterations: int, write: Callable[[Path], None]) -
     old = None
     try:
         write(tmp)
-        marker = {"project": "cory", "iterations": iterations, "id": uuid.uuid4().hex}
+        marker = {"project": "cory", "iterations": iterations, "id": uuid.uuid4().hex, "files": _file_sizes(tmp)}
         (tmp / MARKER).write_text(json.dumps(marker) + "\n")
         if final.is_dir() and not final.is_symlink():
             old = Path(tempfile.mkdtemp(prefix=".final_old_", dir=run_dir))
@@ -57,19 +59,42 @@ def remove_unfinished(run_dir: Path) -> None:
             shutil.rmtree(entry, ignore_errors=True)
 
 
+def _file_sizes(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _sizes_hold(final: Path) -> bool:
+    """Every file final/'s marker lists is there with the size it was written with (a final/ written before the
+    marker listed them passes)."""
+    try:
+        files = json.loads((final / MARKER).read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return True
+    if not isinstance(files, dict):
+        return True
+    for name, size in files.items():
+        try:
+            if (final / name).stat().st_size != size:
+                return False
+        except (OSError, ValueError):
+            return False
+    return True
+
+
 def _has_weights(model_dir: Path) -> bool:
     return (model_dir / "config.json").is_file() and any((model_dir / n).is_file() for n in WEIGHT_FILES)
 
 
 def final_complete(run_dir: str | os.PathLike, agents: tuple[str, ...] | list[str] | None = None) -> bool:
     """``run_dir/final`` holds whole models: every model folder (each of ``agents`` when given) with its config and
-    weights. (A final/ written by ``write_final`` always does; one written before may have been cut short.)"""
+    weights, each file of the size it was written with. (A final/ written by ``write_final`` does until a file of it
+    is damaged; one written before may have been cut short.)"""
     final = Path(run_dir) / FINAL
     if not final.is_dir():
         return False
     if agents is None:
         agents = [d.name for d in final.iterdir() if d.is_dir()]
-    return bool(agents) and all(_has_weights(final / name) for name in agents)
+    return bool(agents) and all(_has_weights(final / name) for name in agents) and _sizes_hold(final)
 
 
 def final_weights_id(run_dir: str | os.PathLike) -> str | None:

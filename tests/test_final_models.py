@@ -6,6 +6,7 @@ import json
 import shutil
 
 import pytest
+import torch
 
 from conftest import IMDB_PPO, REPO, run_script
 from cory.final import MARKER, final_complete, final_weights_id
@@ -72,6 +73,30 @@ def test_a_half_written_final_from_before_is_not_a_finished_run(finished, tmp_pa
     p = succeeded(run_script("imdb_train/ppo.py", "--resume", run))
     assert "nothing to do" not in p.stdout
     assert final_complete(run, ["policy"]) and (run / "final" / MARKER).is_file()
+
+
+def test_a_final_whose_weights_were_cut_short_since_is_rewritten_by_resume(finished, tmp_path):
+    """final/'s marker lists the size of every file written: a weights file cut short afterwards (a copy that
+    stopped, a disk fault) makes final/ incomplete, so the resume writes it again from the last checkpoint, with the
+    same weights, instead of saying there is nothing to do."""
+    from safetensors.torch import load_file
+
+    run = tmp_path / "ppo"
+    shutil.copytree(finished / "ppo", run)
+    weights = run / "final" / "policy" / "model.safetensors"
+    whole = {k: v.clone() for k, v in load_file(weights).items()}  # a copy: the file is memory-mapped
+    with open(weights, "r+b") as f:
+        f.truncate(weights.stat().st_size // 2)
+    assert not final_complete(run, ["policy"])
+    before = tree(run)
+    refused(lab("evaluate", "--task", "imdb", "--model", run, "--limit", "2"),
+            f"--model {run}: {run / 'final'} is incomplete", f"finish the run with --resume {run}")
+    assert tree(run) == before
+    p = succeeded(run_script("imdb_train/ppo.py", "--resume", run))
+    assert "nothing to do" not in p.stdout
+    assert final_complete(run, ["policy"])
+    again = load_file(weights)
+    assert sorted(again) == sorted(whole) and all(torch.equal(again[k], whole[k]) for k in whole)
 
 
 def test_the_leftovers_of_a_final_save_cut_short_are_the_runs_own(finished, tmp_path):
