@@ -22,6 +22,7 @@ import errno
 import hashlib
 import json
 import random
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -124,10 +125,12 @@ def save_final(run_dir: RunDir, agents: dict, tokenizer, cfg: PPOArgs, world_siz
             if world_size > 1:
                 record = {name: [d[name] for d in everyone] for name in digests}
                 (folder / DIGESTS).write_text(json.dumps(record, indent=1))
+        from safetensors import SafetensorError  # safetensors' writer reports a full disk as its own error
+
         try:
             write_final(run_dir.path, cfg.steps, write)
-        except OSError as e:  # a full or read-only disk: the checkpoint of the last iteration is saved
-            raise RunError(f"final models: cannot write them in {run_dir.path} ({e.strerror or e}); "
+        except (OSError, SafetensorError) as e:  # a full or read-only disk: the last iteration's checkpoint is saved
+            raise RunError(f"final models: cannot write them in {run_dir.path} ({_io_reason(e)}); "
                            f"nothing of them was kept; free space, then finish the run with --resume "
                            f"{cfg.output_dir}") from None
     parallel.barrier()
@@ -135,6 +138,15 @@ def save_final(run_dir: RunDir, agents: dict, tokenizer, cfg: PPOArgs, world_siz
         if len({d[name] for d in everyone}) > 1:
             raise RunError(f"{name}: the {len(everyone)} processes ended with different weights (sha256 per "
                            f"process in {run_dir.path / 'final' / DIGESTS})")
+
+
+def _io_reason(e: Exception) -> str:
+    """The operating system's words for a failed write: an OSError's, or the one quoted inside safetensors' error
+    ('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })')."""
+    if isinstance(e, OSError):
+        return e.strerror or str(e)
+    quoted = re.search(r'message: "([^"]+)"', str(e))
+    return quoted.group(1) if quoted else (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def rng_state(length_rng: np.random.Generator) -> dict:

@@ -19,7 +19,17 @@ def full_disk(self, folder, *args, **kwargs):
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
-def test_a_full_disk_while_writing_final_leaves_no_finished_run(tmp_path, monkeypatch):
+def full_disk_in_safetensors(self, folder, *args, **kwargs):
+    """The same, as safetensors' writer reports it: its own error, not an OSError."""
+    from safetensors import SafetensorError
+
+    self.config.save_pretrained(folder)
+    raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space '
+                          'left on device" })')
+
+
+@pytest.mark.parametrize("fault", [full_disk, full_disk_in_safetensors])
+def test_a_full_disk_while_writing_final_leaves_no_finished_run(fault, tmp_path, monkeypatch):
     from transformers import PreTrainedModel
 
     from cory.config import build, load_yaml
@@ -33,7 +43,7 @@ def test_a_full_disk_while_writing_final_leaves_no_finished_run(tmp_path, monkey
     cfg = build(IMDB_PPO, {**load_yaml(REPO / "configs" / "imdb" / "ppo_tiny.yaml"), "steps": 2, "seed": 0,
                            "output_dir": str(run)})
     with monkeypatch.context() as m:
-        m.setattr(PreTrainedModel, "save_pretrained", full_disk)
+        m.setattr(PreTrainedModel, "save_pretrained", fault)
         with pytest.raises(RunError) as e:
             prepare_run(cfg).fit()
     assert str(e.value).startswith(f"final models: cannot write them in {run} (No space left on device)")
