@@ -30,6 +30,10 @@ from cory.tasks import registered
 CHECKPOINTS = "checkpoints"
 DIGESTS = "weight_digests.json"
 LOCK = ".cory.lock"
+# the experiment runner's pid, in the environment of the runs it starts: a run whose parent is no longer that
+# process stops after its iteration, checkpointed, as on SIGTERM (the runner may die by SIGKILL, which it cannot
+# pass on)
+RUNNER_PID = "CORY_RUNNER_PID"
 
 
 MANIFEST = "cory_run.json"

@@ -8,6 +8,7 @@ and put back, is ``cory.checkpoint``'s.
 """
 from __future__ import annotations
 
+import os
 import random
 import signal
 import sys
@@ -27,7 +28,7 @@ from cory.config import PPOArgs, to_dict
 from cory.errors import NonFinite, RunError, Stopped
 from cory.heldout import PeriodicEvaluation
 from cory.method import AGENT_NAMES, Method, method_of
-from cory.outputs import RunDir, RunLock, check_saveable, latest_checkpoint
+from cory.outputs import RUNNER_PID, RunDir, RunLock, check_saveable, latest_checkpoint
 from cory.rollout import Rollout
 from cory.passes import cuda_share
 from cory.patches import cuda_allocator_segments, return_freed_memory
@@ -260,9 +261,18 @@ class _StopSignals:
         self.signum = None
         self.again = None  # the second signal, which stops at once
         self._previous = {}
+        # started by the experiment runner: taken out of the environment, so that no process this run starts
+        # mistakes the runner for its own parent
+        self.runner = os.environ.pop(RUNNER_PID, None)
 
     @property
     def requested(self) -> bool:
+        if self.signum is None and self.runner is not None and str(os.getppid()) != self.runner:
+            # the runner died without passing a signal on (SIGKILL, an out-of-memory kill): stop as on SIGTERM
+            self.signum = signal.SIGTERM
+            if self.verbose:
+                print(f"\nthe experiment runner that started this run (pid {self.runner}) is gone: stopping after "
+                      "this iteration and saving a checkpoint", file=sys.stderr, flush=True)
         return self.signum is not None
 
     @property

@@ -294,3 +294,37 @@ def test_runner_evaluates_pass_at_k_tasks_only_with_a_budget(tmp_path):
     why = heldout_runs.wanted("gsm8k", [])
     assert "pass@k" in why and "--eval_args" in why
     assert heldout_runs.wanted("gsm8k", ["--limit", "20", "--n", "2"]) is None
+
+
+def test_a_runner_killed_outright_takes_its_run_down_checkpointed(tmp_path):
+    """SIGKILL cannot be caught, so the runner cannot pass it on: its run sees at the end of its iteration that its
+    parent is no longer the runner, and saves a checkpoint and stops instead of training on with nobody watching."""
+    import os
+    import signal
+    import time
+
+    from cory.outputs import latest_checkpoint
+
+    out = tmp_path / "exp"
+    proc = subprocess.Popen([sys.executable, "-m", "cory.lab.experiments", "--task", "imdb", "--preset", "tiny",
+                             "--methods", "ppo", "--seeds", "0", "--steps", "500", "--set", "save_every=1000",
+                             "--out", str(out)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    metrics = out / "runs" / "ppo" / "seed_0" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.is_file() and metrics.read_text().strip()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
+        time.sleep(0.1)
+    child = json.loads((out / "runs.json").read_text())["runs"]["ppo/seed_0"]["attempts"][0]["pid"]
+    proc.kill()
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 300
+    while True:  # the run finishes its iteration, saves and exits
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "the run went on training after its runner was killed"
+        time.sleep(0.2)
+    assert latest_checkpoint(out / "runs" / "ppo" / "seed_0") is not None
+    log = (out / "logs" / "ppo" / "seed_0.log").read_text()
+    assert "Traceback" not in log and "is gone: stopping after this iteration" in log, log[-2000:]

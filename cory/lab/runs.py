@@ -20,8 +20,8 @@ from pathlib import Path
 from cory.config import load_yaml
 from cory.errors import ConfigError
 from cory.final import final_complete
-from cory.outputs import (LOCK, check_output_dir, copied_run, evaluation_refusal, latest_checkpoint, read_jsonl,
-                          restart_refusal, run_finished)
+from cory.outputs import (LOCK, RUNNER_PID, check_output_dir, copied_run, evaluation_refusal, latest_checkpoint,
+                          read_jsonl, restart_refusal, run_finished)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -252,7 +252,9 @@ class Children:
         with self.lock:
             if self.stopped_by is not None:
                 return None
-            proc = subprocess.Popen(cmd, start_new_session=True, **kwargs)
+            # the run stops, checkpointed, if this runner dies without passing a signal on (cory.outputs.RUNNER_PID)
+            env = {**(kwargs.pop("env", None) or os.environ), RUNNER_PID: str(os.getpid())}
+            proc = subprocess.Popen(cmd, start_new_session=True, env=env, **kwargs)
             self.running.add(proc)
             return proc
 
