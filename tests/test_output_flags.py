@@ -37,3 +37,27 @@ def test_the_iteration_benchmark_refuses_a_users_file_before_any_work(tmp_path):
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert "already exists and was not written by python benchmarks/iteration.py" in p.stderr
     assert mine.read_text() == '{"mine": true}\n'
+
+
+def test_evaluate_writes_into_a_run_folder_only_that_runs_own_evaluation(finished, tmp_path):
+    """A run folder holds what its run writes and the evaluation of its own models under its own name (the default,
+    and what the runner passes); any other --json inside it, or another model's evaluation under that name, is
+    refused in one line before any work."""
+    from entry_points import tree
+
+    run = tmp_path / "ppo"
+    import shutil
+
+    shutil.copytree(finished / "ppo", run)
+    before = tree(run)
+    base = ["-m", "cory.lab.evaluate", "--task", "imdb", "--limit", "2", "--max_new_tokens", "2"]
+    for model, target in ((run, run / "notes.json"), (run, run / "final" / "eval_imdb.json"),
+                          ("tiny", run / "eval_imdb.json")):
+        p = _run(*base, "--model", model, "--json", target, cwd=REPO)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1, p.stderr[-2000:]
+        assert f"--json {target}: is inside the run folder {run}" in lines[0], lines
+    assert tree(run) == before
+    p = _run(*base, "--model", run, "--no_base", "--json", run / "eval_imdb.json", cwd=REPO)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads((run / "eval_imdb.json").read_text())["results"][0]["name"] == "ppo/policy"

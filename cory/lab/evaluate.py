@@ -36,7 +36,7 @@ from cory.config import load_yaml
 from cory.errors import AssetError, ConfigError, EvalError, OneLineParser, RunError, file_fault
 from cory.final import RECORD, WEIGHT_FILES, final_complete, final_weights_id
 from cory.models import check_weights_fit, load_causal_lm, load_tokenizer
-from cory.outputs import check_output_file, json_safe
+from cory.outputs import check_output_file, json_safe, read_manifest, run_folder_of
 from cory.heldout import BATCH_SIZE, evaluate_reward, sample
 from cory.lab.passk import mean_pass_at_k
 from cory.rollout import checked_scores, decode_and_clean, stop_at, tokenize_prompts
@@ -303,6 +303,16 @@ def plan(argv: Sequence[str] | None) -> Plan:
                                                    all(e.run_dir is not None for e in entries) else None)
     if json_path is not None and json_path.is_dir():
         raise EvalError(f"--json {json_path}: is a folder, expected a file name")
+    inside = run_folder_of(json_path) if args.json else None
+    if inside is not None and read_manifest(inside) is None:
+        inside = None  # a lock alone: an experiment runner's folder, where it writes the base model's evaluation
+    own_name = f"eval_{args.task}{suffix}.json"
+    if inside is not None and not (len(runs) == 1 and json_path.absolute().parent.resolve() == runs[0]
+                                   and json_path.name == own_name):
+        # a run folder holds what its run writes, and its own evaluation under its own name (the default)
+        raise EvalError(f"--json {json_path}: is inside the run folder {inside}, which holds only what its run writes "
+                        f"and the evaluation of its own models ({own_name}, the default without --json); choose a "
+                        "file outside it")
     if json_path is not None:  # known now, not after the whole evaluation
         check_output_file(json_path, "--json", "python -m cory.lab.evaluate", args.force)
     p = Plan(task=args.task, metrics=evaluation.metrics, rows=rows, reference=reference, dataset=dataset,
