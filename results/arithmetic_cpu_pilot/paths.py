@@ -8,7 +8,8 @@ embedded SmolLM2-135M before any update:
 - training path: ``cory.rollout.Rollout`` with the stage-2 config's sampling (``agent.generate``, trl's batched
   generate, a batch of 32 per call, 20-token answers, EOS or "Question:" ends an answer), scored as training scores;
 - evaluation path: ``cory.heldout.evaluate_reward`` on the same problems (sampled at T = 1, and greedy; seed 0).
-Each by stratum (one-digit sums, two-digit sums), and the held-out set's strata through the evaluation path beside.
+Each by stratum (one-digit sums, two-digit sums). The held-out set's strata through the evaluation path are
+``strata_base.json`` (strata.py: the same call, seed and model).
 """
 import argparse
 import json
@@ -44,6 +45,11 @@ def by_stratum(examples, rewards) -> dict:
         out[name] = {"n": len(xs), "accuracy": mean,
                      "se": math.sqrt(mean * (1 - mean) / len(xs)) if xs else float("nan")}
     return out
+
+
+def show(key: str, row: dict) -> None:
+    print(f"{key:26s} " + "  ".join(f"{s} {row[s]['accuracy']:.3f} ± {row[s]['se']:.3f} (n {row[s]['n']})"
+                                    for s in ("one_digit", "two_digit", "all")), flush=True)
 
 
 def main() -> None:
@@ -89,25 +95,21 @@ def main() -> None:
             row["all"] = {"n": n, "accuracy": acc, "se": math.sqrt(acc * (1 - acc) / n)}
         return sampled, greedy
 
+    training_path = by_stratum(examples, train_rewards)
+    show("training_path", training_path)
     ev_sampled, ev_greedy = evaluation_path(examples, "training draws")
-    ho_sampled, ho_greedy = evaluation_path(task.eval_examples(), "held-out")
     out = {
         "command": "python results/arithmetic_cpu_pilot/paths.py --n %d --json %s" % (args.n, args.json),
         "model": cfg.model_name, "training_draws": f"seed 0, the first {args.n}",
         "one_digit_share_of_training_draws": sum(stratum(ex.query) == "one_digit" for ex in examples) / len(examples),
-        "training_path": by_stratum(examples, train_rewards),
+        "training_path": training_path,
         "evaluation_path_sampled": ev_sampled,
         "evaluation_path_greedy": ev_greedy,
-        "held_out_sampled": ho_sampled,
-        "held_out_greedy": ho_greedy,
         "training_path_samples": [{"query": ex.query, "response": t, "reward": r}
                                   for ex, t, r in list(zip(examples, train_texts, train_rewards))[:12]],
     }
-    for key in ("training_path", "evaluation_path_sampled", "evaluation_path_greedy", "held_out_sampled",
-                "held_out_greedy"):
-        row = out[key]
-        print(f"{key:26s} " + "  ".join(f"{s} {row[s]['accuracy']:.3f} ± {row[s]['se']:.3f} (n {row[s]['n']})"
-                                        for s in ("one_digit", "two_digit", "all")))
+    for key in ("training_path", "evaluation_path_sampled", "evaluation_path_greedy"):
+        show(key, out[key])
     Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
 
 
