@@ -136,7 +136,10 @@ EVALUATE = ["-m", "cory.lab.evaluate", "--task", "kind_words", "--model", "tiny"
     ((MAKE, MAKE.replace("KindWords(seed)", "None")), "make() returned NoneType, not a task"),
     ((MAKE, MAKE.replace("KindWords(seed)", "KindWords(seed, 'extra')")),
      "make() raised TypeError: KindWords.__init__() takes 2 positional arguments but 3 were given (registered at"),
-], ids=["no_eval_examples", "prompt_ids_outside_vocab", "empty_prompt_ids", "make_returns_none", "make_raises"])
+    ((HELD, "        return [Example(query=s, prompt='x', prompt_ids=[5] * 4000) for s in HELD_OUT]"),
+     "task kind_words: a prompt of 4000 tokens ('the library'...) with answers of up to 3 tokens does not fit"),
+], ids=["no_eval_examples", "prompt_ids_outside_vocab", "empty_prompt_ids", "make_returns_none", "make_raises",
+        "prompt_ids_past_the_context"])
 def test_evaluate_checks_a_plugin_where_it_enters(tmp_path, replace, message):
     path = task_file(tmp_path, [replace])
     out = tmp_path / "eval.json"
@@ -149,7 +152,9 @@ def test_evaluate_checks_a_plugin_where_it_enters(tmp_path, replace, message):
     ((SAMPLE, "        return [Example(query=s, prompt='x', prompt_ids=[-1]) for s in picks]"),
      "task kind_words: sample(4): example 0's prompt_ids holds -1, outside the tokenizer's vocabulary"),
     ((MAKE, MAKE.replace("KindWords(seed)", "None")), "make() returned NoneType, not a task"),
-], ids=["prompt_ids_outside_vocab", "make_returns_none"])
+    ((HELD, "        return [Example(query=s, prompt='x', prompt_ids=[5] * 4000) for s in HELD_OUT]"),
+     "task kind_words: a prompt of 4000 tokens ('the library'...) with answers of up to"),
+], ids=["prompt_ids_outside_vocab", "make_returns_none", "held_out_prompt_ids_past_the_context"])
 def test_training_checks_a_plugin_where_it_enters(tmp_path, replace, message):
     path = task_file(tmp_path, [replace])
     out = tmp_path / "run"

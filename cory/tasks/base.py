@@ -83,9 +83,14 @@ class TaskBase:
                 examples += list(task.eval_examples(64))
             except Exception:  # noqa: BLE001 - a task broken elsewhere fails where that is checked, naming it
                 pass
-        texts = [prompt(ex) if prompt else ex.prompt for ex in examples]
-        lengths = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) if isinstance(t, str) else 0
-                   for t in texts]
+        def length(ex) -> int:
+            ids = getattr(ex, "prompt_ids", None)
+            if prompt is None and isinstance(ids, (list, tuple)):  # the pioneer reads these tokens, not the text
+                return len(ids)
+            text = prompt(ex) if prompt else ex.prompt
+            return len(tokenizer(text, add_special_tokens=False)["input_ids"]) if isinstance(text, str) else 0
+
+        lengths = [length(ex) for ex in examples]
         over = [i for i, n in enumerate(lengths) if n + answer_tokens > context]
         if over:
             worst = max(over, key=lengths.__getitem__)
