@@ -68,7 +68,8 @@ def signal_name(signum: int) -> str:
 def stopped_by_signals():
     """Within it, the first Ctrl-C, SIGTERM or SIGHUP raises ``Stopped`` in the main thread, so that the ``finally``
     blocks that stop the benchmark's children and remove its temporary folder run; later signals are ignored while
-    they do (each wait there is bounded)."""
+    they do (each wait there is bounded). Any error raised after the signal is taken for the stop: a library may
+    have caught the ``Stopped`` and raised its own (torch.compile raises BackendCompilerFailed)."""
     caught: list[int] = []
 
     def handle(signum, frame):
@@ -80,6 +81,12 @@ def stopped_by_signals():
     previous = {s: signal.signal(s, handle) for s in SIGNALS}
     try:
         yield
+    except Stopped:
+        raise
+    except BaseException:
+        if caught:  # raised inside a library that wrapped the Stopped in its own error (torch.compile's workers do)
+            raise Stopped(f"stopped by {signal_name(caught[0])}", caught[0]) from None
+        raise
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

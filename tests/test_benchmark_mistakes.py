@@ -283,3 +283,21 @@ def test_sigterm_to_a_benchmark_stops_its_children_and_removes_its_folder(name, 
     assert log.read_text().strip().splitlines()[-1].startswith("stopped by SIGTERM: ")
     assert all(gone(pid) for pid in started)
     assert left_behind(tmpdir_env) == []
+
+
+def test_a_signal_whose_stop_a_library_wrapped_in_its_own_error_still_stops():
+    """torch.compile catches the Stopped a signal raises inside its compile step and raises BackendCompilerFailed;
+    the benchmark must still see the stop (one line, exit 128 + signal), not a traceback."""
+    from harness import Stopped, stopped_by_signals
+
+    with pytest.raises(Stopped) as e:
+        with stopped_by_signals():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler raises here
+            except Stopped as inner:
+                raise RuntimeError("backend='inductor' raised: Stopped") from inner
+    assert e.value.exit_status == 128 + signal.SIGTERM and str(e.value) == "stopped by SIGTERM"
+    with pytest.raises(ValueError):  # without a signal, an error is what it is
+        with stopped_by_signals():
+            raise ValueError("a real error")
