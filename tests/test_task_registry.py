@@ -42,3 +42,20 @@ def test_in_code_a_second_registration_elsewhere_is_refused():
     register_task("mine_in_code", _make)
     with pytest.raises(ConfigError, match="registered twice"):
         register_task("mine_in_code", _make)  # another line of this file: another place
+
+
+def test_a_task_file_run_as_a_script_that_shadows_a_built_in_is_one_line(tmp_path):
+    """Run as a script, a task file registers before its cli.main() could catch anything: still one line, exit 2."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    shadow = tmp_path / "shadow.py"
+    shadow.write_text("from cory.tasks import register_task\n\nregister_task('imdb', lambda cfg, tok, seed: None)\n")
+    p = subprocess.run([sys.executable, str(shadow)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1, p.stderr[-2000:]
+    assert lines[0].startswith("error: task 'imdb' is registered twice: at ") and f"{shadow}:3" in lines[0]

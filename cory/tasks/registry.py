@@ -43,8 +43,13 @@ def register_task(name: str, make: Callable, *, datasets=("auto",), rewards=(), 
     call run again (a module imported twice) replaces its own."""
     where = _caller()
     if name in _REGISTRY and _REGISTRY[name].where != where:
-        raise ConfigError(f"task {name!r} is registered twice: at {_REGISTRY[name].where} and at {where}; give one "
-                          "of them another name")
+        message = (f"task {name!r} is registered twice: at {_REGISTRY[name].where} and at {where}; give one of them "
+                   "another name")
+        if sys._getframe(1).f_globals.get("__name__") == "__main__":
+            # a task file run as a script registers before its cli.main() could catch anything: answer as it would
+            print(f"error: {message}", file=sys.stderr)
+            raise SystemExit(2)
+        raise ConfigError(message)
     _REGISTRY[name] = TaskSpec(make, tuple(datasets), tuple(rewards), check, prompt_tokens,
                                evaluation or Evaluation(), where)
 
