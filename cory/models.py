@@ -102,7 +102,7 @@ def _load_causal_lm(spec: ModelSpec, *, dtype, load_in_4bit: bool = False):
 def check_weights_fit(spec: ModelSpec, field: str = "model_name") -> None:
     """``check_loaded_whole`` of a model folder before any model loads: a load onto the meta device reads the
     weights' names and shapes, not their values (half a second for SmolLM2)."""
-    with quiet(), unloadable(spec, "model"):
+    with quiet(), unloadable(spec, "model", field):
         _, info = AutoModelForCausalLM.from_pretrained(spec.path, device_map="meta", output_loading_info=True)
     check_loaded_whole(spec, info, field)
 
@@ -154,16 +154,16 @@ def _random_causal_lm(spec: ModelSpec, dtype):
 
 
 @contextlib.contextmanager
-def unloadable(spec: ModelSpec, what: str):
+def unloadable(spec: ModelSpec, what: str, field: str = "model_name"):
     """A model folder that cannot be loaded (damaged weights, a config transformers cannot read) is the user's
-    file, not our bug: say which, in one line."""
+    file, not our bug: say which, in one line, naming ``field`` (the config's, or a command's flag)."""
     try:
         yield
     except AssetError:
         raise
     except Exception as e:
         first = (str(e).strip().splitlines() or [""])[0][:200]
-        raise AssetError(f"model_name: cannot load the {what} of {spec} ({type(e).__name__}: {first})") from None
+        raise AssetError(f"{field}: cannot load the {what} of {spec} ({type(e).__name__}: {first})") from None
 
 
 def _restore_value_head(model, path: str) -> None:

@@ -264,12 +264,13 @@ class _StopSignals:
         # started by the experiment runner: taken out of the environment, so that no process this run starts
         # mistakes the runner for its own parent
         self.runner = os.environ.pop(RUNNER_PID, None)
+        self.runner_gone = False
 
     @property
     def requested(self) -> bool:
         if self.signum is None and self.runner is not None and str(os.getppid()) != self.runner:
             # the runner died without passing a signal on (SIGKILL, an out-of-memory kill): stop as on SIGTERM
-            self.signum = signal.SIGTERM
+            self.signum, self.runner_gone = signal.SIGTERM, True
             if self.verbose:
                 print(f"\nthe experiment runner that started this run (pid {self.runner}) is gone: stopping after "
                       "this iteration and saving a checkpoint", file=sys.stderr, flush=True)
@@ -277,6 +278,8 @@ class _StopSignals:
 
     @property
     def why(self) -> str:
+        if self.runner_gone:
+            return f"stopped (its experiment runner, pid {self.runner}, is gone)"
         return "interrupted" if self.signum == signal.SIGINT else f"stopped by {signal.Signals(self.signum).name}"
 
     def _handle(self, signum, frame):

@@ -197,6 +197,19 @@ def test_a_config_that_does_not_fit_its_weights_is_refused(layers, expected, tmp
     assert str(folder) in lines[0]
 
 
+def test_a_model_folder_with_its_weights_cut_short_is_one_line_naming_the_flag(tmp_path, capsys):
+    folder = tmp_path / "cut"
+    shutil.copytree(assets.tiny_model_dir(), folder)
+    weights = folder / "model.safetensors"
+    with open(weights, "r+b") as f:
+        f.truncate(weights.stat().st_size // 2)
+    with pytest.raises(SystemExit) as exc:
+        main(["--task", "imdb", "--model", str(folder), "--reference", "tiny", "--limit", "2"])
+    assert exc.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --model {folder}: cannot load the model of {folder}"), lines
+
+
 def test_cli_error_in_a_fresh_process():
     p = subprocess.run([sys.executable, "-m", "cory.lab.evaluate", "--task", "gsm8k", "--model", "tiny",
                         "--n", "2", "--k", "4"], capture_output=True, text=True, cwd=REPO, timeout=120)

@@ -328,3 +328,4 @@ def test_a_runner_killed_outright_takes_its_run_down_checkpointed(tmp_path):
     assert latest_checkpoint(out / "runs" / "ppo" / "seed_0") is not None
     log = (out / "logs" / "ppo" / "seed_0.log").read_text()
     assert "Traceback" not in log and "is gone: stopping after this iteration" in log, log[-2000:]
+    assert "stopped (its experiment runner, pid " in log and "checkpoint of" in log, log[-2000:]

@@ -600,7 +600,10 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
         p.command = shlex.join(["python", "-m", "cory.lab.evaluate", *args])
         return run(p)
     except (EvalError, ConfigError, AssetError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        text = str(e)
+        if isinstance(e, AssetError) and text.startswith("model_name: "):  # the loaders' field; here it is a flag
+            text = "--model/--reference: " + text[len("model_name: "):]
+        print(f"error: {text}", file=sys.stderr)
         raise SystemExit(2)
     except RunError as e:  # a reward that fails on the answers, or returns a wrong count or a non-finite score
         print(f"error: {e}", file=sys.stderr)
