@@ -132,3 +132,20 @@ def test_an_output_dir_that_is_not_text_here_is_refused_before_anything_runs(tmp
     assert "output_dir: 'run_caf\\udcc3\\udca9' is not text in this process's encoding" in line, line
     assert "PYTHONUTF8=1" in line
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_runner_out_that_is_not_text_here_is_refused_before_anything_is_written(tmp_path):
+    """The runner writes --out into runs.json and its logs: under a C locale without UTF-8 mode, one line first."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO, one_line
+
+    env = dict(os.environ, LC_ALL="C", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0", PYTHONPATH=str(REPO))
+    p = subprocess.run([sys.executable, "-m", "cory.lab.experiments", "--task", "imdb", "--preset", "tiny",
+                        "--methods", "ppo", "--seeds", "0", "--steps", "1", "--out", "exp_café"],
+                       capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    line = one_line(p, 2)
+    assert "--out: 'exp_caf\\udcc3\\udca9' is not text in this process's encoding" in line, line
+    assert list(tmp_path.iterdir()) == []

@@ -52,7 +52,7 @@ from cory.lab import heldout_runs
 from cory.lab.report import build_report
 from cory.lab.runs import (REPO, Children, Pair, Record, cut_off_elsewhere, execute, git_state, lost_by, mismatch, now,
                            pair_state, rel, set_aside)
-from cory.outputs import LOCK, MANIFEST, RunLock, in_use
+from cory.outputs import LOCK, MANIFEST, RunLock, check_text_path, in_use
 
 
 # method -> (script, flags that make the method); ppo_2x gets its --model_name at plan time
@@ -332,6 +332,10 @@ def _out(args) -> Path:
     link is judged by the folder it leads to."""
     if not args.out.strip():  # "" would resolve to the current folder and fill it with the experiment
         raise ExperimentError(f"--out: must name the experiment folder, got {args.out!r}")
+    try:  # written into runs.json and every run's config: under a C locale it must be ASCII
+        check_text_path(args.out, "--out")
+    except ConfigError as e:
+        raise ExperimentError(str(e)) from None
     out = Path(args.out).expanduser().resolve()
     if out.exists() and not out.is_dir():
         raise ExperimentError(f"--out: {args.out} exists and is not a folder")
