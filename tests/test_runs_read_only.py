@@ -65,6 +65,16 @@ def test_the_runner_never_reruns_a_committed_run_missing_its_config(committed):
     assert tree(committed) == before
 
 
+def test_the_runner_names_a_committed_runs_config_that_is_not_utf8_as_such(committed):
+    config = committed / "runs" / "ppo" / "seed_1" / "config.yaml"
+    config.write_bytes(config.read_bytes() + b"# caf\xe9\n")  # a Latin-1 byte
+    before = tree(committed)
+    refused(runner("--task", "imdb", "--preset", "cpu", "--methods", "ppo", "--seeds", "0,1", "--steps", "20",
+                   "--out", committed),
+            f"{committed}/runs/ppo/seed_1 holds a run copied or cloned", "its config.yaml is unreadable (not UTF-8")
+    assert tree(committed) == before
+
+
 def test_a_run_cut_off_elsewhere_is_set_aside_only_when_asked(tmp_path):
     """A run cut off in a lent GPU's call is committed as that call's record (metrics, no checkpoint): a later
     machine cannot resume it. The runner refuses to start it again, naming --restart_cut_off; with it, the run's

@@ -128,7 +128,8 @@ def lost_by(pair: Pair, state: str) -> str | None:
     refusal = restart_refusal(d)
     if refusal:
         saved = _saved_config(d)
-        advice = ("its config.yaml is missing: put it back, or use a new --out" if saved is None else
+        missing = "missing" if not (d / "config.yaml").is_file() else "unreadable (not UTF-8 YAML)"
+        advice = (f"its config.yaml is {missing}: put it back, or use a new --out" if saved is None else
                   f"extending a run needs its checkpoints: rerun with --steps {pair.steps} into a new --out"
                   if saved.get("steps") != pair.steps else
                   "--restart_cut_off moves it under the experiment's cut_off/ and starts it again, or use a new --out"
