@@ -83,12 +83,16 @@ class TaskBase:
                 examples += list(task.eval_examples(64))
             except Exception:  # noqa: BLE001 - a task broken elsewhere fails where that is checked, naming it
                 pass
+
         def length(ex) -> int:
             ids = getattr(ex, "prompt_ids", None)
             if prompt is None and isinstance(ids, (list, tuple)):  # the pioneer reads these tokens, not the text
                 return len(ids)
             text = prompt(ex) if prompt else ex.prompt
-            return len(tokenizer(text, add_special_tokens=False)["input_ids"]) if isinstance(text, str) else 0
+            if not isinstance(text, str):
+                return 0
+            # verbose off: a prompt too long is said in the one line below, not also in transformers' warning
+            return len(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
 
         lengths = [length(ex) for ex in examples]
         over = [i for i, n in enumerate(lengths) if n + answer_tokens > context]
