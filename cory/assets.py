@@ -294,9 +294,9 @@ _WEIGHT_FILES = ("config.json", "*.safetensors", "*.safetensors.index.json", "*.
 
 def weights_fingerprint(spec: ModelSpec) -> str | None:
     """What a run's base model (and reference) is, so that a resume can tell it changed: a local folder's config and
-    weight files hashed (sha256 of their names and bytes; about a second per GB), a hub model's cached revision;
-    None for the models built here (``tiny``, ``random:``, the embedded model: fixed by this code and its pins) and
-    for a hub model not cached."""
+    weight files hashed (sha256 of their names and bytes: 1.1 s for SmolLM2-135M's 0.54 GB on a busy 2-core CPU), a
+    hub model's cached revision; None for the models built here (``tiny``, ``random:``, the embedded model: fixed by
+    this code and its pins) and for a hub model not cached."""
     if spec.kind == HUB:
         snapshot = local_snapshot(spec.name)
         return f"hub revision {snapshot.name}" if snapshot is not None else None
