@@ -64,11 +64,13 @@ def test_shaped_vader_rewards_against_plain_vader():
 def test_a_shaped_reward_is_evaluated_with_plain_vader(tmp_path):
     from cory.lab.evaluate import plan
 
+    import shutil
+
+    from cory import assets
+
     run = tmp_path / "run"
-    (run / "final" / "policy").mkdir(parents=True)
-    (run / "final" / "policy" / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"], '
-                                                         '"model_type": "gpt2"}')
-    (run / "final" / "policy" / "model.safetensors").write_bytes(b"")  # a finished run's final/ holds weights
+    # a finished run's final/ holds whole weights (evaluate checks them against the config before any load)
+    shutil.copytree(assets.tiny_model_dir(), run / "final" / "policy")
     (run / "config.yaml").write_text("task: imdb\nmodel_name: tiny\nreward_model: vader-gain\ndataset: builtin\n")
     assert plan(["--task", "imdb", "--model", str(run)]).reward == "vader"
     assert plan(["--task", "imdb", "--model", str(run), "--reward", "vader-gain"]).reward == "vader-gain"
