@@ -232,6 +232,22 @@ def test_runs_json_lists_the_methods_and_seeds_of_every_command(tmp_path):
     assert experiments.Record(tmp_path, spec).data["kl_coefs"] is None  # never saved: nothing to keep
 
 
+def _runner_with_a_logged_row(out, stdout):
+    """(the runner, its run's pid): a tiny 500-iteration PPO run started by the runner into ``out``, once the run
+    has logged its first metrics row."""
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "cory.lab.experiments", "--task", "imdb", "--preset", "tiny",
+                             "--methods", "ppo", "--seeds", "0", "--steps", "500", "--set", "save_every=1000",
+                             "--out", str(out)], cwd=REPO, stdout=stdout, stderr=subprocess.PIPE, text=True)
+    metrics = out / "runs" / "ppo" / "seed_0" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.is_file() and metrics.read_text().strip()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
+        time.sleep(0.1)
+    return proc, json.loads((out / "runs.json").read_text())["runs"]["ppo/seed_0"]["attempts"][0]["pid"]
+
+
 @pytest.mark.parametrize("signum", ["SIGTERM", "SIGHUP"])
 def test_sigterm_to_the_runner_reaches_its_run_and_is_recorded(tmp_path, capsys, signum):
     """SIGTERM (a scheduler, ``kill``), or SIGHUP (the terminal or ssh session closed), to the runner alone: its run
@@ -243,15 +259,7 @@ def test_sigterm_to_the_runner_reaches_its_run_and_is_recorded(tmp_path, capsys,
     from cory.outputs import latest_checkpoint
 
     out = tmp_path / "exp"
-    proc = subprocess.Popen([sys.executable, "-m", "cory.lab.experiments", "--task", "imdb", "--preset", "tiny", "--methods", "ppo",
-                             "--seeds", "0", "--steps", "500", "--set", "save_every=1000", "--out", str(out)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    metrics = out / "runs" / "ppo" / "seed_0" / "metrics.jsonl"
-    deadline = time.monotonic() + 300
-    while not (metrics.is_file() and metrics.read_text().strip()):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
-        time.sleep(0.1)
-    child = json.loads((out / "runs.json").read_text())["runs"]["ppo/seed_0"]["attempts"][0]["pid"]
+    proc, child = _runner_with_a_logged_row(out, stdout=subprocess.PIPE)
     with pytest.raises(SystemExit) as e:  # a second runner into the same experiment folder
         experiments.main(["--task", "imdb", "--preset", "tiny", "--methods", "ppo", "--seeds", "0", "--steps", "500",
                           "--out", str(out)])
@@ -306,15 +314,7 @@ def test_a_runner_killed_outright_takes_its_run_down_checkpointed(tmp_path):
     from cory.outputs import latest_checkpoint
 
     out = tmp_path / "exp"
-    proc = subprocess.Popen([sys.executable, "-m", "cory.lab.experiments", "--task", "imdb", "--preset", "tiny",
-                             "--methods", "ppo", "--seeds", "0", "--steps", "500", "--set", "save_every=1000",
-                             "--out", str(out)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    metrics = out / "runs" / "ppo" / "seed_0" / "metrics.jsonl"
-    deadline = time.monotonic() + 300
-    while not (metrics.is_file() and metrics.read_text().strip()):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
-        time.sleep(0.1)
-    child = json.loads((out / "runs.json").read_text())["runs"]["ppo/seed_0"]["attempts"][0]["pid"]
+    proc, child = _runner_with_a_logged_row(out, stdout=subprocess.DEVNULL)
     proc.kill()
     proc.wait(timeout=60)
     deadline = time.monotonic() + 300
