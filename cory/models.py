@@ -19,8 +19,9 @@ from cory.assets import (GPT2_VOCAB, RANDOM, RANDOM_PREFIX, RANDOM_SHAPES, Asset
                          gpt2_tokenizer, quiet)
 
 
-def load_tokenizer(spec: ModelSpec):
-    """The tokenizer of ``spec`` with a pad token, padding on the right.
+def load_tokenizer(spec: ModelSpec, field: str = "model_name"):
+    """The tokenizer of ``spec`` with a pad token, padding on the right; a problem names ``field`` (the config's,
+    or a command's flag).
 
     trl's PPO forward passes pad with the tokenizer's side and pass no position ids, so a
     left-padded sequence would be scored at shifted positions (its KL and log-probs drift from
@@ -29,14 +30,14 @@ def load_tokenizer(spec: ModelSpec):
     if spec.kind == RANDOM:
         tokenizer = gpt2_tokenizer()
     else:
-        with quiet(), unloadable(spec, "tokenizer"):
+        with quiet(), unloadable(spec, "tokenizer", field):
             tokenizer = AutoTokenizer.from_pretrained(spec.path)
         if len(tokenizer) < 2:  # no tokenizer files: transformers builds an empty one from config.json alone
-            raise AssetError(f"model_name: {spec} has no usable tokenizer (its tokenizer.json and "
+            raise AssetError(f"{field}: {spec} has no usable tokenizer (its tokenizer.json and "
                              "tokenizer_config.json are missing or incomplete); copy them from the model it came from")
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:  # nothing to pad a batch with: generate() would fail at the first rollout
-            raise AssetError(f"model_name: the tokenizer of {spec} has no pad token and no end-of-sequence token; a "
+            raise AssetError(f"{field}: the tokenizer of {spec} has no pad token and no end-of-sequence token; a "
                              "run pads its batches with the pad token (else the EOS token) and ends answers with "
                              "EOS: set eos_token (and pad_token, if it has one) in its tokenizer_config.json")
         tokenizer.pad_token = tokenizer.eos_token
@@ -79,7 +80,7 @@ def _dtype(torch_dtype):
     return torch_dtype
 
 
-def _load_causal_lm(spec: ModelSpec, *, dtype, load_in_4bit: bool = False):
+def _load_causal_lm(spec: ModelSpec, *, dtype, load_in_4bit: bool = False, field: str = "model_name"):
     if spec.kind == RANDOM:
         return _random_causal_lm(spec, dtype)
 
@@ -93,9 +94,9 @@ def _load_causal_lm(spec: ModelSpec, *, dtype, load_in_4bit: bool = False):
             ),
             device_map={"": torch.cuda.current_device()},
         )
-    with unloadable(spec, "model"):
+    with unloadable(spec, "model", field):
         model, info = AutoModelForCausalLM.from_pretrained(spec.path, output_loading_info=True, **kwargs)
-    check_loaded_whole(spec, info)
+    check_loaded_whole(spec, info, field)
     return model
 
 
@@ -126,10 +127,11 @@ def check_loaded_whole(spec: ModelSpec, info: dict, field: str = "model_name") -
                              f"{what}, e.g. {keys[0]!r}; put back the config.json saved with these weights")
 
 
-def load_causal_lm(spec: ModelSpec, dtype=None):
-    """A plain causal LM (no value head, nothing trainable marked) of any model spec, e.g. to evaluate it."""
+def load_causal_lm(spec: ModelSpec, dtype=None, field: str = "model_name"):
+    """A plain causal LM (no value head, nothing trainable marked) of any model spec, e.g. to evaluate it; a problem
+    names ``field``."""
     with quiet():
-        return _load_causal_lm(spec, dtype=_dtype(dtype))
+        return _load_causal_lm(spec, dtype=_dtype(dtype), field=field)
 
 
 def random_config(spec: ModelSpec):

@@ -444,7 +444,22 @@ def test_a_model_without_its_tokenizer_says_so(finished, tmp_path, damage):
     else:
         (model / "tokenizer.json").unlink()  # a copy cut short: the config without the vocabulary
     line = evaluate_rejects(["--task", "imdb", "--model", model, "--reference", "tiny", "--limit", "2"])
-    assert "tokenizer" in line and "differs" not in line, line
+    assert line.startswith(f"error: --model: {model} has no usable tokenizer"), line
+
+
+@pytest.mark.parametrize("flag", ["--model", "--reference"])
+def test_evaluate_names_the_flag_whose_tokenizer_cannot_pad(tmp_path, flag):
+    """The loaders name their config field; evaluate passes its own flag instead, the one that was given."""
+    from cory import assets
+
+    model = tmp_path / "model"
+    shutil.copytree(assets.tiny_model_dir(), model)
+    tokenizer_config = json.loads((model / "tokenizer_config.json").read_text())
+    tokenizer_config.update(pad_token=None, eos_token=None, bos_token=None, unk_token=None)
+    (model / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    models = {"--model": model, "--reference": "tiny"} if flag == "--model" else {"--model": "tiny", "--reference": model}
+    line = evaluate_rejects(["--task", "imdb", *[str(a) for kv in models.items() for a in kv], "--limit", "2"])
+    assert line.startswith(f"error: {flag}: the tokenizer of {model} has no pad token"), line
 
 
 @pytest.mark.parametrize("logger", ["wandb", "tensorboard"])

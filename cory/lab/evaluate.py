@@ -136,9 +136,9 @@ def _run_config(run: Path) -> dict:
         raise EvalError(str(e)) from None
 
 
-def load_model(spec: str, dtype: str = "float32"):
-    """A plain causal LM (no value head) for any model spec, on the GPU when there is one."""
-    model = load_causal_lm(locate(spec), dtype=getattr(torch, dtype))
+def load_model(spec: str, dtype: str = "float32", flag: str = "--model"):
+    """A plain causal LM (no value head) for any model spec, on the GPU when there is one; a problem names ``flag``."""
+    model = load_causal_lm(locate(spec), dtype=getattr(torch, dtype), field=flag)
     return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
 
 
@@ -513,7 +513,8 @@ def run(p: Plan) -> dict:
     if reward_metrics and p.dataset_path is None:
         settings.pop("dataset_path")
     results = []
-    tokenizer = load_tokenizer(locate(p.reference if p.reference is not None else p.rows[0].spec))
+    tokenizer = (load_tokenizer(locate(p.reference), "--reference") if p.reference is not None
+                 else load_tokenizer(locate(p.rows[0].spec), "--model"))
     # the reward and the prompts first: a missing reward model fails before any LM is loaded
     task = _task(lambda: make_eval_task(p.task_config(), tokenizer))
     examples = check_examples(task.eval_examples(p.limit), task=p.task, what=f"eval_examples({p.limit})",
@@ -521,8 +522,8 @@ def run(p: Plan) -> dict:
     settings.update(dataset=task.source,
                     **({"n_prompts": len(examples)} if reward_metrics else {"n_questions": len(examples)}))
     if reward_metrics:
-        for entry in p.rows:
-            if entry.spec != p.reference and not _same_vocabulary(load_tokenizer(locate(entry.spec)), tokenizer):
+        for entry in (e for e in p.rows if e.spec != p.reference):
+            if not _same_vocabulary(load_tokenizer(locate(entry.spec), "--model"), tokenizer):
                 raise EvalError(f"--model {entry.spec}: its tokenizer differs from the reference "
                                 f"{p.reference}'s, so KL cannot be computed token by token")
         for entry in p.rows:  # a prompt too long for a model fails before any model loads, naming the prompt
@@ -530,9 +531,9 @@ def run(p: Plan) -> dict:
             if context is not None and hasattr(task, "check_fits"):
                 task.check_fits(tokenizer, context, p.max_new_tokens, examples=examples, model=entry.spec,
                                 limit="--max_new_tokens")
-        reference = load_model(p.reference, p.dtype)
+        reference = load_model(p.reference, p.dtype, "--reference")
         for entry in p.rows:
-            model = reference if entry.spec == p.reference else load_model(entry.spec, p.dtype)
+            model = reference if entry.spec == p.reference else load_model(entry.spec, p.dtype, "--model")
             res = evaluate_reward(model, reference, tokenizer, task, examples, max_new_tokens=p.max_new_tokens,
                                   batch_size=p.batch_size, seed=p.seed, reward_name=p.reward, label=entry.label,
                                   allow_early_eos=p.allow_early_eos, greedy=task_spec(p.task).evaluation.greedy)
@@ -548,12 +549,13 @@ def run(p: Plan) -> dict:
         protocol = task_spec(p.task).evaluation.protocols[p.protocol]
         settings["sampling"] = dict(protocol.sampling, stop_early=protocol.stop_early)
         for entry in p.rows:
-            tokenizer = load_tokenizer(locate(entry.spec))
+            flag = "--reference" if entry.spec == p.reference else "--model"
+            tokenizer = load_tokenizer(locate(entry.spec), flag)
             context = model_spec(entry.spec).context if is_valid_model_spec(entry.spec) else None
             if context is not None:  # a question too long for the model fails before it loads, naming the question
                 task.check_fits(tokenizer, context, p.max_new_tokens, examples=examples, model=entry.spec,
                                 limit="--max_new_tokens", prompt=protocol.prompt)
-            model = load_model(entry.spec, p.dtype)
+            model = load_model(entry.spec, p.dtype, flag)
             res = evaluate_pass_at_k(model, tokenizer, task, examples, n=p.n, ks=p.ks,
                                      max_new_tokens=p.max_new_tokens, batch_size=p.batch_size, seed=p.seed,
                                      reward_name=p.reward, label=entry.label, protocol=protocol)
@@ -600,10 +602,7 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
         p.command = shlex.join(["python", "-m", "cory.lab.evaluate", *args])
         return run(p)
     except (EvalError, ConfigError, AssetError) as e:
-        text = str(e)
-        if isinstance(e, AssetError) and text.startswith("model_name: "):  # the loaders' field; here it is a flag
-            text = "--model/--reference: " + text[len("model_name: "):]
-        print(f"error: {text}", file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
     except RunError as e:  # a reward that fails on the answers, or returns a wrong count or a non-finite score
         print(f"error: {e}", file=sys.stderr)
