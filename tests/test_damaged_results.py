@@ -144,6 +144,8 @@ def test_the_search_refuses_a_seed_in_two_folders(search):
     (["--min_gan", "0.3"], "unrecognized arguments: --min_gan 0.3"),
     (["--min_gain", "x"], "argument --min_gain: invalid float value: 'x'"),
     (["--max_minutes", "0"], "--max_minutes: expected a positive number of minutes, got 0.0"),
+    (["--min_distinct", "-1"], "--min_distinct: expected a finite share of the base model's distinct-2 from 0"),
+    (["--within", "0"], "--within: expected a positive number of iterations, got 0"),
     (["--also", "stock=SEARCH/lr1e-4:0,one"], "seeds must be comma-separated integers, got '0,one'"),
     (["--also", "stock=SEARCH/lr1e-4:7"], "has no PPO run of seed 7"),
 ])

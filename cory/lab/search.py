@@ -1,14 +1,16 @@
 """A hyperparameter search's summary: which settings made the baseline (PPO) learn, by a criterion fixed before the
 runs (results/imdb_cpu_search/DESIGN.md).
 
-    python -m cory.lab.search results/imdb_cpu_search [--min_gain 0.3] [--max_minutes 60]
+    python -m cory.lab.search results/imdb_cpu_search [--min_gain 0.3] [--min_distinct 0.5] [--max_minutes 60]
+        [--within ITERATIONS]
 
 Each sub-folder of the search is one setting, an experiment folder of the runner (``cory.lab.experiments``) whose
 runs evaluated themselves on held-out prompts (``eval_every``). A seed **meets the criterion** when, at some
-evaluation point after iteration 0, its held-out reward is at least ``min_gain`` above the base model's (the
-iteration-0 evaluation: the same prompts and sampling) with distinct-2 at least half the base model's (its
-answers still English), and its run took at most ``max_minutes``. SUMMARY.md and the figures are rebuilt from the
-committed metrics alone.
+evaluation point after iteration 0 (and at most ``within``), its held-out reward is at least ``min_gain`` above the
+base model's (the iteration-0 evaluation: the same prompts and sampling) with distinct-2 at least ``min_distinct``
+× the base model's (its answers still English; 0: no such bar), and its run took at most ``max_minutes`` (inf: no
+limit). The defaults are the IMDB search's criterion; another design states its own with these flags. SUMMARY.md
+and the figures are rebuilt from the committed metrics alone.
 """
 from __future__ import annotations
 
@@ -26,6 +28,34 @@ from cory.lab.results import POLICY, Experiment, finite, fmt, load_experiment
 MIN_GAIN = 0.3      # held-out reward above the base model's
 MIN_DISTINCT = 0.5  # distinct-2 at least this share of the base model's
 MAX_MINUTES = 60.0  # per PPO run on the 2-core machine (one core per run)
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """When a seed has learned, as a search's design fixes it before the runs (the defaults: the IMDB search's)."""
+    min_gain: float = MIN_GAIN
+    min_distinct: float = MIN_DISTINCT  # 0: no bar on distinct-2
+    max_minutes: float = MAX_MINUTES    # inf: no limit on the run's wall time
+    within: int | None = None           # the last iteration whose evaluation counts (None: any)
+
+    def counts(self, iterations: int, row: dict, base: dict) -> bool:
+        """Whether the evaluation at ``iterations`` may be the seed's best point."""
+        return (iterations > 0 and (self.within is None or iterations <= self.within)
+                and row["distinct_2"] >= self.min_distinct * base["distinct_2"])
+
+    def options(self) -> str:
+        """The command-line flags that state this criterion (only those that differ from the defaults)."""
+        default = Criterion()
+        return "".join(f" --{k} {v:g}" for k in ("min_gain", "min_distinct", "max_minutes", "within")
+                       if (v := getattr(self, k)) != getattr(default, k))
+
+    def text(self, base: float | None) -> str:
+        english = (f", with distinct-2 at least {self.min_distinct:g} × the base model's there"
+                   if self.min_distinct > 0 else "")
+        when = f" within {self.within} iterations" if self.within is not None else ""
+        minutes = f", within {self.max_minutes:g} minutes per run" if math.isfinite(self.max_minutes) else ""
+        return (f"for every seed, PPO's held-out reward at least {self.min_gain:g} above the base model's "
+                f"({fmt(base) if base is not None else 'n/a'}) at some evaluation point{when}{english}{minutes}.")
 
 # per task: its name in titles, what its held-out reward is (figure axis), and how its held-out set is read
 TASKS = {
@@ -84,7 +114,7 @@ def _wall_minutes(exp: Experiment, key: str) -> float | None:
     return sum(times) / 60 if times else None
 
 
-def seed_result(exp: Experiment, label: str, seed: int, min_gain: float, max_minutes: float,
+def seed_result(exp: Experiment, label: str, seed: int, criterion: Criterion,
                 notes: list[str] | None = None) -> SeedResult | None:
     """One seed's reading of the criterion; None when it has no base point (iteration 0) and a later one. A held-out
     row without a finite reward, KL or distinct-2 (a NaN written as null) is skipped and named in ``notes``."""
@@ -105,12 +135,11 @@ def seed_result(exp: Experiment, label: str, seed: int, min_gain: float, max_min
                          "eval.jsonl; left out.")
         return None
     base = points[0]
-    english = [(i, r["task_reward"]) for i, r in sorted(points.items())
-               if i > 0 and r["distinct_2"] >= MIN_DISTINCT * base["distinct_2"]]
-    best = max(english, key=lambda p: p[1], default=None)
+    counted = [(i, r["task_reward"]) for i, r in sorted(points.items()) if criterion.counts(i, r, base)]
+    best = max(counted, key=lambda p: p[1], default=None)
     minutes = _wall_minutes(exp, f"{label}/seed_{seed}")
-    meets = (best is not None and best[1] - base["task_reward"] >= min_gain
-             and (minutes is None or minutes <= max_minutes))
+    meets = (best is not None and best[1] - base["task_reward"] >= criterion.min_gain
+             and (minutes is None or minutes <= criterion.max_minutes))
     return SeedResult(seed, base["task_reward"], points, minutes, meets, best, len(run.rows))
 
 
@@ -136,7 +165,7 @@ def _common_config(folders: list[Path]) -> dict:
     return {k: v for k, v in configs[0].items() if all(c.get(k) == v for c in configs[1:])}
 
 
-def load_setting(folder: Path, base_config: dict, min_gain: float, max_minutes: float, name: str | None = None,
+def load_setting(folder: Path, base_config: dict, criterion: Criterion, name: str | None = None,
                  seeds: list[int] | None = None) -> Setting | None:
     """One setting: the PPO runs of an experiment folder (``seeds``: only these); what of it is skipped is in its
     ``notes``. A folder that cannot be read as an experiment (two folders of one seed, ...) is refused."""
@@ -150,7 +179,7 @@ def load_setting(folder: Path, base_config: dict, min_gain: float, max_minutes: 
         raise ReportError(f"--also: {folder} has no PPO run of seed {', '.join(map(str, missing))}")
     chosen = [s for s in sorted(group.runs) if seeds is None or s in seeds]
     config = group.runs[chosen[0]].config if chosen else {}
-    results = [r for s in chosen if (r := seed_result(exp, "ppo", s, min_gain, max_minutes, notes)) is not None]
+    results = [r for s in chosen if (r := seed_result(exp, "ppo", s, criterion, notes)) is not None]
     times = [row["time/iteration_s"] for s in chosen for row in group.runs[s].rows
              if isinstance(row.get("time/iteration_s"), (int, float)) and row.get("step", 0) > 0]
     steps = config.get("steps")
@@ -166,10 +195,10 @@ def _mean(values) -> str:
     return fmt(float(np.mean(values))) + (f" ± {fmt(float(np.std(values, ddof=1)))}" if len(values) > 1 else "")
 
 
-def summary_table(settings: list[Setting], against: str = "changes from `base`") -> str:
+def summary_table(settings: list[Setting], against: str = "changes from `base`", english: bool = True) -> str:
     points = sorted({i for s in settings for r in s.seeds for i in r.points if i > 0})
     head = (["setting", f"{against} (resolved configs)", "seeds", "s / iteration"] + [f"held-out reward at {i}" for i in points]
-            + ["best gain over base (English)", "final KL (held-out)", "final distinct-2", "minutes per run",
+            + [f"best gain over base{' (English)' if english else ''}", "final KL (held-out)", "final distinct-2", "minutes per run",
                "meets the criterion"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in settings:
@@ -224,8 +253,7 @@ def _ranking(settings: list[Setting], base_d2: float | None) -> str:
             "that meet the criterion with 2 seeds or more, every one run to the end): " + "; ".join(items) + ".")
 
 
-def build_summary(root: str | Path, min_gain: float = MIN_GAIN, max_minutes: float = MAX_MINUTES,
-                  also: list[str] = ()) -> Path:
+def build_summary(root: str | Path, criterion: Criterion = Criterion(), also: list[str] = ()) -> Path:
     """SUMMARY.md and the figures of the search in ``root`` (each sub-folder with runs/ a setting); ``also``:
     settings kept elsewhere, as "NAME=FOLDER:SEEDS" (e.g. a comparison's PPO runs that are a search stage)."""
     root = Path(root)
@@ -240,7 +268,7 @@ def build_summary(root: str | Path, min_gain: float = MIN_GAIN, max_minutes: flo
         base_config = next(iter(base_group.runs.values())).config if base_group else {}
     else:  # no base setting: each setting's changes are the fields in which the settings differ
         base_config = _common_config(folders)
-    settings = [s for f in folders if (s := load_setting(f, base_config, min_gain, max_minutes)) is not None]
+    settings = [s for f in folders if (s := load_setting(f, base_config, criterion)) is not None]
     for item in also:
         name, _, where = item.partition("=")
         folder, _, seeds = where.rpartition(":")
@@ -250,7 +278,7 @@ def build_summary(root: str | Path, min_gain: float = MIN_GAIN, max_minutes: flo
             chosen = [int(x) for x in seeds.split(",")]
         except ValueError:
             raise ReportError(f"--also {item}: seeds must be comma-separated integers, got {seeds!r}") from None
-        setting = load_setting(Path(folder), base_config, min_gain, max_minutes, name, chosen)
+        setting = load_setting(Path(folder), base_config, criterion, name, chosen)
         if setting is None:
             raise ReportError(f"--also: {folder} holds no PPO runs")
         settings.append(setting)
@@ -268,19 +296,17 @@ def build_summary(root: str | Path, min_gain: float = MIN_GAIN, max_minutes: flo
          float(np.mean(base_d2)) if base_d2 else None, title)
     met = [s.name for s in settings if s.meets]
     ranking = _ranking(settings, float(np.mean(base_d2)) if base_d2 else None)
-    options = "".join(f" --{k} {v:g}" for k, v, default in (("min_gain", min_gain, MIN_GAIN),
-                                                              ("max_minutes", max_minutes, MAX_MINUTES)) if v != default)
+    options = criterion.options()
     md = [f"# {title} on a CPU: the search for a preset where PPO learns", "",
           f"Generated by `python -m cory.lab.search {root.as_posix()}{options}"
           f"{''.join(f' --also {a}' for a in also)}` from the "
           "metrics in its folders; the design "
           "(grid, criterion, budget), fixed before the runs, is in [DESIGN.md](DESIGN.md).", "",
-          f"Criterion: for every seed, PPO's held-out reward at least {min_gain:g} above the base model's "
-          f"({fmt(base) if base is not None else 'n/a'}) at some evaluation point, with distinct-2 at least "
-          f"{MIN_DISTINCT:g} × the base model's there, within {max_minutes:g} minutes per run. "
+          f"Criterion: {criterion.text(base)} "
           + (f"**Met by: {', '.join(f'`{n}`' for n in met)}.**" if met else "**No setting met it.**"), "",
           *([ranking, ""] if ranking else []),
-          summary_table(settings, "changes from `base`" if (root / "base" / "runs").is_dir() else "what sets it apart"),
+          summary_table(settings, "changes from `base`" if (root / "base" / "runs").is_dir() else "what sets it apart",
+                        english=criterion.min_distinct > 0),
           "",
           f"{heldout}; mean ± std over seeds. s / iteration: the median over the runs' "
           "iterations (two runs at a time, one core each). Minutes per run: the run's wall time from `runs.json`, "
@@ -296,10 +322,15 @@ def build_summary(root: str | Path, min_gain: float = MIN_GAIN, max_minutes: flo
 
 
 def _check_bounds(args) -> None:
-    """--min_gain a finite number, --max_minutes a positive one (inf: no limit): a NaN would meet nothing and read
-    as "no setting met it"."""
+    """--min_gain a finite number, --min_distinct a finite one from 0, --max_minutes a positive one (inf: no limit),
+    --within a positive number of iterations: a NaN would meet nothing and read as "no setting met it"."""
     if not math.isfinite(args.min_gain):
         raise ReportError(f"--min_gain: expected a finite number, got {args.min_gain}")
+    if not (math.isfinite(args.min_distinct) and args.min_distinct >= 0):
+        raise ReportError(f"--min_distinct: expected a finite share of the base model's distinct-2 from 0 (0: no "
+                          f"bar), got {args.min_distinct}")
+    if args.within is not None and args.within < 1:
+        raise ReportError(f"--within: expected a positive number of iterations, got {args.within}")
     if math.isnan(args.max_minutes) or args.max_minutes <= 0:
         raise ReportError(f"--max_minutes: expected a positive number of minutes, got {args.max_minutes}")
 
@@ -308,13 +339,17 @@ def main(argv: list[str] | None = None) -> None:
     p = OneLineParser(ReportError, prog="python -m cory.lab.search", description=__doc__.split("\n\n")[0])
     p.add_argument("folder")
     p.add_argument("--min_gain", type=float, default=MIN_GAIN)
+    p.add_argument("--min_distinct", type=float, default=MIN_DISTINCT)
     p.add_argument("--max_minutes", type=float, default=MAX_MINUTES)
+    p.add_argument("--within", type=int, default=None, metavar="ITERATIONS",
+                   help="only evaluations at or before this iteration count (default: any)")
     p.add_argument("--also", action="append", default=[], metavar="NAME=FOLDER:SEEDS",
                    help="a setting kept in another experiment folder (its PPO runs of these seeds)")
     try:
         args = p.parse_args(sys.argv[1:] if argv is None else argv)
         _check_bounds(args)
-        print(f"summary: {build_summary(args.folder, args.min_gain, args.max_minutes, args.also)}")
+        criterion = Criterion(args.min_gain, args.min_distinct, args.max_minutes, args.within)
+        print(f"summary: {build_summary(args.folder, criterion, args.also)}")
     except ReportError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
