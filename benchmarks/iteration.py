@@ -57,7 +57,7 @@ from iteration_worker import OVERRIDES, REPO, worker
 PROGRAM = "python benchmarks/iteration.py"
 UNUSED_DIR = "unused"  # a config's output_dir where it is only read (the workers' own are temporary folders)
 
-TASKS = ("imdb", "gsm8k")
+TASKS = ("imdb", "gsm8k", "arithmetic")  # each with <task>_train/{ppo,cory}.py and configs/<task>/
 
 
 def presets(task: str) -> list[str]:
@@ -278,7 +278,7 @@ def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("--preset", default="cpu", help="configs/<task>/<method>_<preset>.yaml: any preset the task has "
                    "(tiny, cpu, gpu, paper; default cpu); a hub model in it needs --model, a stand-in, offline")
-    p.add_argument("--task", default="imdb", help="imdb or gsm8k: configs/<task>/<method>_<preset>.yaml")
+    p.add_argument("--task", default="imdb", help="imdb, gsm8k or arithmetic: configs/<task>/<method>_<preset>.yaml")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--model", "--model_name", dest="model_name", default=None,
                    help="a model spec instead of the preset's, e.g. random:gpt2-large, random:llama-2-7b")

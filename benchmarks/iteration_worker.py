@@ -115,15 +115,13 @@ def window_peak_mb() -> float:
 # ----------------------------------------------------------------------------- the worker
 
 def build_cfg(args, variant: str, out_dir: str):
-    from cory.config import build, load_yaml
-    from gsm8k_train import cory as gsm8k_cory, ppo as gsm8k_ppo
-    from imdb_train import cory as imdb_cory, ppo as imdb_ppo
+    import importlib
 
-    # each script's class holds its task's paper values; the presets list only what they change
-    scripts = {("imdb", "ppo"): imdb_ppo, ("imdb", "cory"): imdb_cory, ("gsm8k", "ppo"): gsm8k_ppo,
-               ("gsm8k", "cory"): gsm8k_cory}
+    from cory.config import build, load_yaml
 
     method = "ppo" if variant.startswith("ppo") else "cory"
+    # each script's class holds its task's paper values; the presets list only what they change
+    script = importlib.import_module(f"{args.task}_train.{method}")
     base = load_yaml(REPO / "configs" / args.task / f"{method}_{args.preset}.yaml")
     base.update(output_dir=out_dir, batch_size=args.batch_size,
                 mini_batch_size=args.mini_batch_size or args.batch_size,
@@ -137,7 +135,7 @@ def build_cfg(args, variant: str, out_dir: str):
     for field in OVERRIDES:
         if getattr(args, field) is not None:
             base[field] = getattr(args, field)
-    return method, build(scripts[args.task, method].Hyperparameters, base)
+    return method, build(script.Hyperparameters, base)
 
 
 def authors_agent_class():

@@ -203,3 +203,8 @@ def test_iteration_benchmark_prints_the_values_a_gpu_figure_runs_at(capsys):
     # a preset the task does not have is one line naming the ones it has
     assert iteration.main(["--task", "gsm8k", "--preset", "gpu", "--dry_run"]) == 2
     assert "not one of cpu, paper, tiny" in capsys.readouterr().err
+    # every task with training scripts is measured at its own script's values (the worker imports <task>_train)
+    assert iteration.main(["--task", "arithmetic", "--preset", "cpu", "--batch_size", "32", "--mini_batch_size", "8",
+                           "--variants", "ppo", "--dry_run"]) == 0
+    line, = capsys.readouterr().out.splitlines()
+    assert "task arithmetic" in line and "model embedded:smollm2-135m" in line and "mini_batch 8" in line, line
