@@ -49,13 +49,16 @@ class Criterion:
         return "".join(f" --{k} {v:g}" for k in ("min_gain", "min_distinct", "max_minutes", "within")
                        if (v := getattr(self, k)) != getattr(default, k))
 
-    def text(self, base: float | None) -> str:
+    def text(self, bases: list[float]) -> str:
+        """``bases``: each seed's base reading (its run's iteration-0 evaluation, which its gain is measured from)."""
         english = (f", with distinct-2 at least {self.min_distinct:g} × the base model's there"
                    if self.min_distinct > 0 else "")
         when = f" within {self.within} iterations" if self.within is not None else ""
         minutes = f", within {self.max_minutes:g} minutes per run" if math.isfinite(self.max_minutes) else ""
+        low, high = (fmt(min(bases)), fmt(max(bases))) if bases else ("n/a", "n/a")
+        base = low if low == high else f"its run's own iteration-0 reading, from {low} to {high} here"
         return (f"for every seed, PPO's held-out reward at least {self.min_gain:g} above the base model's "
-                f"({fmt(base) if base is not None else 'n/a'}) at some evaluation point{when}{english}{minutes}.")
+                f"({base}) at some evaluation point{when}{english}{minutes}.")
 
 # per task: its name in titles, what its held-out reward is (figure axis), and how its held-out set is read
 TASKS = {
@@ -302,7 +305,7 @@ def build_summary(root: str | Path, criterion: Criterion = Criterion(), also: li
           f"{''.join(f' --also {a}' for a in also)}` from the "
           "metrics in its folders; the design "
           "(grid, criterion, budget), fixed before the runs, is in [DESIGN.md](DESIGN.md).", "",
-          f"Criterion: {criterion.text(base)} "
+          f"Criterion: {criterion.text(bases)} "
           + (f"**Met by: {', '.join(f'`{n}`' for n in met)}.**" if met else "**No setting met it.**"), "",
           *([ranking, ""] if ranking else []),
           summary_table(settings, "changes from `base`" if (root / "base" / "runs").is_dir() else "what sets it apart",
