@@ -14,7 +14,6 @@ Each by stratum (one-digit sums, two-digit sums). The held-out set's strata thro
 import argparse
 import json
 import math
-import re
 import sys
 from pathlib import Path
 
@@ -28,13 +27,9 @@ from cory import models  # noqa: E402
 from cory.agent import make_agents  # noqa: E402
 from cory.assets import locate  # noqa: E402
 from cory.config import build  # noqa: E402
-from cory.heldout import evaluate_reward  # noqa: E402
 from cory.rollout import Rollout  # noqa: E402
 from cory.tasks import make_task  # noqa: E402
-
-
-def stratum(query: str) -> str:
-    return "one_digit" if all(len(n) == 1 for n in re.findall(r"\d+", query)) else "two_digit"
+from strata import score_stratum, stratum  # noqa: E402  (this folder, first on sys.path for a script run from it)
 
 
 def by_stratum(examples, rewards) -> dict:
@@ -82,10 +77,8 @@ def main() -> None:
         """(sampled, greedy) accuracy by stratum: ``evaluate_reward`` on each stratum's problems, as strata.py."""
         sampled, greedy = {}, {}
         for name in ("one_digit", "two_digit"):
-            part = [ex for ex in subset if stratum(ex.query) == name]
-            res = evaluate_reward(model, reference.pretrained_model, tokenizer, task, part, max_new_tokens=20,
-                                  batch_size=32, seed=0, reward_name="correctness", allow_early_eos=True,
-                                  greedy=True, label=f"{label} {name}")
+            part, res = score_stratum(model, reference.pretrained_model, tokenizer, task, subset, name,
+                                      label=f"{label} {name}")
             for row, key in ((sampled, "task_reward"), (greedy, "greedy_reward")):
                 row[name] = {"n": len(part), "accuracy": res[key],
                              "se": math.sqrt(res[key] * (1 - res[key]) / len(part))}

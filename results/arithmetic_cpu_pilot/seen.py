@@ -13,7 +13,6 @@ import argparse
 import collections
 import json
 import math
-import re
 import sys
 from pathlib import Path
 
@@ -21,14 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from cory import models  # noqa: E402
 from cory.assets import locate, model_spec  # noqa: E402
-from cory.heldout import evaluate_reward  # noqa: E402
 from cory.tasks.arithmetic import ArithmeticTask  # noqa: E402
+from strata import score_stratum  # noqa: E402  (this folder, first on sys.path for a script run from it)
 
 BATCH, FIRST, LAST = 32, 20, 29  # the iterations whose draws are "seen"
-
-
-def stratum(query: str) -> str:
-    return "one_digit" if all(len(n) == 1 for n in re.findall(r"\d+", query)) else "two_digit"
 
 
 def main() -> None:
@@ -50,9 +45,7 @@ def main() -> None:
     for name, examples in sets.items():
         out["sets"][name] = {}
         for part in ("one_digit", "two_digit"):
-            subset = [ex for ex in examples if stratum(ex.query) == part]
-            res = evaluate_reward(model, reference, tokenizer, task, subset, max_new_tokens=20, batch_size=32, seed=0,
-                                  reward_name="correctness", allow_early_eos=True, greedy=True, label=f"{name} {part}")
+            subset, res = score_stratum(model, reference, tokenizer, task, examples, part, label=f"{name} {part}")
             samples = res.pop("samples")
             row = {"n": len(subset), "distinct_problems": len({ex.query for ex in subset}),
                    **{k: res[k] for k in ("task_reward", "greedy_reward", "kl", "parseable_share", "response_length")}}

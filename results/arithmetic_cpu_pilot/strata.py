@@ -31,6 +31,15 @@ def stratum(query: str) -> str:
     return "one_digit" if all(len(n) == 1 for n in re.findall(r"\d+", query)) else "two_digit"
 
 
+def score_stratum(model, reference, tokenizer, task, examples, name: str, label: str):
+    """(the stratum's problems, ``evaluate_reward``'s result on them): sampled and greedy, 20-token answers, seed 0,
+    as a run's held-out evaluation scores (paths.py and seen.py score their strata through this too)."""
+    subset = [ex for ex in examples if stratum(ex.query) == name]
+    res = evaluate_reward(model, reference, tokenizer, task, subset, max_new_tokens=20, batch_size=32, seed=0,
+                          reward_name="correctness", allow_early_eos=True, greedy=True, label=label)
+    return subset, res
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model", help="'base', or a checkpoint folder (its policy.pt)")
@@ -54,9 +63,7 @@ def main() -> None:
     examples = task.eval_examples()
     out = {"model": args.model, "strata": {}}
     for name in ("one_digit", "two_digit"):
-        subset = [ex for ex in examples if stratum(ex.query) == name]
-        res = evaluate_reward(model, reference, tokenizer, task, subset, max_new_tokens=20, batch_size=32, seed=0,
-                              reward_name="correctness", allow_early_eos=True, greedy=True, label=name)
+        subset, res = score_stratum(model, reference, tokenizer, task, examples, name, label=name)
         res.pop("samples")
         out["strata"][name] = {"n": len(subset), **res}
         print(f"{args.model} {name}: n {len(subset)}, sampled {res['task_reward']:.3f}, greedy "
