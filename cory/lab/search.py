@@ -341,9 +341,13 @@ def _check_bounds(args) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = OneLineParser(ReportError, prog="python -m cory.lab.search", description=__doc__.split("\n\n")[0])
     p.add_argument("folder")
-    p.add_argument("--min_gain", type=float, default=MIN_GAIN)
-    p.add_argument("--min_distinct", type=float, default=MIN_DISTINCT)
-    p.add_argument("--max_minutes", type=float, default=MAX_MINUTES)
+    p.add_argument("--min_gain", type=float, default=MIN_GAIN,
+                   help=f"held-out reward above the base model's at some evaluation (default {MIN_GAIN:g})")
+    p.add_argument("--min_distinct", type=float, default=MIN_DISTINCT,
+                   help=f"distinct-2 at least this share of the base model's at the best point (default {MIN_DISTINCT:g}; "
+                   "0: no bar)")
+    p.add_argument("--max_minutes", type=float, default=MAX_MINUTES,
+                   help=f"a run's wall time at most this (default {MAX_MINUTES:g}; inf: no limit)")
     p.add_argument("--within", type=int, default=None, metavar="ITERATIONS",
                    help="only evaluations at or before this iteration count (default: any)")
     p.add_argument("--also", action="append", default=[], metavar="NAME=FOLDER:SEEDS",
