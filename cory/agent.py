@@ -215,6 +215,9 @@ def make_agents(cfg: PPOArgs, spec, names: list[str], tokenizer, *, precision: s
                                     lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                                     load_in_4bit=cfg.load_in_4bit,
                                     torch_dtype=torch.bfloat16 if frozen_bf16 else None)
+    if cfg.value_head_init == "zero":  # before the trainers: a resume then loads the saved head over it
+        for policy in policies.values():
+            models.zero_value_head(policy)
     agents = {name: Agent(name, cfg, policies[name], reference, tokenizer, configs[name]) for name in names}
     reserve = sum(trainable_state_bytes(agent.policy) for agent in agents.values())
     for agent in agents.values():

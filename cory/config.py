@@ -92,6 +92,12 @@ class PPOArgs:
     kl_penalty: str = arg(REQUIRED, "per-token KL estimate: full = the full-vocabulary KL(pi || pi0)", trl=True,
                           choices=("full", "kl", "abs", "mse"))
     max_grad_norm: float | None = arg(None, "clip the gradient norm (none = no clipping)", trl=True)
+    # a random head gives SmolLM2-135M values of -1.2 +- 0.7 from token to token against a 0/1 reward, so the first
+    # advantages are mostly its noise (results/arithmetic_cpu_pilot/DESIGN.md, stage 6)
+    value_head_init: str = arg("trl", "the value head's starting weights: trl = trl's random linear layer; zero = "
+                               "weights and bias 0, so the first advantages come from the returns alone and the "
+                               "value loss sends no gradient into the model until the head has moved",
+                               choices=("trl", "zero"))
     # ---- precision: tf32 measured 2.3x faster than fp32 for PPO at the paper's IMDB shapes on an H100; on a CPU, bf16
     # paid only on AVX-512 BF16 without AMX (emulated it is slower, on AMX not reliably faster): benchmarks/README.md
     precision: str = arg("auto", "auto: tf32 on CUDA, bf16 on a CPU with AVX-512 BF16 and no AMX (where it was "

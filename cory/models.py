@@ -233,6 +233,14 @@ def load_policy(
     return model
 
 
+def zero_value_head(policy) -> None:
+    """Set the value head's weights and bias to 0 (``value_head_init: zero``): every value starts at 0, and no
+    gradient flows through the head into the model until its weights move."""
+    with torch.no_grad():
+        policy.v_head.summary.weight.zero_()
+        policy.v_head.summary.bias.zero_()
+
+
 def load_policies(spec: ModelSpec, names: list[str], *, use_peft: bool = False, shared_base: bool = True, **kwargs):
     """One policy per agent name. With LoRA (and ``shared_base``) the agents share ONE frozen base
     model, each with its own adapter (named after the agent) and its own value head, instead of one

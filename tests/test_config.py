@@ -110,6 +110,7 @@ def test_the_scripts_defaults_are_the_papers_tables():
     (["--no_such_field", "1"], "no_such_field"),
     (["--score_norm", "maybe"], "score_norm"),
     (["--report_to", "mlflow"], "report_to"),
+    (["--value_head_init", "normal"], "value_head_init"),
     (["--config", "/nonexistent.yaml"], "/nonexistent.yaml"),
     (["--steps"], "steps"),
     (["stray"], "stray"),

@@ -171,6 +171,7 @@ OUT_OF_RANGE = {
     "kl_penalty": st.text(max_size=8).filter(lambda t: t not in ("full", "kl", "abs", "mse")),
     "report_to": st.text(max_size=8).filter(lambda t: t not in ("none", "wandb")),
     "on_nonfinite": st.text(max_size=8).filter(lambda t: t not in ("stop", "skip")),
+    "value_head_init": st.text(max_size=8).filter(lambda t: t not in ("trl", "zero")),
     "task": st.text(max_size=8).filter(lambda t: t not in ("imdb", "gsm8k")),
     "dataset": st.text(max_size=8).filter(lambda t: t not in ("auto", "hub", "builtin")),
     "model_name": st.sampled_from(["embedded:nope", "a--b", "x/../y", " ", "org/name/extra"]),

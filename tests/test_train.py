@@ -112,11 +112,13 @@ def test_reset_on_swap_restarts_optimizer_state(tmp_path):
         assert agent.normalizer.count == pytest.approx(cfg.batch_size)
 
 
-@pytest.mark.parametrize("method,cls", [("cory", IMDB_CORY), ("ppo", IMDB_PPO)])
-def test_resume_equals_uninterrupted(tmp_path, method, cls):
-    straight = tiny(cls, method, tmp_path / "a", steps=4, save_every=2)
+@pytest.mark.parametrize("method,cls,over", [("cory", IMDB_CORY, {}), ("ppo", IMDB_PPO, {}),
+                                             ("ppo", IMDB_PPO, {"value_head_init": "zero"})])
+def test_resume_equals_uninterrupted(tmp_path, method, cls, over):
+    # value_head_init zero: the resumed run must carry on from the saved head, not start from zeros again
+    straight = tiny(cls, method, tmp_path / "a", steps=4, save_every=2, **over)
     prepare_run(straight).fit()
-    first = tiny(cls, method, tmp_path / "b", steps=2)
+    first = tiny(cls, method, tmp_path / "b", steps=2, **over)
     prepare_run(first).fit()
     out = tmp_path / "b" / "run"
     # the resumed process starts from the saved config with a longer horizon
@@ -167,3 +169,27 @@ def test_every_row_reports_its_peak_memory(tmp_path):
         assert all(0 < r["memory/peak_gib"] < 80 for r in rows)
     else:  # the process's peak resident memory during the iteration (models, trl and torch: well over 100 MiB)
         assert all(0.1 < r["memory/peak_gib"] < 64 for r in rows)
+
+
+def test_a_zero_value_head_starts_at_zero_and_sends_no_gradient_into_the_model(tmp_path):
+    cfg = tiny(IMDB_CORY, "cory", tmp_path, value_head_init="zero")
+    run = prepare_run(cfg)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    for agent in run.agents.values():  # every agent's head, each its own
+        policy = agent.policy
+        assert not policy.v_head.summary.weight.any() and not policy.v_head.summary.bias.any()
+        _, _, values = policy(input_ids=ids)
+        assert not values.any()
+        policy.zero_grad(set_to_none=True)
+        ((values - 1.0) ** 2).mean().backward()  # a value loss alone
+        body = [p.grad for p in policy.pretrained_model.parameters() if p.requires_grad]
+        assert all(g is None or not g.any() for g in body)
+        assert policy.v_head.summary.bias.grad.abs().item() > 0  # the head itself learns
+        policy.zero_grad(set_to_none=True)
+    assert run.agents["llm1"].policy.v_head is not run.agents["llm2"].policy.v_head
+
+
+def test_the_default_value_head_is_trls_random_layer(tmp_path):
+    run = prepare_run(tiny(IMDB_PPO, "ppo", tmp_path))
+    assert run.cfg.value_head_init == "trl"
+    assert next(iter(run.agents.values())).policy.v_head.summary.weight.any()
