@@ -1,6 +1,7 @@
-"""The pilot's held-out accuracy by stratum (DESIGN.md, amendment of 08:28 UTC): sums of two one-digit numbers (27
-held-out problems) and of two-digit numbers (173), for the base model and for a run's last checkpoint, and both
-weighted to the training mix (51% one-digit). Descriptive.
+"""The pilot's held-out accuracy by stratum (DESIGN.md, amendment of 08:28 UTC): sums of two one-digit numbers and of
+two-digit numbers in the task's held-out set as the checkout builds it (27 and 173 problems before stage 3 rebuilt the
+set, 84 and 116 since), for the base model and for a run's checkpoint, and both weighted to the training mix (51%
+one-digit). Descriptive.
 
     python results/arithmetic_cpu_pilot/strata.py base --json results/arithmetic_cpu_pilot/strata_base.json
     python results/arithmetic_cpu_pilot/strata.py RUN_DIR/checkpoint-N --json results/arithmetic_cpu_pilot/strata_X.json
