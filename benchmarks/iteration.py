@@ -282,6 +282,12 @@ def parse(argv):
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--model", "--model_name", dest="model_name", default=None,
                    help="a model spec instead of the preset's, e.g. random:gpt2-large, random:llama-2-7b")
+    p.add_argument("--reward_model", default=None,
+                   help="the task's reward instead of the preset's: the paper preset's hub classifier needs a stand-in "
+                        "offline, e.g. vader or a local classifier directory (../shared/gpu/stand_ins.py distilbert-imdb)")
+    p.add_argument("--dataset", default=None,
+                   help="where prompts come from instead of the preset's: the paper preset's hub dataset needs "
+                        "builtin (or a local copy) offline; prompts' lengths come from the task, not the source")
     p.add_argument("--precision", default=None, help="auto | fp32 | tf32 | bf16 (default: the preset's)")
     p.add_argument("--mini_batch_size", type=int, default=None, help="default: the whole batch in one mini-batch")
     p.add_argument("--gradient_accumulation_steps", type=int, default=1)
@@ -346,7 +352,7 @@ def parse(argv):
 FLAG_OF_FIELD = {"model_name": "--model", "steps": "--iterations",
                  **{f: f"--{f}" for f in ("batch_size", "mini_batch_size", "gradient_accumulation_steps", "seed",
                                           "swap_period", "response_length_min", "response_length_max",
-                                          "max_pass_tokens", "precision")}}
+                                          "max_pass_tokens", "precision", "reward_model", "dataset")}}
 
 
 def as_flags(args, variant: str, message: str) -> UsageError:
@@ -456,7 +462,7 @@ def settings(args, variant: str) -> dict:
     if budget == "auto":
         budget = "auto (from the GPU's free memory at the first step)" if args.device == "cuda" else "auto (no limit on a CPU)"
     return {"variant": variant, "preset": args.preset, "task": args.task, "device": args.device,
-            "model": cfg.model_name, "precision": f"{precision} ({why})", "max_pass_tokens": budget or "no limit",
+            "model": cfg.model_name, "reward": cfg.reward_model, "precision": f"{precision} ({why})", "max_pass_tokens": budget or "no limit",
             "batch": cfg.batch_size, "mini_batch": cfg.mini_batch_size, "ppo_epochs": cfg.ppo_epochs,
             "response_tokens": f"{cfg.response_length_min}-{cfg.response_length_max}"}
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 # preset fields settable by flag
-OVERRIDES = ("response_length_min", "response_length_max", "max_pass_tokens", "precision", "model_name")
+OVERRIDES = ("response_length_min", "response_length_max", "max_pass_tokens", "precision", "model_name",
+             "reward_model", "dataset")
 
 
 # ----------------------------------------------------------------------------- measurements
