@@ -141,7 +141,7 @@ paper)  # issue 46 in one call: the paper preset's own values at its shape (GPT2
     run paper_tf32_unbudgeted 90 $PY benchmarks/iteration.py $paper --precision tf32 --iterations 2 --warmup 1 \
         --max_pass_tokens 0 --variants ppo,cory --json "$dest/paper_tf32_unbudgeted.json"
     run pytest_gpu 110 $PY -m pytest -q -m gpu -p no:cacheprovider -n 6
-    run paper_tf32_authors "${AUTHORS_LIMIT:-100}" $PY benchmarks/iteration.py $paper --precision tf32 --iterations 1 \
+    run paper_tf32_authors "${AUTHORS_LIMIT:-180}" $PY benchmarks/iteration.py $paper --precision tf32 --iterations 1 \
         --warmup 2 --variants authors --json "$dest/paper_tf32_authors.json"
     ;;
 results|results_scaled)  # PPO and CORY at Table 1 with the embedded SmolLM2: the committed results/imdb_gpu[_scaled]

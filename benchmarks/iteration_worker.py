@@ -360,6 +360,9 @@ def measure(args, tmp: str) -> dict:
             "device": torch.cuda.get_device_name() if cuda else "cpu", "precision": cfg.precision,
             "matmul_peaks": {k: max(p[k] for p in all_peaks) for k in all_peaks[0]},
             "cuda_peak_gib": cuda_peak, "cuda_loaded_gib": loaded_gib if cuda else None,
-            "model": cfg.model_name, "task": cfg.task}
+            "model": cfg.model_name, "task": cfg.task,
+            # what `auto` chose at the first step, per agent (0: no limit); the authors' loop runs trl's own passes
+            "pass_tokens_used": {name: getattr(agent.trainer, "max_pass_tokens", None)
+                                 for name, agent in run.agents.items()}}
 
 

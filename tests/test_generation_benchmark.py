@@ -200,6 +200,12 @@ def test_iteration_benchmark_prints_the_values_a_gpu_figure_runs_at(capsys):
         assert "precision tf32 (auto on CUDA" in line
     assert "max_pass_tokens auto (from the GPU's free memory" in lines[0]
     assert "max_pass_tokens trl's own passes" in lines[2]
+    assert "reward distilbert-imdb" in lines[0]  # the preset's hub classifier: a run needs a stand-in offline
+    # the stand-ins the preset's hub reward and dataset need offline (as gpu_session.sh paper passes them)
+    assert iteration.main(["--preset", "paper", "--device", "cuda", "--model", "random:gpt2-large", "--reward_model",
+                           "vader", "--dataset", "builtin", "--variants", "ppo", "--dry_run"]) == 0
+    line, = capsys.readouterr().out.splitlines()
+    assert "reward vader" in line and "preset paper" in line
     # a preset the task does not have is one line naming the ones it has
     assert iteration.main(["--task", "gsm8k", "--preset", "gpu", "--dry_run"]) == 2
     assert "not one of cpu, paper, tiny" in capsys.readouterr().err
@@ -208,3 +214,21 @@ def test_iteration_benchmark_prints_the_values_a_gpu_figure_runs_at(capsys):
                            "--variants", "ppo", "--dry_run"]) == 0
     line, = capsys.readouterr().out.splitlines()
     assert "task arithmetic" in line and "model embedded:smollm2-135m" in line and "mini_batch 8" in line, line
+
+
+def test_iteration_targets_on_cuda_name_the_precisions_peak_and_the_cards_memory():
+    """On CUDA the step's MFU is against the run's precision's matmul peak (no CPU column: host CPU time there is
+    waiting), CORY's time is set against PPO's (issue 46's <= 2.5x), and the memory CORY adds is the allocator's peak,
+    not the host's: recomputed from the H200 run committed under benchmarks/data (gpu_session.sh paper)."""
+    import iteration
+
+    run = json.loads((REPO / "benchmarks/data/gpu_h200_2026-11-27/paper_tf32_auto.json").read_text())
+    rows = {r["target"]: r for r in iteration.targets(run["summary"], run["raw"])}
+    step = rows["PPO update: model FLOP/s / tf32 matmul peak"]
+    assert step["measured"] == f"{run['summary']['ppo']['step_mfu']['policy']:.0%} wall"
+    ratio = rows["CORY / PPO seconds per iteration"]
+    s = run["summary"]
+    assert ratio["measured"] == f"{s['cory']['seconds_per_iteration'] / s['ppo']['seconds_per_iteration']:.2f}x"
+    assert ratio["met"]  # 2.57 s against 1.37 s
+    memory = rows["peak memory CORY - PPO"]
+    assert memory["measured"] == f"{(s['cory']['cuda_peak_gib'] - s['ppo']['cuda_peak_gib']) * 1024:.0f} MiB"
