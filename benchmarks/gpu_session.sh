@@ -3,7 +3,8 @@
 # session lent a GPU (30 minutes in all) gets every figure in three calls. From the checkout's root there:
 #
 #     source .device/setup.sh && bash benchmarks/gpu_session.sh paper  # issue 46 in one call (~9 min): the paper
-#         # preset's values at its shape, auto budget at tf32 and bf16, no budget, the GPU tests, the authors' loop
+#         # preset's values at its shape, auto budget at tf32 and bf16, no budget, the GPU tests, the authors' loop;
+#         # pack with WITH_RG=1 (the GSM8K tiny tests need reasoning-gym). Ran 2026-11-27 on an H200: 454 s.
 #
 #     source .device/setup.sh && bash benchmarks/gpu_session.sh 1      # IMDB, the paper's batch: tf32, bf16
 #     source .device/setup.sh && bash benchmarks/gpu_session.sh 2      # GSM8K: 1B tf32, 7B bf16 + LoRA
@@ -140,6 +141,9 @@ paper)  # issue 46 in one call: the paper preset's own values at its shape (GPT2
         --variants ppo,cory --json "$dest/paper_bf16_auto.json"
     run paper_tf32_unbudgeted 90 $PY benchmarks/iteration.py $paper --precision tf32 --iterations 2 --warmup 1 \
         --max_pass_tokens 0 --variants ppo,cory --json "$dest/paper_tf32_unbudgeted.json"
+    # the GSM8K tiny runs generate their problems with reasoning-gym: without it they fail for the packing's sake
+    $PY -c "import reasoning_gym" 2>/dev/null || echo "gpu_session.sh paper: reasoning_gym is not installed here, so" \
+        "the GSM8K tiny GPU tests will fail: pack with WITH_RG=1 bash ../shared/gpu/pack.sh" >&2
     run pytest_gpu 110 $PY -m pytest -q -m gpu -p no:cacheprovider -n 6
     run paper_tf32_authors "${AUTHORS_LIMIT:-180}" $PY benchmarks/iteration.py $paper --precision tf32 --iterations 1 \
         --warmup 2 --variants authors --json "$dest/paper_tf32_authors.json"
