@@ -368,10 +368,10 @@ def parse(argv):
 
 
 # the fields a worker's config takes from this command's flags, named as the flags are
-FLAG_OF_FIELD = {"model_name": "--model", "steps": "--iterations",
-                 **{f: f"--{f}" for f in ("batch_size", "mini_batch_size", "gradient_accumulation_steps", "seed",
-                                          "swap_period", "response_length_min", "response_length_max",
-                                          "max_pass_tokens", "precision", "reward_model", "dataset")}}
+# (the preset fields a flag overrides are iteration_worker.OVERRIDES, each named as its flag but --model)
+FLAG_OF_FIELD = {**{f: f"--{f}" for f in ("batch_size", "mini_batch_size", "gradient_accumulation_steps", "seed",
+                                          "swap_period", *OVERRIDES)},
+                 "model_name": "--model", "steps": "--iterations"}
 
 
 def as_flags(args, variant: str, message: str) -> UsageError:
@@ -481,7 +481,8 @@ def settings(args, variant: str) -> dict:
     if budget == "auto":
         budget = "auto (from the GPU's free memory at the first step)" if args.device == "cuda" else "auto (no limit on a CPU)"
     return {"variant": variant, "preset": args.preset, "task": args.task, "device": args.device,
-            "model": cfg.model_name, "reward": cfg.reward_model, "precision": f"{precision} ({why})", "max_pass_tokens": budget or "no limit",
+            "model": cfg.model_name, "reward": cfg.reward_model, "precision": f"{precision} ({why})",
+            "max_pass_tokens": budget or "no limit",
             "batch": cfg.batch_size, "mini_batch": cfg.mini_batch_size, "ppo_epochs": cfg.ppo_epochs,
             "response_tokens": f"{cfg.response_length_min}-{cfg.response_length_max}"}
 
