@@ -19,6 +19,9 @@ from cory.rollout import checked_scores, stop_at, tokenize_prompts
 from cory.tasks.base import TRAINING_SAMPLING, check_examples
 
 BATCH_SIZE = 32  # sequences per generate() call, unless told otherwise
+# A batch whose prompts all begin with at least this many equal tokens (a one-shot example: the arithmetic and GSM8K
+# prompts) reads them once, at batch 1, and shares their keys and values; fewer are not worth the bookkeeping.
+MIN_SHARED_PREFIX = 8
 
 
 def _left_pad(seqs: Sequence[Sequence[int]], pad_id: int):
@@ -35,6 +38,38 @@ def _left_pad(seqs: Sequence[Sequence[int]], pad_id: int):
 def _positions(mask):
     # Left padding shifts every sequence: position ids must count real tokens only, as generate() does.
     return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
+    """How many tokens every prompt begins with, leaving each prompt at least one token of its own (the token whose
+    logits predict the answer's first)."""
+    if len(prompts) < 2:
+        return 0
+    first, longest = prompts[0], min(len(p) for p in prompts) - 1
+    for i in range(max(longest, 0)):
+        if any(p[i] != first[i] for p in prompts):
+            return i
+    return max(longest, 0)
+
+
+def _with_shared_prefix(model, prompts: Sequence[Sequence[int]], tails: Sequence[Sequence[int]], pad_id: int):
+    """The batch of ``prompts`` (each followed by its ``tails`` entry) for a forward pass or generate(): the
+    prompts' shared prefix read once and its cache repeated per row, then each row's rest left-padded behind it
+    (padding in the middle, masked; positions count real tokens only, so every row sees the positions it would
+    see unpadded). Returns (ids, mask, positions, cache) where ids and positions cover the rest only and mask the
+    prefix too; cache is None (ids the whole left-padded rows) when the prompts share too little."""
+    n = shared_prefix_length(prompts) if len(prompts) > 1 else 0
+    device = next(model.parameters()).device
+    if n < MIN_SHARED_PREFIX:
+        ids, mask = _left_pad([list(p) + list(t) for p, t in zip(prompts, tails)], pad_id)
+        return ids.to(device), mask.to(device), _positions(mask).to(device), None
+    ids, rest_mask = _left_pad([list(p[n:]) + list(t) for p, t in zip(prompts, tails)], pad_id)
+    mask = torch.cat([torch.ones((len(prompts), n), dtype=torch.long), rest_mask], dim=1)
+    positions = _positions(mask)[:, n:]
+    with torch.inference_mode():
+        cache = model(input_ids=torch.tensor([list(prompts[0][:n])], device=device), use_cache=True).past_key_values
+    cache.batch_repeat_interleave(len(prompts))
+    return ids.to(device), mask.to(device), positions.to(device), cache
 
 
 def sequence_kl(model, reference, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
@@ -57,24 +92,22 @@ def sequence_kl_and_base_logprob(model, reference, prompts: Sequence[Sequence[in
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
     if not prompts:
         return [], []
-    seqs = [list(p) + list(r) for p, r in zip(prompts, responses)]
-    ids, mask = _left_pad(seqs, pad_id)
-    width = ids.shape[1]
-    is_response = torch.zeros_like(mask, dtype=torch.bool)
-    for i, r in enumerate(responses):
-        if len(r):
-            is_response[i, width - len(r):] = True
-    # logits at position t predict token t+1
-    predicts_response = is_response[:, 1:]
-    device = next(model.parameters()).device
-    kw = dict(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=_positions(mask).to(device))
+
+    def next_token_logprobs(m):
+        # logits at position t predict token t+1; the response sits at the right end of every row
+        ids, mask, positions, cache = _with_shared_prefix(m, prompts, responses, pad_id)
+        width = ids.shape[1]
+        is_response = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
+        for i, r in enumerate(responses):
+            if len(r):
+                is_response[i, width - len(r):] = True
+        logits = m(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache).logits
+        return F.log_softmax(logits[:, :-1][is_response[:, 1:]].float(), dim=-1), ids[:, 1:][is_response[:, 1:]]
+
     with torch.inference_mode():
-        logp = F.log_softmax(model(**kw).logits[:, :-1][predicts_response.to(device)].float(), dim=-1)
-        ref_device = next(reference.parameters()).device
-        kw = {k: v.to(ref_device) for k, v in kw.items()}
-        logq = F.log_softmax(reference(**kw).logits[:, :-1][predicts_response.to(ref_device)].float(), dim=-1)
+        logp, _ = next_token_logprobs(model)
+        logq, tokens = next_token_logprobs(reference)
         per_token = (logp.exp() * (logp - logq.to(logp.device))).sum(-1).cpu()
-        tokens = ids[:, 1:][predicts_response].to(logq.device)
         base_logprob = logq.gather(-1, tokens[:, None])[:, 0].cpu()
     kls, logprobs, start = [], [], 0
     for r in responses:
@@ -102,15 +135,24 @@ def sample(model, tokenizer, prompts: Sequence[Sequence[int]], max_new_tokens: i
     those four settings). ``repeats``: that many answers per prompt (a prompt's answers next to each other); the
     prompt is read once and its keys and values shared by its answers, since reading the prompt is most of the
     work when answers are short."""
-    ids, mask = _left_pad(prompts, tokenizer.pad_token_id)
-    device = next(model.parameters()).device
-    ids, mask = ids.to(device), mask.to(device)
     sampling = dict(sampling or TRAINING_SAMPLING)
     kwargs = dict(do_sample=not greedy, repetition_penalty=sampling.pop("repetition_penalty", 1.0),
                   max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
                   eos_token_id=tokenizer.eos_token_id, **(extra or {}))
     if not greedy:
         kwargs.update(sampling)
+    if repeats == 1:
+        # the prompts' shared prefix (a one-shot example) read once: most of a short answer's cost otherwise
+        ids, mask, _, cache = _with_shared_prefix(model, prompts, [[] for _ in prompts], tokenizer.pad_token_id)
+        if cache is not None:
+            kwargs["past_key_values"] = cache
+            # generate() takes the whole rows and reads on from the cache's length
+            prefix = torch.tensor(list(prompts[0][:mask.shape[1] - ids.shape[1]]), dtype=ids.dtype, device=ids.device)
+            ids = torch.cat([prefix.expand(len(prompts), -1), ids], dim=1)
+    else:
+        ids, mask = _left_pad(prompts, tokenizer.pad_token_id)
+        device = next(model.parameters()).device
+        ids, mask = ids.to(device), mask.to(device)
     with torch.inference_mode():
         if repeats > 1 and ids.shape[1] > 1:
             # all but the last prompt token once per prompt; generate() reads the last one and goes on

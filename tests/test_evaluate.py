@@ -233,3 +233,44 @@ def test_shared_prompt_cache_gives_the_same_answers(spec):
     shared = sample(model, tok, prompts, 6, repeats=3, greedy=True)
     by_hand = sample(model, tok, [p for p in prompts for _ in range(3)], 6, greedy=True)
     assert shared == by_hand and len(shared) == 9
+
+
+def test_shared_prefix_length_hand_examples():
+    from cory.heldout import shared_prefix_length
+
+    assert shared_prefix_length([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 9]]) == 2
+    assert shared_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2      # each prompt keeps a token of its own
+    assert shared_prefix_length([[7, 2], [1, 2]]) == 0
+    assert shared_prefix_length([[1, 2, 3]]) == 0                 # one prompt: nothing to share
+
+
+@pytest.mark.parametrize("spec", ["tiny", "random:llama-tiny"])
+def test_shared_prefix_read_once_changes_nothing(spec, monkeypatch):
+    """Prompts beginning with the same one-shot example read it once (batch 1) and share its keys and values: the
+    sampled draws, the greedy answers and the KL are those of the plain left-padded batch (GPT-2 and Llama)."""
+    from cory import heldout
+    from cory.lab.evaluate import load_model
+
+    tok = models.load_tokenizer(locate(spec))
+    model, reference = load_model(spec), load_model(spec)
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    shot = "Question: What is 12 + 7?\nAnswer: 12 + 7 = 19. The answer is 19.\n\nQuestion: What is "
+    prompts = [tok(shot + q + "?\nAnswer:")["input_ids"] for q in ("4 - 9", "13 + 28", "7 + 1", "60 - 3")]
+    assert heldout.shared_prefix_length(prompts) >= heldout.MIN_SHARED_PREFIX
+
+    def read(min_shared):
+        monkeypatch.setattr(heldout, "MIN_SHARED_PREFIX", min_shared)
+        torch.manual_seed(0)
+        sampled = heldout.sample(model, tok, prompts, 8)
+        greedy = heldout.sample(model, tok, prompts, 8, greedy=True)
+        kls, logprobs = heldout.sequence_kl_and_base_logprob(model, reference, prompts, sampled, tok.pad_token_id)
+        return sampled, greedy, kls, logprobs
+
+    shared, plain = read(8), read(10 ** 6)
+    assert shared[:2] == plain[:2]
+    assert shared[2] == pytest.approx(plain[2], rel=1e-4, abs=1e-5)
+    assert shared[3] == pytest.approx(plain[3], rel=1e-4, abs=1e-5)
+    assert min(shared[2]) > 0
