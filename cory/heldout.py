@@ -130,11 +130,11 @@ def _response_ids(row: list[int], eos_id: int | None, pad_id: int | None) -> lis
 def sample(model, tokenizer, prompts: Sequence[Sequence[int]], max_new_tokens: int,
            extra: dict | None = None, repeats: int = 1, greedy: bool = False,
            sampling: dict | None = None) -> list[list[int]]:
-    """One generate() call for the whole batch (left padding), by default sampling like training: top_k 0, top_p 1,
-    temperature 1, no repetition penalty, so the answers are draws from the policy itself (``sampling`` replaces
-    those four settings). ``repeats``: that many answers per prompt (a prompt's answers next to each other); the
-    prompt is read once and its keys and values shared by its answers, since reading the prompt is most of the
-    work when answers are short."""
+    """One generate() call for the whole batch (left padding; a prefix all prompts share read once), by default
+    sampling like training: top_k 0, top_p 1, temperature 1, no repetition penalty, so the answers are draws from
+    the policy itself (``sampling`` replaces those four settings). ``repeats``: that many answers per prompt (a
+    prompt's answers next to each other); the prompt is read once and its keys and values shared by its answers,
+    since reading the prompt is most of the work when answers are short."""
     sampling = dict(sampling or TRAINING_SAMPLING)
     kwargs = dict(do_sample=not greedy, repetition_penalty=sampling.pop("repetition_penalty", 1.0),
                   max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
@@ -245,9 +245,14 @@ class PeriodicEvaluation:
     def __call__(self, models: dict, iterations: int) -> list[dict]:
         """One row per agent (``{"iterations", "agent", "task_reward", "kl", ...}``) for ``models`` (name ->
         causal LM), after ``iterations`` completed iterations."""
-        rows = []
+        rows, read = [], []  # read: (model, result) of the agents evaluated so far
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
         for name, model in models.items():
+            # CORY's agents before training are both the base model: one reading, as the seed is fixed
+            same = next((result for other, result in read if same_weights(model, other)), None)
+            if same is not None:
+                rows.append({"iterations": iterations, "agent": name, **same})
+                continue
             was_training = model.training
             model.eval()
             with torch.random.fork_rng(devices=devices):
@@ -258,5 +263,12 @@ class PeriodicEvaluation:
                                          greedy=self.greedy)
             model.train(was_training)
             result.pop("samples")
+            read.append((model, result))
             rows.append({"iterations": iterations, "agent": name, **result})
         return rows
+
+
+def same_weights(a, b) -> bool:
+    """Whether two models hold equal weights (the same tensors in the same order), so would answer alike."""
+    pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
+    return pa.keys() == pb.keys() and all(pa[k].shape == pb[k].shape and torch.equal(pa[k], pb[k]) for k in pa)

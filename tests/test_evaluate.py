@@ -274,3 +274,38 @@ def test_shared_prefix_read_once_changes_nothing(spec, monkeypatch):
     assert shared[2] == pytest.approx(plain[2], rel=1e-4, abs=1e-5)
     assert shared[3] == pytest.approx(plain[3], rel=1e-4, abs=1e-5)
     assert min(shared[2]) > 0
+
+
+
+def test_periodic_evaluation_reads_agents_with_equal_weights_once(monkeypatch):
+    """CORY's two agents before any training are the base model: the run's evaluation reads them once and gives both
+    the same row, which is the row a reading of either alone gives; agents that differ are each read."""
+    import copy
+
+    from cory import heldout
+    from cory.lab.evaluate import load_model
+    from cory.tasks.arithmetic import ArithmeticTask
+
+    tok = models.load_tokenizer(locate("tiny"))
+    base = load_model("tiny")
+    evaluation = heldout.PeriodicEvaluation.__new__(heldout.PeriodicEvaluation)
+    task = ArithmeticTask()
+    evaluation.__dict__.update(task=task, reward="correctness", examples=task.eval_examples(6), tokenizer=tok,
+                               reference=base, max_new_tokens=4, allow_early_eos=True, greedy=True, batch_size=32)
+    reads = []
+    real = heldout.evaluate_reward
+    monkeypatch.setattr(heldout, "evaluate_reward", lambda model, *a, **k: reads.append(model) or real(model, *a, **k))
+
+    llm1, llm2 = copy.deepcopy(base), copy.deepcopy(base)
+    rows = evaluation({"llm1": llm1, "llm2": llm2}, 0)
+    assert reads == [llm1]
+    assert [r["agent"] for r in rows] == ["llm1", "llm2"]
+    assert {k: v for k, v in rows[0].items() if k != "agent"} == {k: v for k, v in rows[1].items() if k != "agent"}
+    alone = evaluation({"llm2": llm2}, 0)[0]
+    assert alone == rows[1]
+
+    with torch.no_grad():
+        next(llm2.parameters()).add_(0.05)
+    reads.clear()
+    rows = evaluation({"llm1": llm1, "llm2": llm2}, 3)
+    assert reads == [llm1, llm2] and rows[0]["kl"] != rows[1]["kl"]

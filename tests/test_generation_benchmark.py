@@ -232,3 +232,23 @@ def test_iteration_targets_on_cuda_name_the_precisions_peak_and_the_cards_memory
     assert ratio["met"]  # 2.57 s against 1.37 s
     memory = rows["peak memory CORY - PPO"]
     assert memory["measured"] == f"{(s['cory']['cuda_peak_gib'] - s['ppo']['cuda_peak_gib']) * 1024:.0f} MiB"
+
+
+@pytest.mark.parametrize("flag,value", [("--batches", "0"), ("--threads", "two")])
+def test_heldout_benchmark_refuses_bad_input_in_one_line(flag, value):
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "heldout_eval.py"), "--model", "no/such-model",
+                        flag, value], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [f"error: {flag}: must be a whole number >= 1, got {value!r}"]
+
+
+def test_heldout_benchmark_reads_the_shared_prefix_once_with_the_same_draws(tmp_path):
+    out = tmp_path / "heldout.json"
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "heldout_eval.py"), "--model", "tiny",
+                        "--batch_size", "8", "--batches", "1", "--rounds", "1", "--answer_tokens", "6",
+                        "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["shared_prefix_tokens"] >= 8 and set(result["summary"]) == {"left_padded", "shared_prefix"}
+    shared = result["summary"]["shared_prefix"]
+    assert shared["sampled_equal"] == 1.0 and shared["greedy_equal"] == 1.0 and shared["kl_max_abs_diff"] < 1e-4
