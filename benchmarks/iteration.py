@@ -390,12 +390,14 @@ def check_configs(args) -> None:
     sys.path.insert(0, str(REPO))
     from cory.assets import model_spec
     from cory.errors import AssetError, ConfigError
+    from cory.tasks.registry import check_values
     from iteration_worker import build_cfg
 
     for variant in args.variants:
         try:
             _, cfg = build_cfg(args, variant, UNUSED_DIR)
             model_spec(cfg.model_name)
+            check_values(cfg)  # a dataset or reward the task does not take, --dry_run included
         except (ConfigError, AssetError) as e:
             raise as_flags(args, variant, str(e)) from None
 

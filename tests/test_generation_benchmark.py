@@ -214,6 +214,12 @@ def test_iteration_benchmark_prints_the_values_a_gpu_figure_runs_at(capsys):
                            "--variants", "ppo", "--dry_run"]) == 0
     line, = capsys.readouterr().out.splitlines()
     assert "task arithmetic" in line and "model embedded:smollm2-135m" in line and "mini_batch 8" in line, line
+    # a dataset the task does not take is refused by --dry_run too, as a run would refuse it
+    assert iteration.main(["--task", "arithmetic", "--preset", "cpu", "--dataset", "sums_9x9", "--dry_run"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.strip().splitlines() == [
+        "error: --dataset: 'sums_9x9' is not one of auto, sums_2x1, sums_2x12, sums_2x2, sums_3x1, products_2x1, "
+        "products_2x12"]
 
 
 def test_iteration_targets_on_cuda_name_the_precisions_peak_and_the_cards_memory():

@@ -111,6 +111,11 @@ def _check_values(cfg, spec: TaskSpec) -> None:
                           f"{', '.join(spec.rewards)}")
 
 
+def check_values(cfg) -> None:
+    """The dataset and reward a config names are ones its task takes (ConfigError, one line); reads no data."""
+    _check_values(cfg, task_spec(cfg.task))
+
+
 def check_config(cfg) -> None:
     """The task, reward and data a config names, checked before any model loads (ConfigError, one line)."""
     spec = task_spec(cfg.task)
