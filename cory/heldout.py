@@ -15,13 +15,12 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from cory.metrics import degeneration
+# prompts that all begin with MIN_SHARED_PREFIX or more equal tokens (a one-shot example) read them once per batch
+from cory.packing import MIN_SHARED_PREFIX, shared_prefix_length
 from cory.rollout import checked_scores, stop_at, tokenize_prompts
 from cory.tasks.base import TRAINING_SAMPLING, check_examples
 
 BATCH_SIZE = 32  # sequences per generate() call, unless told otherwise
-# A batch whose prompts all begin with at least this many equal tokens (a one-shot example: the arithmetic and GSM8K
-# prompts) reads them once, at batch 1, and shares their keys and values; fewer are not worth the bookkeeping.
-MIN_SHARED_PREFIX = 8
 
 
 def _left_pad(seqs: Sequence[Sequence[int]], pad_id: int):
@@ -38,18 +37,6 @@ def _left_pad(seqs: Sequence[Sequence[int]], pad_id: int):
 def _positions(mask):
     # Left padding shifts every sequence: position ids must count real tokens only, as generate() does.
     return (mask.cumsum(-1) - 1).clamp(min=0)
-
-
-def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
-    """How many tokens every prompt begins with, leaving each prompt at least one token of its own (the token whose
-    logits predict the answer's first)."""
-    if len(prompts) < 2:
-        return 0
-    first, longest = prompts[0], min(len(p) for p in prompts) - 1
-    for i in range(max(longest, 0)):
-        if any(p[i] != first[i] for p in prompts):
-            return i
-    return max(longest, 0)
 
 
 def _with_shared_prefix(model, prompts: Sequence[Sequence[int]], tails: Sequence[Sequence[int]], pad_id: int):

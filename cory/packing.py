@@ -7,6 +7,9 @@ runs causal SDPA: a sequence's padding lies after its tokens, so a causal mask k
 them, and its output rows are dropped on the way back. So results equal the padded batch's up to float
 rounding (tests/test_ppo_passes.py), and attention costs what it cost before.
 
+Sequences that begin alike (a one-shot example before every question) hold that prefix once, at the row's start:
+each attends to it as if it were its own, and the linear layers, most of the work, read it once per pass.
+
 The attention runs under its own name (``cory_sdpa``) so that transformers dispatches to it; outside a
 ``packed(...)`` block it is plain SDPA, masks included, so generation is unaffected.
 """
@@ -25,20 +28,48 @@ NAME = "cory_sdpa"
 _layout: contextvars.ContextVar = contextvars.ContextVar("cory_packed_layout", default=None)
 
 
-class Layout:
-    """Where each sequence sits in the packed row, and the index maps to and from [sequences, longest]."""
+# Sequences that all begin with at least this many equal tokens (a one-shot example: the arithmetic and GSM8K
+# prompts) share one copy of them; fewer are not worth the bookkeeping.
+MIN_SHARED_PREFIX = 8
 
-    def __init__(self, lengths: list[int], device):
-        self.tokens = sum(lengths)
-        longest = max(lengths)
+
+def shared_prefix_length(sequences) -> int:
+    """How many tokens every sequence begins with, leaving each at least one token of its own (the token whose
+    logits predict what follows the prompt); 0 for fewer than two sequences."""
+    if len(sequences) < 2:
+        return 0
+    first, longest = sequences[0], min(len(s) for s in sequences) - 1
+    for i in range(max(longest, 0)):
+        if any(s[i] != first[i] for s in sequences):
+            return i
+    return max(longest, 0)
+
+
+class Layout:
+    """Where each sequence sits in the packed row, and the index maps to and from [sequences, longest].
+
+    ``prefix``: the row begins with that many tokens every sequence shares, held once; ``lengths`` are then the
+    sequences' own tokens after it. Each sequence attends to the shared tokens and its own, at the positions it
+    would have alone; the linear layers read the shared tokens once (their gradient gathers every sequence's)."""
+
+    def __init__(self, lengths: list[int], device, prefix: int = 0):
+        self.tokens = prefix + sum(lengths)
+        longest = prefix + max(lengths)
         lens = torch.tensor(lengths, device=device)
-        starts = torch.cumsum(lens, 0) - lens
+        starts = prefix + torch.cumsum(lens, 0) - lens  # where each sequence's own tokens begin in the row
         j = torch.arange(longest, device=device)
-        inside = j[None, :] < lens[:, None]
-        # past its end a sequence repeats its last token: causal attention never lets it reach a real one
-        self.gather = starts[:, None] + torch.minimum(j[None, :], (lens - 1)[:, None])
-        self.scatter = (torch.arange(len(lengths), device=device)[:, None] * longest + j)[inside]
-        self.position_ids = (j[None, :].expand(len(lengths), -1))[inside].unsqueeze(0)
+        own = j[None, :] >= prefix
+        inside = j[None, :] < (prefix + lens)[:, None]
+        # a sequence re-padded: the shared tokens, then its own; past its end it repeats its last token (causal
+        # attention never lets that reach a real one)
+        self.gather = torch.where(~own, j[None, :],
+                                  starts[:, None] + torch.minimum((j - prefix).clamp(min=0)[None, :], (lens - 1)[:, None]))
+        # back into the row: the shared tokens' outputs from the first sequence (all compute them alike), then each
+        # sequence's own
+        mine = (torch.arange(len(lengths), device=device)[:, None] * longest + j)[own & inside]
+        self.scatter = torch.cat([torch.arange(prefix, device=device), mine])
+        self.position_ids = torch.cat([torch.arange(prefix, device=device),
+                                       j[None, :].expand(len(lengths), -1)[own & inside]]).unsqueeze(0)
         self.starts = starts
 
 
@@ -77,10 +108,11 @@ def supported(config) -> bool:
 
 
 @contextlib.contextmanager
-def packed(config, lengths: list[int], device):
-    """Run the model of ``config`` on packed rows of sequences of ``lengths`` while the block is open."""
+def packed(config, lengths: list[int], device, prefix: int = 0):
+    """Run the model of ``config`` on packed rows of sequences of ``lengths`` (after ``prefix`` shared tokens, see
+    ``Layout``) while the block is open."""
     register()
-    layout = Layout(lengths, device)
+    layout = Layout(lengths, device, prefix)
     before = config._attn_implementation
     config._attn_implementation = NAME
     token = _layout.set(layout)

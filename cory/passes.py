@@ -42,10 +42,10 @@ KL_CHUNK_BYTES = 512 * 2 ** 20
 KL_ROWS = 4
 
 
-def pass_plan(lengths: list[int], max_tokens: int, packed: bool = False) -> list[list[int]]:
+def pass_plan(lengths: list[int], max_tokens: int, packed: bool = False, shared: int = 0) -> list[list[int]]:
     """Sample indices grouped into forward passes of at most ``max_tokens`` tokens each: the sum of the
-    lengths for ``packed`` passes, else samples x longest (padding counts); 0 = no limit, everything in
-    one pass in the given order.
+    lengths for ``packed`` passes (``shared`` tokens every sample begins with counted once per pass), else
+    samples x longest (padding counts); 0 = no limit, everything in one pass in the given order.
 
     Over the limit, the fewest passes that fit: for padded passes runs of like-length sequences (longest
     first, so little is padded) of near-equal count, for packed ones near-equal token counts. A sequence
@@ -54,6 +54,8 @@ def pass_plan(lengths: list[int], max_tokens: int, packed: bool = False) -> list
     def cost(group):  # groups are sorted longest first
         return sum(lengths[i] for i in group) if packed else len(group) * lengths[group[0]]
 
+    if packed and shared:  # a pass holds the shared tokens once: plan the samples' own tokens in what is left
+        return pass_plan([n - shared for n in lengths], max(max_tokens - shared, 1) if max_tokens > 0 else 0, True)
     n = len(lengths)
     order = sorted(range(n), key=lambda i: (-lengths[i], i))
     if max_tokens <= 0 or cost(order) <= max_tokens:
@@ -71,6 +73,12 @@ def pass_plan(lengths: list[int], max_tokens: int, packed: bool = False) -> list
         if all(cost(g) <= max_tokens for g in groups):
             return groups
     return [[i] for i in order]
+
+
+def shared_tokens(queries, packed: bool) -> int:
+    """The tokens every query begins with that a packed pass holds once (``cory.packing``); 0 when too few."""
+    shared = packing.shared_prefix_length(queries) if packed else 0
+    return shared if shared >= packing.MIN_SHARED_PREFIX else 0
 
 
 def hf_config(model):
@@ -134,7 +142,9 @@ def window_passes(model, queries, responses, *, window: int, max_pass_tokens: in
     token tensors."""
     k = torch.arange(window, device=device)
     pieces, order = [], []
-    plan = pass_plan([len(q) + len(r) for q, r in zip(queries, responses)], max_pass_tokens, packs(model, pack))
+    packed = packs(model, pack)
+    plan = pass_plan([len(q) + len(r) for q, r in zip(queries, responses)], max_pass_tokens, packed,
+                     shared_tokens(queries, packed))
     for idx in plan:
         qs, rs = [queries[i] for i in idx], [responses[i] for i in idx]
         r_len = torch.tensor([len(r) for r in rs], device=device)
@@ -173,12 +183,15 @@ def window_forward(model, qs, rs, window: int, *, pack: bool, pad_id: int, devic
     r_len = torch.tensor([len(r) for r in rs], device=device)
     model.eval()
     if packs(model, pack):
-        with packing.packed(config, [len(s) for s in seqs], device) as layout:
-            input_ids = torch.cat(seqs).unsqueeze(0)
+        # queries that begin alike (a one-shot example) hold it once at the row's start
+        shared = shared_tokens(qs, True)
+        with packing.packed(config, [len(s) - shared for s in seqs], device, prefix=shared) as layout:
+            input_ids = torch.cat([seqs[0][:shared]] + [s[shared:] for s in seqs]).unsqueeze(0)
             # the logits at position t score token t + 1: response token k of sequence i is scored at
-            # start_i + len(q_i) - 1 + k (past the response: its last position, masked)
-            positions = torch.minimum((layout.starts + q_len - 1)[:, None] + k,
-                                      (layout.starts + q_len + r_len - 2)[:, None])
+            # start_i + len(q_i) - shared - 1 + k, start_i where its own tokens begin (past the response: its last
+            # position, masked)
+            positions = torch.minimum((layout.starts + q_len - shared - 1)[:, None] + k,
+                                      (layout.starts + q_len + r_len - shared - 2)[:, None])
             logits, _, values = model(input_ids=input_ids, position_ids=layout.position_ids,
                                       logits_to_keep=positions.reshape(1, -1), use_cache=False)
         logits = logits.reshape(len(seqs), window, -1)

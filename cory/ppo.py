@@ -29,7 +29,8 @@ import torch
 from trl import PPOTrainer
 from trl.core import PPODecorators, entropy_from_logits, masked_mean
 
-from cory.passes import WindowOutputs, accepts_logits_to_keep, pass_plan, packs, resolve_budget, window_passes
+from cory.passes import (WindowOutputs, accepts_logits_to_keep, pass_plan, packs, resolve_budget, shared_tokens,
+                         window_passes)
 
 
 class KLController:
@@ -324,8 +325,9 @@ class AgentTrainer(PPOTrainer):
                 and len(self._plan(queries, responses)) == 1)
 
     def _plan(self, queries, responses) -> list[list[int]]:
-        return pass_plan([len(q) + len(r) for q, r in zip(queries, responses)], self.max_pass_tokens,
-                         packs(self.model, self.pack))
+        packed = packs(self.model, self.pack)
+        return pass_plan([len(q) + len(r) for q, r in zip(queries, responses)], self.max_pass_tokens, packed,
+                         shared_tokens(queries, packed))
 
     def _passes(self, queries, responses, keep_logits: bool, reference: bool = False, window: int | None = None,
                 max_pass_tokens: int | None = None) -> WindowOutputs:

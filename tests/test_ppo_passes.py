@@ -3,9 +3,9 @@ PPOTrainer.step: the same statistics and the same weight update, up to float rou
 import pytest
 import torch
 
-from cory import models
-from cory.assets import locate
+from cory import models, packing, passes
 from cory.agent import Agent
+from cory.assets import locate
 from cory.passes import pass_plan
 
 STATS = ("kl", "sequence_entropy", "total_loss", "policy_loss", "value_loss", "approx_kl", "clip_fraction",
@@ -89,6 +89,69 @@ def test_our_step_matches_trl(setup, run_step, tmp_path, cls, over):
     update = (stock_params - before).norm()
     assert update > 0
     assert float((params - stock_params).norm() / update) < 1e-3
+
+
+def _one_shot_batch(tok):
+    """Four arithmetic-style queries after the same worked example, as the arithmetic and GSM8K prompts are."""
+    shot = "Question: What is 12 + 7?\nAnswer: 12 + 7 = 19. The answer is 19.\n\nQuestion: What is "
+    queries = [torch.tensor(tok(shot + q + "?\nAnswer:")["input_ids"]) for q in ("4 - 9", "13 + 28", "7 + 1", "60")]
+    responses = [torch.tensor(tok(r)["input_ids"]) for r in (" 4 - 9 = -5.", " 41", " 7 + 1 = 8. The answer", " 60")]
+    return queries, responses
+
+
+@pytest.mark.parametrize("over", CASES, ids=[f"packed{i}" for i in range(len(CASES))])
+def test_our_step_matches_trl_on_queries_sharing_a_one_shot_example(setup, ppo_step, tmp_path, over):
+    """Queries that begin with the same worked example: our packed passes hold it once per pass (cory.packing), and
+    the step is still trl's, in every pass case."""
+    tok, _, policy, _, _ = setup
+    batch = _one_shot_batch(tok)
+    assert passes.shared_tokens(batch[0], True) >= 8
+    before = torch.cat([p.detach().flatten() for p in policy.parameters()])
+    _, stock_stats, stock_params = ppo_step(tmp_path / "stock", StockAgent, batch=batch, **over)
+    _, stats, params = ppo_step(tmp_path / "ours", Agent, batch=batch, **over)
+    for key in STATS:
+        assert getattr(stats, key) == pytest.approx(getattr(stock_stats, key), rel=2e-4, abs=1e-5), key
+    assert float((params - stock_params).norm() / (stock_params - before).norm()) < 1e-3
+
+
+@pytest.mark.parametrize("spec", ["tiny", "random:llama-tiny"])
+def test_a_shared_example_held_once_gives_the_same_pass(setup, monkeypatch, spec):
+    """The window's logits, values and labels with the shared example held once equal those of every query packed
+    whole, and of right-padded passes, on the response tokens; the row holds the example once (GPT-2's learned
+    positions, Llama's rotary ones)."""
+    tok, _, policy, _, _ = setup
+    if spec != "tiny":
+        tok, policy = models.load_tokenizer(locate(spec)), models.load_policy(locate(spec))
+    queries, responses = _one_shot_batch(tok)
+    window = max(len(r) for r in responses)
+    inside = torch.arange(window)[None, :] < torch.tensor([len(r) for r in responses])[:, None]
+    rows = []
+    real = packing.Layout.__init__
+    monkeypatch.setattr(packing.Layout, "__init__", lambda self, lengths, device, prefix=0: (
+        rows.append(prefix + sum(lengths)), real(self, lengths, device, prefix))[1])
+
+    def forward(pack, min_shared):
+        monkeypatch.setattr(packing, "MIN_SHARED_PREFIX", min_shared)
+        with torch.no_grad():
+            return passes.window_forward(policy, queries, responses, window, pack=pack, pad_id=0, device="cpu")
+
+    shared, whole, padded = forward(True, 8), forward(True, 10 ** 6), forward(False, 8)
+    prefix = packing.shared_prefix_length(queries)
+    assert rows == [sum(len(q) + len(r) for q, r in zip(queries, responses)) - 3 * prefix,
+                    sum(len(q) + len(r) for q, r in zip(queries, responses))]
+    for a, b, c in zip(shared, whole, padded):
+        assert torch.allclose(a[inside].float(), b[inside].float(), atol=1e-5)
+        assert torch.allclose(a[inside].float(), c[inside].float(), atol=1e-4)
+
+
+def test_pass_plan_counts_a_shared_prefix_once_per_packed_pass():
+    lengths = [50, 45, 40, 42]  # each begins with the same 30 tokens
+    assert pass_plan(lengths, 177, packed=True) == [[0, 1, 2, 3]]
+    assert pass_plan(lengths, 30 + 20 + 15 + 10 + 12, packed=True, shared=30) == [[0, 1, 2, 3]]
+    plan = pass_plan(lengths, 70, packed=True, shared=30)
+    assert sorted(i for p in plan for i in p) == [0, 1, 2, 3]
+    assert all(30 + sum(lengths[i] - 30 for i in p) <= 70 for p in plan) and len(plan) == 2
+    assert pass_plan(lengths, 70, packed=False, shared=30) == pass_plan(lengths, 70)  # padding: no sharing
 
 
 @pytest.mark.parametrize("over", [{}, {"mini_batch_size": 2, "gradient_accumulation_steps": 2}], ids=["one", "two"])
