@@ -118,6 +118,17 @@ def test_a_ppo_that_learned_then_collapsed_is_read_at_the_grid_where_the_design_
     assert all(a.learned for a in matched_kl(load_experiment(tmp_path)).agents)
 
 
+def test_fewer_ppo_seeds_than_the_design_needs_is_not_decided_whatever_their_gain(tmp_path):
+    """Below the design's min_seeds the numbers are shown and no verdict given: PPO's gain, not yet shown beyond
+    the few seeds' noise, does not make it "did not learn"; at min_seeds the same gain decides."""
+    write_paths(tmp_path, range(2), ppo=(0.0, 0.4), llm1=(0.05, 0.3), llm2=(0.05, 0.3))
+    (tmp_path / "design.yaml").write_text("min_seeds: 3\n")
+    v = matched_kl(load_experiment(tmp_path))
+    assert v.answer == "not decided" and v.text.startswith("**not decided** — 2 PPO seed(s), the design needs 3; ")
+    write_paths(tmp_path, range(3), ppo=(0.0, 0.4), llm1=(0.05, 0.3), llm2=(0.05, 0.3))
+    assert matched_kl(load_experiment(tmp_path)).answer == PPO_DID_NOT_LEARN
+
+
 def test_reward_at_reads_where_the_path_first_reaches_k():
     p = HeldoutPath(np.array([0, 3, 6, 9]), np.array([0.0, 2.0, 5.0, 4.0]), np.array([0.1, 0.3, 0.6, 0.9]))
     assert reward_at(p, 1.0) == pytest.approx(0.2)

@@ -220,6 +220,9 @@ def matched_kl(exp: Experiment, method: str = "cory") -> MatchedKL:
     head = f"Design: {design.text()}."
     if learning.learned is not True:
         why = learning.text.split(" — ", 1)[-1]
+        if len(ppo.runs) < design.min_seeds:  # the design's rule: fewer seeds, the numbers shown and no verdict
+            return MatchedKL(NOT_DECIDED, f"**{NOT_DECIDED}** — {len(ppo.runs)} PPO seed(s), the design needs "
+                             f"{design.min_seeds}; so far, not shown to learn: {why} {head}", [], design)
         answer = PPO_DID_NOT_LEARN if learning.learned is False else NOT_DECIDED
         return MatchedKL(answer, f"**{answer}** — {why} {head}", [], design)
     readings = []
