@@ -45,7 +45,7 @@ def _with_shared_prefix(model, prompts: Sequence[Sequence[int]], tails: Sequence
     (padding in the middle, masked; positions count real tokens only, so every row sees the positions it would
     see unpadded). Returns (ids, mask, positions, cache) where ids and positions cover the rest only and mask the
     prefix too; cache is None (ids the whole left-padded rows) when the prompts share too little."""
-    n = shared_prefix_length(prompts) if len(prompts) > 1 else 0
+    n = shared_prefix_length(prompts)
     device = next(model.parameters()).device
     if n < MIN_SHARED_PREFIX:
         ids, mask = _left_pad([list(p) + list(t) for p, t in zip(prompts, tails)], pad_id)

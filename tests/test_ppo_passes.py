@@ -91,6 +91,16 @@ def test_our_step_matches_trl(setup, run_step, tmp_path, cls, over):
     assert float((params - stock_params).norm() / update) < 1e-3
 
 
+def assert_step_matches_trl(ppo_step, tmp_path, policy, batch, over):
+    """Our step and trl's stock step on ``batch``: the same statistics and, relative to the update, the same weights."""
+    before = torch.cat([p.detach().flatten() for p in policy.parameters()])
+    _, stock_stats, stock_params = ppo_step(tmp_path / "stock", StockAgent, batch=batch, **over)
+    _, stats, params = ppo_step(tmp_path / "ours", Agent, batch=batch, **over)
+    for key in STATS:
+        assert getattr(stats, key) == pytest.approx(getattr(stock_stats, key), rel=2e-4, abs=1e-5), key
+    assert float((params - stock_params).norm() / (stock_params - before).norm()) < 1e-3
+
+
 def _one_shot_batch(tok):
     """Four arithmetic-style queries after the same worked example, as the arithmetic and GSM8K prompts are."""
     shot = "Question: What is 12 + 7?\nAnswer: 12 + 7 = 19. The answer is 19.\n\nQuestion: What is "
@@ -106,12 +116,7 @@ def test_our_step_matches_trl_on_queries_sharing_a_one_shot_example(setup, ppo_s
     tok, _, policy, _, _ = setup
     batch = _one_shot_batch(tok)
     assert passes.shared_tokens(batch[0], True) >= 8
-    before = torch.cat([p.detach().flatten() for p in policy.parameters()])
-    _, stock_stats, stock_params = ppo_step(tmp_path / "stock", StockAgent, batch=batch, **over)
-    _, stats, params = ppo_step(tmp_path / "ours", Agent, batch=batch, **over)
-    for key in STATS:
-        assert getattr(stats, key) == pytest.approx(getattr(stock_stats, key), rel=2e-4, abs=1e-5), key
-    assert float((params - stock_params).norm() / (stock_params - before).norm()) < 1e-3
+    assert_step_matches_trl(ppo_step, tmp_path, policy, batch, over)
 
 
 @pytest.mark.parametrize("spec", ["tiny", "random:llama-tiny"])
@@ -161,12 +166,7 @@ def test_our_step_matches_trl_on_answers_ending_at_eos(setup, ppo_step, tmp_path
     tok, _, policy, queries, responses = setup
     eos = torch.tensor([tok.eos_token_id])
     batch = (queries, [torch.cat([responses[0][:3], eos]), responses[1], eos, torch.cat([responses[3], eos])])
-    before = torch.cat([p.detach().flatten() for p in policy.parameters()])
-    _, stock_stats, stock_params = ppo_step(tmp_path / "stock", StockAgent, batch=batch, **over)
-    _, stats, params = ppo_step(tmp_path / "ours", Agent, batch=batch, **over)
-    for key in STATS:
-        assert getattr(stats, key) == pytest.approx(getattr(stock_stats, key), rel=2e-4, abs=1e-5), key
-    assert float((params - stock_params).norm() / (stock_params - before).norm()) < 1e-3
+    assert_step_matches_trl(ppo_step, tmp_path, policy, batch, over)
 
 
 def test_full_kl_in_chunks_of_rows_equals_the_whole(monkeypatch):
