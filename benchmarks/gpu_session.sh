@@ -4,7 +4,7 @@
 #
 #     source .device/setup.sh && bash benchmarks/gpu_session.sh paper  # issue 46 in one call (~9 min): the paper
 #         # preset's values at its shape, auto budget at tf32 and bf16, no budget, the GPU tests, the authors' loop;
-#         # pack with WITH_RG=1 (the GSM8K tiny tests need reasoning-gym). Ran 2026-11-27 on an H200: 454 s.
+#         # pack with WITH_RG=1 (the GSM8K tiny tests need reasoning-gym). Ran 2026-11-27 on an H200: 454 s; 2026-11-28 on an H100: 389 s.
 #
 #     source .device/setup.sh && bash benchmarks/gpu_session.sh 1      # IMDB, the paper's batch: tf32, bf16
 #     source .device/setup.sh && bash benchmarks/gpu_session.sh 2      # GSM8K: 1B tf32, 7B bf16 + LoRA
