@@ -29,8 +29,7 @@ import statistics
 import sys
 import time
 
-from harness import Stopped, json_refusal, report_stop, stopped_by_signals, write_json
-
+from harness import json_refusal, run_main, save_json
 from cory.config import PPOArgs  # imports nothing heavy: the checks stay before any model
 
 PROGRAM = "python benchmarks/generation.py"
@@ -173,17 +172,7 @@ def compare_with_dynamic(variants: dict) -> None:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        args = parse(argv)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        with stopped_by_signals():
-            return measure(args, argv)
-    except Stopped as e:
-        return report_stop(e, "nothing written")
+    return run_main(parse, measure, argv)
 
 
 def measure(args, argv: list[str]) -> int:
@@ -248,12 +237,7 @@ def measure(args, argv: list[str]) -> int:
         print_variant(variant, results["variants"][variant], args.run_calls)
     if "dynamic" in results["variants"]:
         compare_with_dynamic(results["variants"])
-    if args.json:
-        fault = write_json(args.json, results)
-        if fault:
-            print(f"error: {fault}", file=sys.stderr)
-            return 1
-    return 0
+    return save_json(args.json, results) if args.json else 0
 
 
 if __name__ == "__main__":

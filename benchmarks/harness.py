@@ -127,3 +127,28 @@ def report_stop(e: Stopped, what: str) -> int:
     """The one line a benchmark stopped by a signal ends with (``what``: what it did about it); its exit status."""
     print(f"{e}: {what}", file=sys.stderr)
     return e.exit_status
+
+
+def run_main(parse, measure, argv=None, stopped: str = "nothing written") -> int:
+    """A benchmark's ``main``: ``parse(argv)`` (a ValueError: its one line, exit 2), then ``measure(args, argv)``
+    under the stop signals (a stop: one line saying ``stopped``, what was done about it; the signal's status)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = parse(argv)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        with stopped_by_signals():
+            return measure(args, argv)
+    except Stopped as e:
+        return report_stop(e, stopped)
+
+
+def save_json(path: str | os.PathLike, doc) -> int:
+    """``doc`` into ``path`` as ``write_json`` writes it; the exit status: 0, or 1 after the fault's one line."""
+    fault = write_json(path, doc)
+    if fault:
+        print(f"error: {fault}", file=sys.stderr)
+        return 1
+    return 0

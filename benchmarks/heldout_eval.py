@@ -22,7 +22,7 @@ import statistics
 import sys
 import time
 
-from harness import Stopped, json_refusal, report_stop, stopped_by_signals, write_json
+from harness import json_refusal, run_main, save_json
 from learned import commit, cpu_flags
 
 PROGRAM = "python benchmarks/heldout_eval.py"
@@ -53,17 +53,7 @@ def parse(argv):
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        args = parse(argv)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        with stopped_by_signals():
-            return measure(args, argv)
-    except Stopped as e:
-        return report_stop(e, "nothing written")
+    return run_main(parse, measure, argv)
 
 
 def measure(args, argv) -> int:
@@ -152,9 +142,7 @@ def measure(args, argv) -> int:
               f"{s['speedup_vs_left_padded']:7.2f}x {min(s['sampled_equal'], s['greedy_equal']):10.0%} "
               f"{s['kl_max_abs_diff']:8.1e}")
     if args.json:
-        problem = write_json(args.json, doc)
-        if problem:
-            print(f"error: {problem}", file=sys.stderr)
+        if save_json(args.json, doc):
             return 1
         print(f"written: {args.json}")
     return 0

@@ -50,8 +50,8 @@ import sys
 import time
 from pathlib import Path
 
-from harness import (Stopped, child_error, json_refusal, report_stop, stop, stopped_by_signals, temporary_folder,
-                     write_json)
+from harness import (Stopped, child_error, json_refusal, report_stop, save_json, stop, stopped_by_signals,
+                     temporary_folder)
 from iteration_worker import OVERRIDES, REPO, worker
 
 PROGRAM = "python benchmarks/iteration.py"
@@ -525,12 +525,7 @@ def main(argv=None) -> int:
               "matmul_peak_gflops": peak, "wall_s": time.perf_counter() - started, "summary": summary,
               "targets": checks}
     print("\n" + json.dumps({"matmul_peak_gflops": peak, "summary": summary, "targets": checks}, indent=1))
-    if args.json:
-        fault = write_json(args.json, {**report, "raw": raw})
-        if fault:
-            print(f"error: {fault}", file=sys.stderr)
-            return 1
-    return 0
+    return save_json(args.json, {**report, "raw": raw}) if args.json else 0
 
 
 def run_as_worker(args) -> int:

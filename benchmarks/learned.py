@@ -24,8 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from harness import (Stopped, child_error, json_refusal, report_stop, stop, stopped_by_signals, temporary_folder,
-                     write_json)
+from harness import (Stopped, child_error, json_refusal, report_stop, save_json, stop, stopped_by_signals,
+                     temporary_folder)
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = "python benchmarks/learned.py"
@@ -130,11 +130,8 @@ def main(argv=None) -> int:
               f"iteration {result['learned_at_iteration']}, {result['minutes']:.2f} minutes after the start; "
               f"threads {result['threads']}, CPU flags {' '.join(result['cpu_flags']) or 'none of ' + ', '.join(FLAGS)}, "
               f"load average {result['load_average']}, commit {result['commit']}")
-    if args.json:
-        fault = write_json(args.json, result)
-        if fault:
-            print(f"error: {fault}", file=sys.stderr)
-            return 1
+    if args.json and save_json(args.json, result):
+        return 1
     return 0 if result["minutes"] is not None else 1
 
 

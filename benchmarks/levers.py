@@ -31,8 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from pathlib import Path
 
-from harness import Stopped, json_refusal, report_stop, stopped_by_signals, write_json
-
+from harness import json_refusal, run_main, save_json
 REPO = Path(__file__).resolve().parent.parent
 PROGRAM = "python benchmarks/levers.py"
 PRESETS = ("tiny", "cpu")
@@ -400,12 +399,10 @@ def compile_lever(b: Bench) -> None:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        args = parse(argv)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return run_main(parse, measure, argv)
+
+
+def measure(args, argv: list[str]) -> int:
     for k, v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
         os.environ.setdefault(k, v)  # before transformers is imported
     warnings.simplefilter("ignore")
@@ -420,25 +417,17 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     b.results = {"command": " ".join([PROGRAM, *argv]), **b.results}
-    try:
-        with stopped_by_signals():
-            sample_batches(b)
-            threads_lever(b)
-            generation_lever(b)
-            ppo_step_lever(b)
-            adam_lever(b)
-            if args.compile:
-                compile_lever(b)
-    except Stopped as e:
-        return report_stop(e, "nothing written")
+    sample_batches(b)
+    threads_lever(b)
+    generation_lever(b)
+    ppo_step_lever(b)
+    adam_lever(b)
+    if args.compile:
+        compile_lever(b)
     b.results["load_average"].append(os.getloadavg()[0])
     print(json.dumps(b.results, indent=1))
-    if args.json:
-        fault = write_json(args.json, b.results)
-        if fault:
-            print(f"error: {fault}", file=sys.stderr)
-            return 1
-    return 0
+    return save_json(args.json, b.results) if args.json else 0
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -19,8 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import (Stopped, child_error, json_refusal, report_stop, stop, stopped_by_signals, temporary_folder,
-                     write_json)
+from harness import child_error, json_refusal, run_main, save_json, stop, temporary_folder
 
 HERE = Path(__file__).resolve().parent
 PROGRAM = "python benchmarks/scaling.py"
@@ -90,15 +89,14 @@ def measure(args, label: str, preset: str, batch: int, rmin, rmax, folder: Path)
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        args = parse(argv)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return run_main(parse, measure_grid, argv, stopped="the iteration benchmark it started was stopped and its "
+                    "temporary folder removed; nothing written")
+
+
+def measure_grid(args, argv: list[str]) -> int:
     rows = []
     try:
-        with stopped_by_signals(), temporary_folder("cory_scaling_") as folder:
+        with temporary_folder("cory_scaling_") as folder:
             for label, preset, batch, rmin, rmax in GRID:
                 if args.quick and preset != "tiny":
                     continue
@@ -112,20 +110,12 @@ def main(argv=None) -> int:
     except ChildError as e:
         print(str(e), file=sys.stderr)
         return e.status
-    except Stopped as e:
-        return report_stop(e, "the iteration benchmark it started was stopped and its temporary folder removed; "
-                              "nothing written")
     print(f"\n{'setting':<14}{'params':>9}{'PPO s/it':>10}{'CORY s/it':>11}{'ratio':>7}"
           f"{'PPO MiB':>9}{'CORY MiB':>9}")
     for r in rows:
         print(f"{r['label']:<14}{r['params'] / 1e6:>8.1f}M{r['ppo_s']:>10.2f}{r['cory_s']:>11.2f}"
               f"{r['cory_s'] / r['ppo_s']:>7.2f}{r['ppo_peak_mb']:>9.0f}{r['cory_peak_mb']:>9.0f}")
-    if args.json:
-        fault = write_json(args.json, {"command": " ".join([PROGRAM, *argv]), "rows": rows})
-        if fault:
-            print(f"error: {fault}", file=sys.stderr)
-            return 1
-    return 0
+    return save_json(args.json, {"command": " ".join([PROGRAM, *argv]), "rows": rows}) if args.json else 0
 
 
 if __name__ == "__main__":
