@@ -190,15 +190,22 @@ def test_verdict_lower_kl_with_reward_far_behind_is_no_claim(tmp_path):
     assert v.text.count("similar not shown") == 2
 
 
-def test_verdict_not_decided_without_cory(tmp_path):
+@pytest.mark.parametrize("removed,held", [("cory", "PPO"), ("ppo", "CORY")])
+def test_one_side_only_is_reported_as_no_comparison(tmp_path, removed, held):
+    """A folder with one method's runs (a baseline folder, or a comparison whose other side has not run yet) says
+    so once, up front, instead of a claim, a collapse test and a verdict that each read "not decided"."""
     synthetic(tmp_path, cory_wins=True)
     import shutil
-    shutil.rmtree(tmp_path / "runs" / "cory")
+    shutil.rmtree(tmp_path / "runs" / removed)
     assert verdict(load_experiment(tmp_path)).answer == "not decided"
     text = build_report(tmp_path).read_text()
-    head, claim = text.split("## The claim at matched KL")
-    assert "not decided" not in head and "no cory runs" in text
-    assert "**not decided** — no PPO and CORY runs with metrics to compare." in claim.split("## Verdict")[0]
+    lacking = {"PPO": "CORY", "CORY": "PPO"}[held]
+    assert text.startswith(f"# {held} runs: ")
+    assert f"This folder holds {held} runs with metrics and no {lacking} runs, so there is nothing to compare" in text
+    for section in ("## The claim at matched KL", "## The collapse test", "## Verdict"):
+        assert section not in text
+    assert "## Final values" in text and "## Samples" in text  # the runs it holds are still described
+    assert not (tmp_path / "fig_reward_vs_kl.png").exists()
 
 
 def test_partial_results_nan_none_and_different_lengths(tmp_path):
