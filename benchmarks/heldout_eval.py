@@ -1,8 +1,10 @@
 """The held-out evaluation's cost (``cory.heldout``: what a run's ``eval_every`` and ``python -m cory.lab.evaluate``
 pay per batch of held-out prompts), two ways, on the same prompts and draws:
 
-    left_padded     every prompt read whole, left-padded (before e3b26ee)
-    shared_prefix   the prompts' shared prefix (the one-shot example) read once per batch, at batch 1 (e3b26ee on)
+    left_padded      every prompt read whole, left-padded (before e3b26ee)
+    shared_prefix    the prompts' shared prefix (the one-shot example) read once per batch, at batch 1 (e3b26ee on)
+    sampling_logits  shared_prefix, and the KL's policy side from the logits the answers were sampled from, so only
+                     the reference reads prompt + answer again
 
     python benchmarks/heldout_eval.py --model embedded:smollm2-135m --threads 1 \\
         --json benchmarks/data/heldout_eval_cpu.json
@@ -26,7 +28,7 @@ from harness import json_refusal, run_main, save_json
 from learned import commit, cpu_flags
 
 PROGRAM = "python benchmarks/heldout_eval.py"
-VARIANTS = ("left_padded", "shared_prefix")
+VARIANTS = ("left_padded", "shared_prefix", "sampling_logits")
 
 
 def parse(argv):
@@ -85,11 +87,15 @@ def measure(args, argv) -> int:
         heldout.MIN_SHARED_PREFIX = 10 ** 9 if variant == "left_padded" else plain_min
         torch.manual_seed(0)
         t0 = time.perf_counter()
-        sampled = heldout.sample(policy, tok, prompts, args.answer_tokens, extra)
+        if variant == "sampling_logits":
+            sampled, logprobs = heldout.sample_with_logprobs(policy, tok, prompts, args.answer_tokens, extra)
+        else:
+            sampled, logprobs = heldout.sample(policy, tok, prompts, args.answer_tokens, extra), None
         t1 = time.perf_counter()
         greedy = heldout.sample(policy, tok, prompts, args.answer_tokens, extra, greedy=True)
         t2 = time.perf_counter()
-        kls, _ = heldout.sequence_kl_and_base_logprob(policy, reference, prompts, sampled, tok.pad_token_id)
+        kls, _ = heldout.sequence_kl_and_base_logprob(policy, reference, prompts, sampled, tok.pad_token_id,
+                                                      logprobs)
         t3 = time.perf_counter()
         return {"sample": t1 - t0, "greedy": t2 - t1, "kl": t3 - t2}, sampled, greedy, kls
 

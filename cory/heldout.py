@@ -71,10 +71,13 @@ def sequence_kl(model, reference, prompts: Sequence[Sequence[int]], responses: S
 
 
 def sequence_kl_and_base_logprob(model, reference, prompts: Sequence[Sequence[int]],
-                                 responses: Sequence[Sequence[int]], pad_id: int) -> tuple[list[float], list[float]]:
+                                 responses: Sequence[Sequence[int]], pad_id: int,
+                                 policy_logprobs: torch.Tensor | None = None) -> tuple[list[float], list[float]]:
     """``sequence_kl``, and per sequence the reference's mean log-likelihood of the response's own tokens (nats per
     token; None-free: an empty response gives 0). Read with distinct-n: token salad and digit strings are diverse
-    but unlikely under the base model, fluent repetition is likely but not diverse."""
+    but unlikely under the base model, fluent repetition is likely but not diverse. ``policy_logprobs``: ``model``'s
+    next-token log-probabilities at the response tokens as its sampling computed them (``sample_with_logprobs``),
+    so that ``model`` is not read again."""
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
     if not prompts:
@@ -92,7 +95,7 @@ def sequence_kl_and_base_logprob(model, reference, prompts: Sequence[Sequence[in
         return F.log_softmax(logits[:, :-1][is_response[:, 1:]].float(), dim=-1), ids[:, 1:][is_response[:, 1:]]
 
     with torch.inference_mode():
-        logp, _ = next_token_logprobs(model)
+        logp = next_token_logprobs(model)[0] if policy_logprobs is None else policy_logprobs
         logq, tokens = next_token_logprobs(reference)
         per_token = (logp.exp() * (logp - logq.to(logp.device))).sum(-1).cpu()
         base_logprob = logq.gather(-1, tokens[:, None])[:, 0].cpu()
@@ -122,6 +125,24 @@ def sample(model, tokenizer, prompts: Sequence[Sequence[int]], max_new_tokens: i
     the policy itself (``sampling`` replaces those four settings). ``repeats``: that many answers per prompt (a
     prompt's answers next to each other); the prompt is read once and its keys and values shared by its answers,
     since reading the prompt is most of the work when answers are short."""
+    return _generate(model, tokenizer, prompts, max_new_tokens, extra, repeats, greedy, sampling)[0]
+
+
+def sample_with_logprobs(model, tokenizer, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                         extra: dict | None = None) -> tuple[list[list[int]], torch.Tensor]:
+    """``sample``'s draws (the same ones), and the model's next-token log-probabilities (full vocabulary, float) at
+    each answer's tokens, row after row, from the logits the sampling drew them from: what a second forward pass
+    over prompt + answer would give, up to float rounding, without that pass."""
+    responses, logits = _generate(model, tokenizer, prompts, max_new_tokens, extra, keep_logits=True)
+    steps = torch.stack(logits, dim=1)  # (rows, steps, vocabulary)
+    lengths = torch.tensor([len(r) for r in responses], device=steps.device)
+    kept = torch.arange(steps.shape[1], device=steps.device)[None, :] < lengths[:, None]
+    return responses, F.log_softmax(steps[kept].float(), dim=-1)
+
+
+def _generate(model, tokenizer, prompts, max_new_tokens, extra=None, repeats=1, greedy=False, sampling=None,
+              keep_logits=False) -> tuple[list[list[int]], tuple | None]:
+    """``sample``, and with ``keep_logits`` generate()'s raw logits of every step (else None)."""
     sampling = dict(sampling or TRAINING_SAMPLING)
     kwargs = dict(do_sample=not greedy, repetition_penalty=sampling.pop("repetition_penalty", 1.0),
                   max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
@@ -150,9 +171,12 @@ def sample(model, tokenizer, prompts: Sequence[Sequence[int]], max_new_tokens: i
             kwargs["past_key_values"] = cache
         if repeats > 1:
             ids, mask = ids.repeat_interleave(repeats, 0), mask.repeat_interleave(repeats, 0)
+        if keep_logits:  # the raw logits, before any sampling setting: the policy's own distribution
+            kwargs.update(return_dict_in_generate=True, output_logits=True)
         out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+    rows, logits = (out.sequences, out.logits) if keep_logits else (out, None)
     return [_response_ids(row, tokenizer.eos_token_id, tokenizer.pad_token_id)
-            for row in out[:, ids.shape[1]:].tolist()]
+            for row in rows[:, ids.shape[1]:].tolist()], logits
 
 
 def evaluate_reward(model, reference, tokenizer, task, examples, *, max_new_tokens: int, batch_size: int,
@@ -173,11 +197,13 @@ def evaluate_reward(model, reference, tokenizer, task, examples, *, max_new_toke
             chunk = examples[start:start + batch_size]
             # the pioneer's prompt (IMDB: the review opening alone, at the tokens the task drew)
             prompts = [ids.tolist() for ids in tokenize_prompts(tokenizer, chunk)]
-            responses = sample(model, tokenizer, prompts, max_new_tokens, extra)
+            # the sampling's own logits give the policy's side of the KL: the reference alone is read again
+            responses, policy_logprobs = sample_with_logprobs(model, tokenizer, prompts, max_new_tokens, extra)
             answers = [task.clean_response(tokenizer.decode(r, skip_special_tokens=True)) for r in responses]
             rewards += checked_scores(task, chunk, answers, reward_name)
             chunk_kls, chunk_logprobs = sequence_kl_and_base_logprob(model, reference, prompts, responses,
-                                                                     tokenizer.pad_token_id)
+                                                                     tokenizer.pad_token_id, policy_logprobs)
+            del policy_logprobs
             kls += chunk_kls
             logprobs += chunk_logprobs
             if greedy:  # after the sampled answers, so that they draw what they would without this reading

@@ -276,6 +276,38 @@ def test_shared_prefix_read_once_changes_nothing(spec, monkeypatch):
     assert min(shared[2]) > 0
 
 
+@pytest.mark.parametrize("spec", ["tiny", "random:llama-tiny"])
+@pytest.mark.parametrize("shot", ["", "Question: What is 12 + 7?\nAnswer: 12 + 7 = 19. The answer is 19.\n\n"])
+def test_kl_from_the_sampling_logits_is_the_second_pass_kl(spec, shot):
+    """The held-out KL takes the policy's side from the logits its answers were sampled from: the draws are
+    sample()'s, and the KL and base log-likelihood are those of a second forward pass over prompt + answer, up to
+    float rounding; with and without a shared prefix, answers stopped early by EOS among them (GPT-2 and Llama)."""
+    from cory import heldout
+    from cory.lab.evaluate import load_model
+
+    tok = models.load_tokenizer(locate(spec))
+    model, reference = load_model(spec), load_model(spec)
+    prompts = [tok(shot + "Question: What is " + q + "?\nAnswer:")["input_ids"]
+               for q in ("4 - 9", "13 + 28", "7 + 1", "60 - 3", "5 + 5")]
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+        # EOS about 8 nats likelier where the prompt's mean last hidden state points: answers end at their own lengths
+        h = model(input_ids=torch.tensor([prompts[0]]), output_hidden_states=True).hidden_states[-1][0].mean(0)
+        model.get_output_embeddings().weight[tok.eos_token_id] += 8 * h / h.norm() ** 2
+    torch.manual_seed(0)
+    plain = heldout.sample(model, tok, prompts, 10)
+    torch.manual_seed(0)
+    drawn, logprobs = heldout.sample_with_logprobs(model, tok, prompts, 10)
+    assert drawn == plain
+    assert len({len(r) for r in drawn}) > 1 and logprobs.shape == (sum(map(len, drawn)), len(tok))
+    two_pass = heldout.sequence_kl_and_base_logprob(model, reference, prompts, drawn, tok.pad_token_id)
+    one_pass = heldout.sequence_kl_and_base_logprob(model, reference, prompts, drawn, tok.pad_token_id, logprobs)
+    assert one_pass[0] == pytest.approx(two_pass[0], rel=1e-4, abs=1e-5)
+    assert one_pass[1] == two_pass[1]  # the reference's side is read as before
+    assert min(two_pass[0]) > 0
+
 
 def test_periodic_evaluation_reads_agents_with_equal_weights_once(monkeypatch):
     """CORY's two agents before any training are the base model: the run's evaluation reads them once and gives both
