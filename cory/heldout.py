@@ -254,17 +254,25 @@ class PeriodicEvaluation:
         self.allow_early_eos = cfg.allow_early_eos
         self.greedy = evaluation.greedy
         self.batch_size = BATCH_SIZE  # the batching changes which draws each answer gets: as the evaluation's
+        # what ``python -m cory.lab.evaluate --model RUN`` would read the final models with (own_final_settings)
+        self.settings = dict(reference=cfg.model_name, dataset=cfg.dataset, dataset_path=cfg.dataset_path,
+                             reward=reward, limit=evaluation.limit, max_new_tokens=self.max_new_tokens,
+                             batch_size=self.batch_size, seed=self.SEED, allow_early_eos=self.allow_early_eos,
+                             greedy=self.greedy)
+        self.last: tuple[int, dict] | None = None  # (iterations, agent -> result with its samples): the latest
 
     def __call__(self, models: dict, iterations: int) -> list[dict]:
         """One row per agent (``{"iterations", "agent", "task_reward", "kl", ...}``) for ``models`` (name ->
         causal LM), after ``iterations`` completed iterations."""
-        rows, read = [], []  # read: (model, result) of the agents evaluated so far
+        rows, read, results = [], [], {}  # read: (model, result) of the agents evaluated so far
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
         for name, model in models.items():
             # CORY's agents before training are both the base model: one reading, as the seed is fixed
             same = next((result for other, result in read if same_weights(model, other)), None)
             if same is not None:
-                rows.append({"iterations": iterations, "agent": name, **same})
+                results[name] = same
+                rows.append({"iterations": iterations, "agent": name,
+                             **{k: v for k, v in same.items() if k not in ("samples", "dtype")}})
                 continue
             was_training = model.training
             model.eval()
@@ -275,10 +283,27 @@ class PeriodicEvaluation:
                                          allow_early_eos=self.allow_early_eos, progress=False,
                                          greedy=self.greedy)
             model.train(was_training)
-            result.pop("samples")
+            result["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
             read.append((model, result))
-            rows.append({"iterations": iterations, "agent": name, **result})
+            results[name] = result
+            rows.append({"iterations": iterations, "agent": name,
+                         **{k: v for k, v in result.items() if k not in ("samples", "dtype")}})
+        self.last = (iterations, results)
         return rows
+
+    def own_final_evaluation(self, iterations: int, final_weights: str | None) -> dict | None:
+        """The document ``cory.lab.evaluate`` reads instead of evaluating the final models again
+        (``RUN/final_evaluation.json``): this evaluation's latest results when they are of the final models
+        (taken after the last of ``iterations``) and ``final_weights`` names those models (cory.final), else None.
+        The models evaluated in one dtype each; a mixed run is left to the evaluation."""
+        if self.last is None or self.last[0] != iterations or final_weights is None:
+            return None
+        results = {name: dict(r) for name, r in self.last[1].items()}
+        dtypes = {r.pop("dtype") for r in results.values()}
+        if len(dtypes) != 1:
+            return None
+        return {"final_weights": final_weights, "iterations": iterations,
+                "settings": {**self.settings, "dtype": dtypes.pop()}, "results": results}
 
 
 def same_weights(a, b) -> bool:

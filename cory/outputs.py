@@ -39,8 +39,10 @@ RUNNER_PID = "CORY_RUNNER_PID"
 MANIFEST = "cory_run.json"
 # What a run writes, down to each file: --overwrite deletes these and nothing else, and refuses when anything
 # else is there (a user's notes inside final/ are as much theirs as beside it).
-RUN_FILES = frozenset({"config.yaml", "metrics.jsonl", "samples.jsonl", "eval.jsonl", MANIFEST, ".config.yaml.tmp",
-                       ".metrics.jsonl.tmp", ".samples.jsonl.tmp", ".eval.jsonl.tmp", ".cory_run.json.tmp"})
+OWN_FINAL_EVALUATION = "final_evaluation.json"  # the run's own evaluation of its final models (cory.heldout)
+RUN_FILES = frozenset({"config.yaml", "metrics.jsonl", "samples.jsonl", "eval.jsonl", MANIFEST, OWN_FINAL_EVALUATION,
+                       ".config.yaml.tmp", ".metrics.jsonl.tmp", ".samples.jsonl.tmp", ".eval.jsonl.tmp",
+                       ".cory_run.json.tmp", f".{OWN_FINAL_EVALUATION}.tmp"})
 LOGGER_DIRS = frozenset({"wandb", "tensorboard"})  # written by the loggers, whole
 CHECKPOINT_FILES = frozenset({f"{name}.pt" for name in AGENT_NAMES} | {"state.pt"})
 _CHECKPOINT = re.compile(r"step_(\d{6,})")
@@ -510,7 +512,7 @@ class RunDir:
         if resume_step is not None:
             # held-out evaluations of the final models describe models this run is about to replace
             for entry in self.path.iterdir():
-                if entry.is_file() and _is_eval_file(entry.name):
+                if entry.is_file() and (_is_eval_file(entry.name) or entry.name == OWN_FINAL_EVALUATION):
                     entry.unlink()
             # rows logged after the checkpoint are redone by the resumed run: drop them, keep the rest
             for p in (self.metrics_path, self.samples_path):
@@ -533,6 +535,10 @@ class RunDir:
 
     def log_eval(self, rows: list[dict]) -> None:
         self._append(self.eval_path, rows)
+
+    def write_own_final_evaluation(self, doc: dict) -> None:
+        if self.enabled:
+            _atomic_write(self.path / OWN_FINAL_EVALUATION, json.dumps(json_safe(doc)) + "\n")
 
     def _append(self, path: Path, rows: list[dict]) -> None:
         if not self.enabled or not rows:

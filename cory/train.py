@@ -26,6 +26,7 @@ from cory.agent import make_agents, resolve_precision, set_precision
 from cory.assets import locate
 from cory.config import PPOArgs, to_dict
 from cory.errors import NonFinite, RunError, Stopped
+from cory.final import final_weights_id
 from cory.heldout import PeriodicEvaluation
 from cory.method import AGENT_NAMES, Method, method_of
 from cory.outputs import RUNNER_PID, RunDir, RunLock, check_saveable, latest_checkpoint
@@ -135,6 +136,12 @@ class Run:
                            f"metrics: none in {self.cfg.output_dir}")
         self.save(self.cfg.steps)
         checkpoint.save_final(self.run_dir, self.agents, self.tokenizer, self.cfg, self.world_size)
+        if self.heldout is not None and self.world_size == 1 and not self.cfg.use_peft:
+            # the evaluation after the last iteration scored the final models as saved (LoRA's are merged first):
+            # cory.lab.evaluate reads it rather than sampling the same answers again
+            own = self.heldout.own_final_evaluation(self.cfg.steps, final_weights_id(self.run_dir.path))
+            if own is not None:
+                self.run_dir.write_own_final_evaluation(own)
 
     def stopped_at_once(self) -> Stopped:
         """A second signal: the current iteration is half done, so nothing new is saved."""

@@ -109,16 +109,51 @@ def test_eval_every_scores_each_agent_and_leaves_training_alone(tmp_path, method
                      for r in read_jsonl(evaluated / "metrics.jsonl")]
 
 
-def test_eval_every_matches_the_evaluation_of_the_saved_model(tmp_path):
-    """The run's last held-out row is what `python -m cory.lab.evaluate` reports for its final model."""
+@pytest.mark.parametrize("name,cls", [("ppo", IMDB_PPO), ("cory", IMDB_CORY)])
+def test_eval_every_matches_the_evaluation_of_the_saved_model(tmp_path, name, cls):
+    """The run's last held-out row is what `python -m cory.lab.evaluate` reports for its final models, sampled
+    again; and what it reads from the run's own final_evaluation.json instead (same numbers, same samples)."""
     from cory.lab.evaluate import main as evaluate
 
-    out = prepare_run(tiny(IMDB_PPO, "ppo", tmp_path, steps=2, eval_every=2)).fit()
-    last = read_jsonl(out / "eval.jsonl")[-1]
-    doc = evaluate(["--task", "imdb", "--model", str(out), "--no_base", "--json", str(tmp_path / "e.json")])
-    saved = doc["results"][0]
-    for key in ("task_reward", "kl", "distinct_1", "distinct_2", "repeat4_share"):
-        assert saved[key] == pytest.approx(last[key], rel=1e-4, abs=1e-6), key
+    out = prepare_run(tiny(cls, name, tmp_path, steps=2, eval_every=2)).fit()
+    last = {r["agent"]: r for r in read_jsonl(out / "eval.jsonl") if r["iterations"] == 2}
+    command = ["--task", "imdb", "--model", str(out), "--no_base", "--json"]
+    read = evaluate([*command, str(tmp_path / "read.json")])["results"]
+    (out / "final_evaluation.json").unlink()
+    sampled = evaluate([*command, str(tmp_path / "sampled.json")])["results"]
+    assert [r["name"].split("/")[-1] for r in sampled] == sorted(last) == [r["name"].split("/")[-1] for r in read]
+    for again, own in zip(sampled, read):
+        assert "read_from" in own and "read_from" not in again
+        assert own["samples"] == again["samples"]
+        for key in ("task_reward", "kl", "base_logprob", "distinct_1", "distinct_2", "repeat4_share",
+                    "response_length"):
+            assert own[key] == pytest.approx(again[key], rel=1e-4, abs=1e-6), key
+            assert own[key] == last[again["name"].split("/")[-1]][key], key
+
+
+def test_the_runs_own_final_evaluation_is_read_only_for_its_weights_and_settings(tmp_path):
+    """Other settings than the run's (a seed, an answer length, a dtype) or final models replaced since (a new id)
+    are evaluated afresh."""
+    import json
+
+    from cory.lab.evaluate import main as evaluate
+
+    out = prepare_run(tiny(IMDB_PPO, "ppo", tmp_path, steps=1, eval_every=1)).fit()
+    own = json.loads((out / "final_evaluation.json").read_text())
+    assert own["iterations"] == 1 and own["settings"]["dtype"] == "float32" and set(own["results"]) == {"policy"}
+
+    def read(*flags):
+        doc = evaluate(["--task", "imdb", "--model", str(out), "--no_base", "--json", str(tmp_path / "e.json"),
+                        "--force", *flags])
+        return "read_from" in doc["results"][0]
+
+    assert read()
+    assert not read("--seed", "1")
+    assert not read("--max_new_tokens", "3")
+    assert not read("--dtype", "bfloat16")
+    marker = out / "final" / "cory_final.json"
+    marker.write_text(marker.read_text().replace(own["final_weights"], "0" * 32))
+    assert not read()
 
 
 @pytest.mark.parametrize("kept,restart", [(2, 1), (1, 0)])

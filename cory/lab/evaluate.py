@@ -36,7 +36,7 @@ from cory.config import load_yaml
 from cory.errors import AssetError, ConfigError, EvalError, OneLineParser, RunError, file_fault
 from cory.final import RECORD, WEIGHT_FILES, final_complete, final_weights_id
 from cory.models import check_weights_fit, load_causal_lm, load_tokenizer
-from cory.outputs import check_output_file, json_safe, read_manifest, run_folder_of
+from cory.outputs import OWN_FINAL_EVALUATION, check_output_file, json_safe, read_manifest, run_folder_of
 from cory.heldout import BATCH_SIZE, evaluate_reward, sample
 from cory.lab.passk import mean_pass_at_k
 from cory.rollout import checked_scores, decode_and_clean, stop_at, tokenize_prompts
@@ -504,6 +504,29 @@ def _task(make):
         raise EvalError(text.splitlines()[0] if text else type(e).__name__) from None
 
 
+def own_final_evaluation(p: Plan, entry: ModelEntry) -> dict | None:
+    """The result the run itself took of this final model after its last iteration (``RUN/final_evaluation.json``,
+    written by training), when it scored these very weights (cory.final's id) with the settings this evaluation
+    has: the numbers and samples a second reading would give, read instead of sampled again. Else None."""
+    if entry.run_dir is None or p.protocol != "training":
+        return None
+    try:
+        doc = json.loads((entry.run_dir / OWN_FINAL_EVALUATION).read_text())
+    except (OSError, ValueError):
+        return None
+    settings = dict(reference=p.reference, dataset=p.dataset, dataset_path=p.dataset_path, reward=p.reward,
+                    limit=p.limit, max_new_tokens=p.max_new_tokens, batch_size=p.batch_size, seed=p.seed,
+                    allow_early_eos=p.allow_early_eos, greedy=task_spec(p.task).evaluation.greedy, dtype=p.dtype)
+    if (not isinstance(doc, dict) or doc.get("settings") != settings or doc.get(RECORD) is None
+            or doc.get(RECORD) != final_weights_id(entry.run_dir) or Path(entry.spec).parent.name != "final"):
+        return None
+    result = (doc.get("results") or {}).get(Path(entry.spec).name)
+    if not isinstance(result, dict):
+        return None
+    return {**result, "read_from": f"{OWN_FINAL_EVALUATION}: the run's own evaluation after its iteration "
+                                   f"{doc.get('iterations')}, with these settings and weights"}
+
+
 def run(p: Plan) -> dict:
     """Evaluate every row of the plan; returns the JSON document (also written to ``p.json_path``)."""
     reward_metrics = p.metrics == REWARD_METRICS
@@ -533,6 +556,10 @@ def run(p: Plan) -> dict:
                                 limit="--max_new_tokens")
         reference = load_model(p.reference, p.dtype, "--reference")
         for entry in p.rows:
+            own = own_final_evaluation(p, entry)
+            if own is not None:  # the run's evaluation after its last iteration: these weights, these settings
+                results.append({"name": entry.label, "model": entry.spec, **own})
+                continue
             model = reference if entry.spec == p.reference else load_model(entry.spec, p.dtype, "--model")
             res = evaluate_reward(model, reference, tokenizer, task, examples, max_new_tokens=p.max_new_tokens,
                                   batch_size=p.batch_size, seed=p.seed, reward_name=p.reward, label=entry.label,
