@@ -188,6 +188,8 @@ def evaluate_reward(model, reference, tokenizer, task, examples, *, max_new_toke
     ``parseable(answer)`` test also gets the share of sampled answers it holds for (``parseable_share``)."""
     torch.manual_seed(seed)
     texts, tokens, rewards, kls, logprobs, greedy_rewards = [], [], [], [], [], []
+    # the base model against itself reads both sides the same way: its KL is 0 exactly, not float noise
+    from_sampling = model is not reference and not same_weights(model, reference)
     stop = stop_at(tokenizer, task.stop)
     extra = stop if allow_early_eos else {"min_new_tokens": max_new_tokens}
     # closed on an error too, so that the error's one line is not glued to a progress bar
@@ -198,7 +200,10 @@ def evaluate_reward(model, reference, tokenizer, task, examples, *, max_new_toke
             # the pioneer's prompt (IMDB: the review opening alone, at the tokens the task drew)
             prompts = [ids.tolist() for ids in tokenize_prompts(tokenizer, chunk)]
             # the sampling's own logits give the policy's side of the KL: the reference alone is read again
-            responses, policy_logprobs = sample_with_logprobs(model, tokenizer, prompts, max_new_tokens, extra)
+            if from_sampling:
+                responses, policy_logprobs = sample_with_logprobs(model, tokenizer, prompts, max_new_tokens, extra)
+            else:
+                responses, policy_logprobs = sample(model, tokenizer, prompts, max_new_tokens, extra), None
             answers = [task.clean_response(tokenizer.decode(r, skip_special_tokens=True)) for r in responses]
             rewards += checked_scores(task, chunk, answers, reward_name)
             chunk_kls, chunk_logprobs = sequence_kl_and_base_logprob(model, reference, prompts, responses,
@@ -309,4 +314,6 @@ class PeriodicEvaluation:
 def same_weights(a, b) -> bool:
     """Whether two models hold equal weights (the same tensors in the same order), so would answer alike."""
     pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
-    return pa.keys() == pb.keys() and all(pa[k].shape == pb[k].shape and torch.equal(pa[k], pb[k]) for k in pa)
+    return pa.keys() == pb.keys() and all(
+        (pa[k].shape, pa[k].dtype, pa[k].device) == (pb[k].shape, pb[k].dtype, pb[k].device)
+        and torch.equal(pa[k], pb[k]) for k in pa)
