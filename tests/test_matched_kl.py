@@ -129,6 +129,18 @@ def test_fewer_ppo_seeds_than_the_design_needs_is_not_decided_whatever_their_gai
     assert matched_kl(load_experiment(tmp_path)).answer == PPO_DID_NOT_LEARN
 
 
+def test_fewer_cory_seeds_than_the_design_needs_is_not_decided_whatever_their_gain(tmp_path):
+    """The same rule for CORY's learning check: with PPO's seeds enough and learning, CORY agents not yet shown to
+    learn on fewer seeds than min_seeds read "not decided", with their numbers; at min_seeds they are "not tested"."""
+    write_paths(tmp_path, range(3), ppo=(0.05, 1.0), llm1=(0.0, 0.3), llm2=(0.0, 0.3))
+    (tmp_path / "design.yaml").write_text("min_seeds: 3\n")
+    assert matched_kl(load_experiment(tmp_path)).answer == CORY_DID_NOT_LEARN
+    shutil.rmtree(tmp_path / "runs" / "cory" / "seed_2")
+    v = matched_kl(load_experiment(tmp_path))
+    assert v.answer == "not decided" and v.text.startswith("**not decided** — 2 CORY seed(s), the design needs 3; ")
+    assert "LLM1" in v.text and "LLM2" in v.text  # each agent's numbers are still shown
+
+
 def test_reward_at_reads_where_the_path_first_reaches_k():
     p = HeldoutPath(np.array([0, 3, 6, 9]), np.array([0.0, 2.0, 5.0, 4.0]), np.array([0.1, 0.3, 0.6, 0.9]))
     assert reward_at(p, 1.0) == pytest.approx(0.2)
