@@ -259,7 +259,7 @@ class PeriodicEvaluation:
         self.allow_early_eos = cfg.allow_early_eos
         self.greedy = evaluation.greedy
         self.batch_size = BATCH_SIZE  # the batching changes which draws each answer gets: as the evaluation's
-        # what ``python -m cory.lab.evaluate --model RUN`` would read the final models with (own_final_settings)
+        # what ``python -m cory.lab.evaluate --model RUN`` would read the final models with (all but the dtype)
         self.settings = dict(reference=cfg.model_name, dataset=cfg.dataset, dataset_path=cfg.dataset_path,
                              reward=reward, limit=evaluation.limit, max_new_tokens=self.max_new_tokens,
                              batch_size=self.batch_size, seed=self.SEED, allow_early_eos=self.allow_early_eos,
@@ -308,7 +308,16 @@ class PeriodicEvaluation:
         if len(dtypes) != 1:
             return None
         return {"final_weights": final_weights, "iterations": iterations,
-                "settings": {**self.settings, "dtype": dtypes.pop()}, "results": results}
+                "settings": own_final_settings(**self.settings, dtype=dtypes.pop()), "results": results}
+
+
+def own_final_settings(*, reference, dataset, dataset_path, reward, limit, max_new_tokens, batch_size, seed,
+                       allow_early_eos, greedy, dtype) -> dict:
+    """The settings a run's own final evaluation records and ``cory.lab.evaluate`` compares with its own: one list
+    of them for both sides, so that a setting added to one is asked of the other."""
+    return dict(reference=reference, dataset=dataset, dataset_path=dataset_path, reward=reward, limit=limit,
+                max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, allow_early_eos=allow_early_eos,
+                greedy=greedy, dtype=dtype)
 
 
 def same_weights(a, b) -> bool:

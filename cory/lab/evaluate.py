@@ -37,7 +37,7 @@ from cory.errors import AssetError, ConfigError, EvalError, OneLineParser, RunEr
 from cory.final import RECORD, WEIGHT_FILES, final_complete, final_weights_id
 from cory.models import check_weights_fit, load_causal_lm, load_tokenizer
 from cory.outputs import OWN_FINAL_EVALUATION, check_output_file, json_safe, read_manifest, run_folder_of
-from cory.heldout import BATCH_SIZE, evaluate_reward, sample
+from cory.heldout import BATCH_SIZE, evaluate_reward, own_final_settings, sample
 from cory.lab.passk import mean_pass_at_k
 from cory.rollout import checked_scores, decode_and_clean, stop_at, tokenize_prompts
 from cory.tasks import (PASS_AT_K, REWARD_METRICS, TRAINING_PROTOCOL, SamplingProtocol, check_eval_config,
@@ -514,9 +514,10 @@ def own_final_evaluation(p: Plan, entry: ModelEntry) -> dict | None:
         doc = json.loads((entry.run_dir / OWN_FINAL_EVALUATION).read_text())
     except (OSError, ValueError):
         return None
-    settings = dict(reference=p.reference, dataset=p.dataset, dataset_path=p.dataset_path, reward=p.reward,
-                    limit=p.limit, max_new_tokens=p.max_new_tokens, batch_size=p.batch_size, seed=p.seed,
-                    allow_early_eos=p.allow_early_eos, greedy=task_spec(p.task).evaluation.greedy, dtype=p.dtype)
+    settings = own_final_settings(reference=p.reference, dataset=p.dataset, dataset_path=p.dataset_path,
+                                  reward=p.reward, limit=p.limit, max_new_tokens=p.max_new_tokens,
+                                  batch_size=p.batch_size, seed=p.seed, allow_early_eos=p.allow_early_eos,
+                                  greedy=task_spec(p.task).evaluation.greedy, dtype=p.dtype)
     if (not isinstance(doc, dict) or doc.get("settings") != settings or doc.get(RECORD) is None
             or doc.get(RECORD) != final_weights_id(entry.run_dir) or Path(entry.spec).parent.name != "final"):
         return None

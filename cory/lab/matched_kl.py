@@ -243,14 +243,14 @@ def matched_kl(exp: Experiment, method: str = "cory") -> MatchedKL:
         reading.test()
         readings.append(reading)
     if all(r.learned is False for r in readings):
+        lines = "\n".join(r.line() for r in readings)
         if len(cory.runs) < design.min_seeds:  # as for PPO above: fewer seeds, the numbers shown and no verdict
             return MatchedKL(NOT_DECIDED, f"**{NOT_DECIDED}** — {len(cory.runs)} "
-                             f"{METHOD_NAMES.get(cory.method, cory.method)} seed(s), the design needs {design.min_seeds}; so far no agent's final held-out reward is "
-                             f"shown above the base model's beyond noise. {head}\n\n" + "\n".join(r.line() for r in readings),
-                             readings, design)
+                             f"{METHOD_NAMES.get(cory.method, cory.method)} seed(s), the design needs "
+                             f"{design.min_seeds}; so far no agent's final held-out reward is shown above the base "
+                             f"model's beyond noise. {head}\n\n{lines}", readings, design)
         return MatchedKL(CORY_DID_NOT_LEARN, f"**{CORY_DID_NOT_LEARN}** — no CORY agent's final held-out reward is "
-                         f"above the base model's beyond noise. {head}\n\n" + "\n".join(r.line() for r in readings),
-                         readings, design)
+                         f"above the base model's beyond noise. {head}\n\n{lines}", readings, design)
     answer, summary = judge(readings, design, "at the same held-out KL")
     lines = [r.line() for r in readings]
     return MatchedKL(answer, f"**{answer}** — {summary} {learning.text} {head}\n\n" + "\n".join(lines),
