@@ -17,6 +17,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -349,10 +350,11 @@ class RunLock:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         f = open(self.path, "a+")
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _flock_past_probes(f)
         except BlockingIOError:
             f.close()
-            raise ConfigError(in_use(self.run_dir, self.name, self.holder)) from None
+            raise ConfigError(in_use(self.run_dir, self.name, self.holder)
+                              or f"{self.name}: {self.run_dir} is locked by another process") from None
         except OSError as e:  # a file system without locks: say so, and go on as before locks existed
             warnings.warn(f"{self.name}: cannot lock {self.path} ({e.strerror}); make sure no other run writes "
                           f"{self.run_dir}")
@@ -377,14 +379,34 @@ class RunLock:
         self._file = None
 
 
+PROBE_GRACE_S = 1.0  # how long taking a lock waits out other processes' probes (``in_use``), which take it shared
+
+
+def _flock_past_probes(f) -> None:
+    """An exclusive lock on ``f``, retried for ``PROBE_GRACE_S``: a probe holds a shared lock for microseconds, and
+    a data-parallel run's processes all probe at start, so one failed try is not yet another writer; a run's lock is
+    held for its whole life, so it still refuses."""
+    deadline = time.monotonic() + PROBE_GRACE_S
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
 def in_use(run_dir: Path, name: str = "output_dir", holder: str = "run") -> str | None:
-    """The refusal when another process holds ``run_dir``'s lock, else None; takes nothing."""
+    """The refusal when another process holds ``run_dir``'s lock, else None; takes nothing. The probe takes the
+    lock shared, so that two probes at once (a data-parallel run's processes, each checking its folder) do not each
+    see the other as a writer, as an exclusive probe did."""
     try:
         fd = os.open(run_dir / LOCK, os.O_RDONLY)
     except OSError:
         return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     except BlockingIOError:

@@ -135,3 +135,32 @@ def test_two_runs_started_into_one_folder_at_once(tmp_path):
     refusal = next(err for code, err in results if code == 2).strip().splitlines()
     assert len(refusal) == 1 and refusal[0].startswith("error: output_dir:"), refusal
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [0, 1]
+
+
+def test_probes_of_a_folder_at_once_are_not_writers(tmp_path):
+    """A data-parallel run's processes each probe the folder as they start (CI saw one probe read the other as
+    another run): probes take the lock shared, and taking it for a run waits out a probe; a run's lock refuses."""
+    import fcntl
+    import os
+    import threading
+
+    from cory.errors import ConfigError
+    from cory.outputs import LOCK, RunLock, in_use
+
+    (tmp_path / LOCK).write_text('{"pid": 1, "host": "h", "started": "s", "command": "an earlier run"}\n')
+    probe = os.open(tmp_path / LOCK, os.O_RDONLY)
+    try:
+        fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)  # another process's probe, caught mid-way
+        assert in_use(tmp_path) is None
+        threading.Timer(0.2, fcntl.flock, (probe, fcntl.LOCK_UN)).start()  # the probe ends
+        lock = RunLock(tmp_path).acquire()
+    finally:
+        os.close(probe)
+    try:
+        refusal = in_use(tmp_path)
+        assert refusal and f"another run (pid {os.getpid()} " in refusal
+        with pytest.raises(ConfigError, match=f"being written by another run \\(pid {os.getpid()} "):
+            RunLock(tmp_path).acquire()
+    finally:
+        lock.release()
+    assert in_use(tmp_path) is None
