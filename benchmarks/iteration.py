@@ -30,7 +30,8 @@ Reported per variant: seconds per iteration (median over --iterations after --wa
 pioneer generation, observer generation, reward, pioneer PPO step, observer PPO step, role exchange and
 other; tokens per second; peak resident memory; model FLOPs per second as a fraction of this machine's fp32
 matmul peak, measured in the same worker right before and after its iterations (the best of the run is
-used). Model FLOPs are the work PPO's math needs, on the real (unpadded) prompt + response tokens:
+used). Model FLOPs are the work PPO's math needs, on the real (unpadded) prompt + response tokens, a prefix
+every prompt shares counted once:
 a forward pass is 2 x (non-embedding weights x tokens + LM-head weights x scored tokens); its backward
 is one more of that for the activations' gradients plus 2 x trainable weights x tokens for the weights'
 (so a training pass is 3 forwards when every weight trains, about 2 with LoRA's frozen base). A PPO step
@@ -92,6 +93,14 @@ def forward_flops(w: dict, tokens: int, scored: int) -> float:
     return 2.0 * (w["body"] * tokens + w["head"] * scored)
 
 
+def needed_tokens(step: dict) -> int:
+    """The prompt + response tokens a step's passes need: a prefix every prompt shares (the one-shot example of the
+    arithmetic and GSM8K prompts) counts once, as a pass can hold it (``cory.packing``); records without the
+    count (before 2026-11-28) count it per sequence."""
+    shared = step.get("shared_prefix_tokens", 0) * (step.get("sequences", 1) - 1)
+    return step["prompt_tokens"] + step["response_tokens"] - shared
+
+
 def ppo_step_flops(w: dict, tokens: int, scored: int, epochs: int, one_minibatch: bool) -> float:
     """The model FLOPs a PPO step needs (see this module's docstring)."""
     forward = forward_flops(w, tokens, scored)
@@ -125,7 +134,7 @@ def summarize(res: dict, peak: float) -> dict:
         role = roles(r, method)
         steps = {role[a["agent"]]: a for a in r["agents"] if a["phase"] == "step"}
         gens = {role[a["agent"]]: a for a in r["agents"] if a["phase"] == "generate"}
-        tok = {k: (a["prompt_tokens"] + a["response_tokens"], a["response_tokens"]) for k, a in steps.items()}
+        tok = {k: (needed_tokens(a), a["response_tokens"]) for k, a in steps.items()}
         step_flops = {k: ppo_step_flops(w, *tok[k], epochs, res.get("one_minibatch", True)) for k in steps}
         flops = sum(step_flops.values()) + sum(forward_flops(w, *tok[k]) for k in steps)
         exchange = comps.get("exchange", 0.0)
@@ -135,7 +144,7 @@ def summarize(res: dict, peak: float) -> dict:
             "steady_s": r["total_s"] - exchange, "steady_cpu_s": r["cpu_s"] - r.get("exchange_cpu_s", 0.0),
             "exchange_s": exchange, "exchange_cpu_s": r.get("exchange_cpu_s", 0.0), "swap_step": r["swap_step"], "components": comps,
             "outside_s": r["total_s"] - exchange - core, "outside_cpu_s": r["cpu_s"] - r.get("exchange_cpu_s", 0.0) - core_cpu,
-            "tokens": sum(t for t, _ in tok.values()), "padded": sum(a["padded_tokens"] for a in steps.values()),
+            "tokens": sum(a["prompt_tokens"] + a["response_tokens"] for a in steps.values()), "padded": sum(a["padded_tokens"] for a in steps.values()),
             "flops": flops,
             "step_mfu": {k: step_flops[k] / steps[k]["wall_s"] / 1e9 / peak for k in steps},
             # per core: the peak was measured with all of the run's threads

@@ -236,6 +236,7 @@ def instrument(run, log: list) -> None:
     step; the peak of the generation, of the step and of each phase of the step). The FLOPs and tokens/s come
     from these counts."""
     from cory import memory
+    from cory.passes import shared_tokens
 
     for agent in run.agents.values():
         if getattr(agent, "_instrumented", False):
@@ -267,6 +268,7 @@ def instrument(run, log: list) -> None:
                         "cpu_s": time.process_time() - c0, "rss_before_mb": before,
                         "rss_peak_mb": max([window_peak_mb()] + [v * 1024 for v in phases.values()]),
                         "phase_peak_gib": phases, "prompt_tokens": sum(q), "response_tokens": sum(r),
+                        "sequences": len(q), "shared_prefix_tokens": shared_tokens(queries, packed=True),
                         "padded_tokens": len(q) * max(a + b for a, b in zip(q, r))})
             return stats
 

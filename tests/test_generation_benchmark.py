@@ -240,6 +240,19 @@ def test_iteration_targets_on_cuda_name_the_precisions_peak_and_the_cards_memory
     assert memory["measured"] == f"{(s['cory']['cuda_peak_gib'] - s['ppo']['cuda_peak_gib']) * 1024:.0f} MiB"
 
 
+
+def test_model_flops_count_a_prefix_every_prompt_shares_once():
+    """MFU credits the work the math needs: 32 prompts that share a 39-token example need it read once, not 32 times
+    (a packed pass holds it once); a record without the count (older JSON) counts every prompt whole."""
+    import iteration
+
+    step = {"prompt_tokens": 32 * 48, "response_tokens": 32 * 16, "sequences": 32, "shared_prefix_tokens": 39}
+    assert iteration.needed_tokens(step) == 39 + 32 * (48 - 39) + 32 * 16
+    old = {k: step[k] for k in ("prompt_tokens", "response_tokens")}
+    assert iteration.needed_tokens(old) == 32 * 64
+    w = {"body": 100, "head": 10, "body_trainable": 100, "head_trainable": 10}
+    assert iteration.forward_flops(w, iteration.needed_tokens(step), 512) == 2.0 * (100 * (39 + 32 * 25) + 10 * 512)
+
 @pytest.mark.parametrize("flag,value", [("--batches", "0"), ("--threads", "two")])
 def test_heldout_benchmark_refuses_bad_input_in_one_line(flag, value):
     p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "heldout_eval.py"), "--model", "no/such-model",
