@@ -22,7 +22,7 @@ demo: install
 	@echo "samples (query, pioneer and observer answers, rewards): runs/demo/samples.jsonl"
 
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 # what the Makefile made: the venv and the tools' caches; runs/ holds users' runs (the scripts' default output
 # folder) and is not make's to delete: remove a run yourself with rm -r runs/NAME
