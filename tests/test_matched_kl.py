@@ -139,6 +139,9 @@ def test_fewer_cory_seeds_than_the_design_needs_is_not_decided_whatever_their_ga
     v = matched_kl(load_experiment(tmp_path))
     assert v.answer == "not decided" and v.text.startswith("**not decided** — 2 CORY seed(s), the design needs 3; ")
     assert "LLM1" in v.text and "LLM2" in v.text  # each agent's numbers are still shown
+    # and each agent's line agrees: not judged yet, not "did not learn"
+    assert v.text.count("Not judged: 2 seed(s), the design needs 3; not yet shown to learn.") == 2
+    assert "did not learn" not in v.text
 
 
 def test_reward_at_reads_where_the_path_first_reaches_k():

@@ -151,10 +151,12 @@ class AgentReading:
             out += f" By KL point (nats: mean difference (seeds)): {'; '.join(points)}."
         if self.left_out:
             out += f" Left out (no grid point both paths reached): seeds {', '.join(map(str, self.left_out))}."
-        if self.learned is False:
+        enough = len(self.values) >= self.design.min_seeds
+        if self.learned is False and enough:
             return out + f" {self.name} did not learn: not tested."
-        if not self.judged:
-            return out + f" Not judged: {d.n} seed(s), the design needs {self.design.min_seeds}."
+        if not self.judged:  # below min_seeds a gain not yet beyond noise is not "did not learn" (as the folder's)
+            return out + (f" Not judged: {d.n} seed(s), the design needs {self.design.min_seeds}"
+                          + ("; not yet shown to learn." if self.learned is False else "."))
         mdd = min_detectable(d, self.design.alpha / 2)
         return (out + f" One-sided p (higher) {fmt(self.p_higher)}, p (below PPO + {self.design.margin:g}) "
                 f"{fmt(self.p_below_margin)}: **{self.answer}**; the smallest advantage these seeds would show at "
