@@ -131,11 +131,12 @@ def test_eval_every_matches_the_evaluation_of_the_saved_model(tmp_path, name, cl
             assert own[key] == last[again["name"].split("/")[-1]][key], key
 
 
-def test_the_runs_own_final_evaluation_is_read_only_for_its_weights_and_settings(tmp_path):
+def test_the_runs_own_final_evaluation_is_read_only_for_its_weights_and_settings(tmp_path, monkeypatch):
     """Other settings than the run's (a seed, an answer length, a dtype) or final models replaced since (a new id)
-    are evaluated afresh."""
+    are evaluated afresh; a read row loads no model."""
     import json
 
+    import cory.lab.evaluate as evaluate_module
     from cory.lab.evaluate import main as evaluate
 
     out = prepare_run(tiny(IMDB_PPO, "ppo", tmp_path, steps=1, eval_every=1)).fit()
@@ -147,8 +148,11 @@ def test_the_runs_own_final_evaluation_is_read_only_for_its_weights_and_settings
                         "--force", *flags])
         return "read_from" in doc["results"][0]
 
-    assert read()
-    assert not read("--seed", "1")
+    loaded = []
+    load_model = evaluate_module.load_model
+    monkeypatch.setattr(evaluate_module, "load_model", lambda *a: loaded.append(a[0]) or load_model(*a))
+    assert read() and loaded == []  # every row read: no model loads, not even the reference
+    assert not read("--seed", "1") and len(loaded) == 2  # the reference, then the policy
     assert not read("--max_new_tokens", "3")
     assert not read("--dtype", "bfloat16")
     marker = out / "final" / "cory_final.json"

@@ -555,9 +555,10 @@ def run(p: Plan) -> dict:
             if context is not None and hasattr(task, "check_fits"):
                 task.check_fits(tokenizer, context, p.max_new_tokens, examples=examples, model=entry.spec,
                                 limit="--max_new_tokens")
-        reference = load_model(p.reference, p.dtype, "--reference")
-        for entry in p.rows:
-            own = own_final_evaluation(p, entry)
+        owns = [own_final_evaluation(p, entry) for entry in p.rows]
+        # the reference loads only for a row sampled here (it scores the KL, or is the row)
+        reference = load_model(p.reference, p.dtype, "--reference") if None in owns else None
+        for entry, own in zip(p.rows, owns):
             if own is not None:  # the run's evaluation after its last iteration: these weights, these settings
                 results.append({"name": entry.label, "model": entry.spec, **own})
                 continue
