@@ -1,11 +1,12 @@
 # make demo : create .venv, install everything, run CORY on the embedded model (CPU, offline)
-# make test : create .venv, install everything, run the test suite
+# make test : create .venv, install everything, run the default test suite (the tests marked slow are left out)
+# make test-slow : the slow set: minutes-long end-to-end runs, resume and fault runs (CI runs both)
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test test-slow clean
 
 $(STAMP): requirements.txt requirements-assets.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,7 +23,10 @@ demo: install
 	@echo "samples (query, pioneer and observer answers, rewards): runs/demo/samples.jsonl"
 
 test: install
-	$(PY) -m pytest -q --durations=30
+	$(PY) -m pytest -q -m "not slow" --durations=20
+
+test-slow: install
+	$(PY) -m pytest -q -m slow --durations=20
 
 # what the Makefile made: the venv and the tools' caches; runs/ holds users' runs (the scripts' default output
 # folder) and is not make's to delete: remove a run yourself with rm -r runs/NAME

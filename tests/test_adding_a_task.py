@@ -49,6 +49,7 @@ def test_the_guide_shows_training_evaluation_and_the_runner():
     assert "python -m cory.lab.experiments --task_file kind_words.py" in commands
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["cory", "ppo"])
 def test_the_guides_task_trains_and_evaluates(task_file, method):
     out = task_file.parent / f"kind_{method}"
@@ -80,6 +81,7 @@ def test_the_guides_task_trains_and_evaluates(task_file, method):
 NOTED = 'import os\nwith open("imported.txt", "a") as _f:\n    _f.write(f"{os.getpid()}\\n")\n'
 
 
+@pytest.mark.slow
 def test_the_guides_task_runs_in_the_experiment_runner(task_file, tmp_path):
     out = tmp_path / "exp"
     user = tmp_path / "user"  # the folder the user runs the runner in: the task file's relative paths are there

@@ -123,6 +123,7 @@ def test_the_held_out_evaluation_reads_greedy_accuracy_and_parseable_answers():
     assert plain["distinct_2"] == res["distinct_2"] and plain["kl"] == res["kl"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["ppo", "cory"])
 def test_the_training_scripts_run_the_task(tmp_path, method):
     out = tmp_path / method

@@ -178,6 +178,7 @@ def test_scaling_refuses_zero_iterations_before_starting_any_run(tmp_path, tmpdi
     assert tree(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_a_childs_one_line_error_comes_back_as_that_line(tmp_path, tmpdir_env):
     """A mistake only the iteration benchmark's worker meets (a model cache that cannot be written: CORY_CACHE
     through a file) is its one line, passed on by iteration.py and again by scaling.py, with its status; no

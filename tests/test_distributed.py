@@ -41,6 +41,7 @@ def check_in_sync(out, steps):
     assert not torch.equal(state["rng"]["torch"], other["rng"]["torch"])
 
 
+@pytest.mark.slow
 def test_two_processes_train_in_sync_and_resume(tmp_path):
     out = tmp_path / "run"
     p = torchrun("--config", "configs/imdb/cory_tiny.yaml", "--steps", 2, "--save_every", 1,

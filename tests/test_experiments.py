@@ -142,6 +142,7 @@ def attempts(out):
     return {k: [a["mode"] for a in r["attempts"]] for k, r in runs.items()}
 
 
+@pytest.mark.slow
 def test_runner_runs_skips_and_resumes(tmp_path, capsys):
     out = tmp_path / "exp"
     # a checkpoint every iteration (two kept), so a run cut off in its last iteration has one to resume from
@@ -248,6 +249,7 @@ def _runner_with_a_logged_row(out, stdout):
     return proc, json.loads((out / "runs.json").read_text())["runs"]["ppo/seed_0"]["attempts"][0]["pid"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", ["SIGTERM", "SIGHUP"])
 def test_sigterm_to_the_runner_reaches_its_run_and_is_recorded(tmp_path, capsys, signum):
     """SIGTERM (a scheduler, ``kill``), or SIGHUP (the terminal or ssh session closed), to the runner alone: its run
@@ -276,6 +278,7 @@ def test_sigterm_to_the_runner_reaches_its_run_and_is_recorded(tmp_path, capsys,
     assert latest_checkpoint(out / "runs" / "ppo" / "seed_0") is not None  # it saved before stopping
 
 
+@pytest.mark.slow
 def test_runner_evaluates_finished_runs_and_the_base_model_once(tmp_path):
     out = tmp_path / "exp"
     base = ["--task", "imdb", "--preset", "tiny", "--methods", "ppo", "--seeds", "0", "--steps", "1", "--out", out]
@@ -304,6 +307,7 @@ def test_runner_evaluates_pass_at_k_tasks_only_with_a_budget(tmp_path):
     assert heldout_runs.wanted("gsm8k", ["--limit", "20", "--n", "2"]) is None
 
 
+@pytest.mark.slow
 def test_a_runner_killed_outright_takes_its_run_down_checkpointed(tmp_path):
     """SIGKILL cannot be caught, so the runner cannot pass it on: its run sees at the end of its iteration that its
     parent is no longer the runner, and saves a checkpoint and stops instead of training on with nobody watching."""

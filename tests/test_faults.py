@@ -60,6 +60,7 @@ def test_resume_ignores_half_written_checkpoints(tmp_path):
     assert not leftover.exists() and (root / "step_000004").is_dir()
 
 
+@pytest.mark.slow
 def test_sigkill_mid_iteration_then_resume(tmp_path):
     out = tmp_path / "run"
     proc = start("cory", out, "--steps", "4", "--save_every", "1")

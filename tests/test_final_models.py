@@ -28,6 +28,7 @@ def full_disk_in_safetensors(self, folder, *args, **kwargs):
                           'left on device" })')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", [full_disk, full_disk_in_safetensors])
 def test_a_full_disk_while_writing_final_leaves_no_finished_run(fault, tmp_path, monkeypatch):
     from transformers import PreTrainedModel
@@ -58,6 +59,7 @@ def test_a_full_disk_while_writing_final_leaves_no_finished_run(fault, tmp_path,
     assert final_complete(run, ["policy"]) and json.loads((run / "final" / MARKER).read_text())["iterations"] == 2
 
 
+@pytest.mark.slow
 def test_each_final_written_has_a_new_id_and_replaces_the_one_before(finished, tmp_path):
     run = tmp_path / "ppo"
     shutil.copytree(finished / "ppo", run)
@@ -69,6 +71,7 @@ def test_each_final_written_has_a_new_id_and_replaces_the_one_before(finished, t
     assert not list(run.glob(".final_*"))
 
 
+@pytest.mark.slow
 def test_a_half_written_final_from_before_is_not_a_finished_run(finished, tmp_path):
     """A final/ written before the rename (its save cut short left a model folder without weights): the resume
     writes it instead of saying there is nothing to do, and the evaluation refuses it in one line."""
@@ -85,6 +88,7 @@ def test_a_half_written_final_from_before_is_not_a_finished_run(finished, tmp_pa
     assert final_complete(run, ["policy"]) and (run / "final" / MARKER).is_file()
 
 
+@pytest.mark.slow
 def test_a_final_whose_weights_were_cut_short_since_is_rewritten_by_resume(finished, tmp_path):
     """final/'s marker lists the size of every file written: a weights file cut short afterwards (a copy that
     stopped, a disk fault) makes final/ incomplete, so the resume writes it again from the last checkpoint, with the

@@ -1,7 +1,7 @@
 """The GPU path: tiny runs under each precision, the auto pass budget under a small memory figure, and exact
-resume. Each test takes a ``device``: on "cpu" it runs everywhere (CI included), so the code a GPU machine runs here
-cannot go stale unseen; on "cuda" it needs a GPU (marked gpu; on a GPU machine: python -m pytest -m gpu). The
-auto budget exists on CUDA alone (a CPU has no limit), so that test is CUDA's only."""
+resume. Each test takes a ``device``: on "cpu" it runs everywhere (in the slow set, which CI runs), so the code a
+GPU machine runs here cannot go stale unseen; on "cuda" it needs a GPU (marked gpu; on a GPU machine: python -m
+pytest -m gpu). The auto budget exists on CUDA alone (a CPU has no limit), so that test is CUDA's only."""
 import pytest
 import torch
 
@@ -11,7 +11,9 @@ from cory.outputs import read_jsonl
 
 CUDA = pytest.param("cuda", marks=[pytest.mark.gpu,
                                    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])
-DEVICES = ["cpu", CUDA]
+# the CPU side is minutes of end-to-end runs that other tests cover too: the slow set (make test-slow, CI)
+CPU = pytest.param("cpu", marks=pytest.mark.slow)
+DEVICES = [CPU, CUDA]
 # a run on "cpu" sees no GPU even on a GPU machine
 HIDE_GPUS = {"cpu": {"CUDA_VISIBLE_DEVICES": ""}, "cuda": {}}
 
@@ -19,8 +21,8 @@ RUNS = [("imdb_train/ppo.py", "configs/imdb/ppo_tiny.yaml", ["policy"]),
         ("imdb_train/cory.py", "configs/imdb/cory_tiny.yaml", ["llm1", "llm2"]),
         ("gsm8k_train/cory.py", "configs/gsm8k/cory_tiny.yaml", ["llm1", "llm2"])]
 # on a CPU, tf32 is fp32 and bf16 has tests of its own (tests/test_precision.py): fp32 runs the path
-PRECISIONS = [("cpu", "fp32")] + [pytest.param(*CUDA.values, p, marks=CUDA.marks, id=f"cuda-{p}")
-                                  for p in ("fp32", "tf32", "bf16")]
+PRECISIONS = [pytest.param("cpu", "fp32", marks=pytest.mark.slow, id="cpu-fp32")] + [
+    pytest.param(*CUDA.values, p, marks=CUDA.marks, id=f"cuda-{p}") for p in ("fp32", "tf32", "bf16")]
 
 
 @pytest.mark.parametrize("device,precision", PRECISIONS)

@@ -89,6 +89,7 @@ def test_shaped_rewards_are_named_values_off_in_the_paper_presets(name):
 
 # ----------------------------------------------------------------------------- the run's own held-out evaluation
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method,cls", [("ppo", IMDB_PPO), ("cory", IMDB_CORY)])
 def test_eval_every_scores_each_agent_and_leaves_training_alone(tmp_path, method, cls):
     plain = prepare_run(tiny(cls, method, tmp_path / "a", steps=3)).fit()
@@ -109,6 +110,7 @@ def test_eval_every_scores_each_agent_and_leaves_training_alone(tmp_path, method
                      for r in read_jsonl(evaluated / "metrics.jsonl")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,cls", [("ppo", IMDB_PPO), ("cory", IMDB_CORY)])
 def test_eval_every_matches_the_evaluation_of_the_saved_model(tmp_path, name, cls):
     """The run's last held-out row is what `python -m cory.lab.evaluate` reports for its final models, sampled
@@ -131,6 +133,7 @@ def test_eval_every_matches_the_evaluation_of_the_saved_model(tmp_path, name, cl
             assert own[key] == last[again["name"].split("/")[-1]][key], key
 
 
+@pytest.mark.slow
 def test_the_runs_own_final_evaluation_is_read_only_for_its_weights_and_settings(tmp_path, monkeypatch):
     """Other settings than the run's (a seed, an answer length, a dtype) or final models replaced since (a new id)
     are evaluated afresh; a read row loads no model."""
@@ -160,6 +163,7 @@ def test_the_runs_own_final_evaluation_is_read_only_for_its_weights_and_settings
     assert not read()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kept,restart", [(2, 1), (1, 0)])
 def test_a_resumed_run_keeps_the_evaluations_up_to_its_checkpoint(tmp_path, kept, restart):
     import shutil

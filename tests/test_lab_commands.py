@@ -25,6 +25,7 @@ def runner(*args, timeout=900):
 
 # ----------------------------------------------------------------------------- the runner loses nothing
 
+@pytest.mark.slow
 def test_the_runner_never_shortens_a_finished_run(tmp_path):
     out = tmp_path / "exp"
     base = ["--task", "imdb", "--preset", "tiny", "--methods", "ppo", "--seeds", "0", "--out", out, "--no_eval",
@@ -105,6 +106,7 @@ def _output_until(proc, marker: str, timeout: float) -> tuple[list[str], threadi
     return chunks, reader
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module,args,marker", [
     ("cory.lab.evaluate", ["--task", "imdb", "--model", "tiny", "--max_new_tokens", "400"], "prompt/s"),
     ("cory.lab.experiments", ["--task", "imdb", "--preset", "tiny", "--methods", "ppo", "--seeds", "0",

@@ -4,6 +4,7 @@ round 5)."""
 import json
 import subprocess
 import sys
+import pytest
 
 from conftest import REPO
 
@@ -12,6 +13,7 @@ def _run(*args, cwd):
     return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=600)
 
 
+@pytest.mark.slow
 def test_evaluate_refuses_a_users_file_and_replaces_its_own(tmp_path):
     mine = tmp_path / "results.json"
     mine.write_text("my own notes, not an evaluation\n")
@@ -39,6 +41,7 @@ def test_the_iteration_benchmark_refuses_a_users_file_before_any_work(tmp_path):
     assert mine.read_text() == '{"mine": true}\n'
 
 
+@pytest.mark.slow
 def test_evaluate_writes_into_a_run_folder_only_that_runs_own_evaluation(finished, tmp_path):
     """A run folder holds what its run writes and the evaluation of its own models under its own name (the default,
     and what the runner passes); any other --json inside it, or another model's evaluation under that name, is

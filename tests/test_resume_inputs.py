@@ -5,6 +5,7 @@ import json
 import shutil
 
 import torch
+import pytest
 
 from conftest import TINY, rejected, run_script
 from cory.outputs import LOCK
@@ -32,6 +33,7 @@ def test_a_task_state_of_another_format_version(finished, tmp_path):
     assert files(run) == before
 
 
+@pytest.mark.slow
 def test_a_gsm8k_run_resumed_after_its_train_file_lost_a_record(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
@@ -74,6 +76,7 @@ def test_an_output_dir_that_is_a_dangling_link(tmp_path):
     assert link.is_symlink() and not (tmp_path / "gone").exists()
 
 
+@pytest.mark.slow
 def test_a_base_model_folder_changed_since_the_checkpoint(tmp_path):
     """The base model is the KL reference too: a resume from weights that are no longer those the run started
     from would go on against another reference. The checkpoint records a fingerprint, and the resume refuses."""

@@ -75,6 +75,7 @@ def test_the_runner_names_a_committed_runs_config_that_is_not_utf8_as_such(commi
     assert tree(committed) == before
 
 
+@pytest.mark.slow
 def test_a_run_cut_off_elsewhere_is_set_aside_only_when_asked(tmp_path):
     """A run cut off in a lent GPU's call is committed as that call's record (metrics, no checkpoint): a later
     machine cannot resume it. The runner refuses to start it again, naming --restart_cut_off; with it, the run's
@@ -154,6 +155,7 @@ def test_resume_of_a_finished_run_changes_nothing(finished, tmp_path):
         assert tree(run) == before
 
 
+@pytest.mark.slow
 def test_resume_never_restarts_a_finished_run_whose_checkpoints_were_deleted(tmp_path):
     run = tmp_path / "run"
     p = run_script("imdb_train/ppo.py", "--config", "configs/imdb/ppo_tiny.yaml", "--steps", "2", "--output_dir", run)
@@ -202,6 +204,7 @@ def test_the_runners_out_is_never_inside_a_run(finished, tmp_path):
     assert tree(run) == before
 
 
+@pytest.mark.slow
 def test_the_runner_writes_into_an_empty_folder_or_its_own_experiment(tmp_path):
     out = tmp_path / "empty"
     out.mkdir()
@@ -215,6 +218,7 @@ def test_the_runner_writes_into_an_empty_folder_or_its_own_experiment(tmp_path):
     assert p.returncode == 0 and "skip   ppo/seed_0" in p.stdout, p.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_the_runner_writes_into_a_folder_holding_only_its_design(tmp_path):
     """A design is committed before its runs (DESIGN.md, design.yaml): the runner starts there and keeps both."""
     out = tmp_path / "designed"

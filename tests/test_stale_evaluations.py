@@ -18,6 +18,7 @@ def trained(run, steps=2, *more):
                          "--output_dir", run, *more))
 
 
+@pytest.mark.slow
 def test_an_evaluation_made_stale_by_a_resume_is_named_and_left_out(tmp_path):
     exp = tmp_path / "exp"
     run = exp / "runs" / "ppo" / "seed_0"
@@ -44,6 +45,7 @@ def test_an_evaluation_made_stale_by_a_resume_is_named_and_left_out(tmp_path):
     assert tree(run) == before  # the report only reads the run
 
 
+@pytest.mark.slow
 def test_the_runner_evaluates_a_stale_evaluation_again(tmp_path):
     out = tmp_path / "exp"
     args = ["--task", "imdb", "--preset", "tiny", "--methods", "ppo", "--seeds", "0", "--steps", "1", "--out", out,
@@ -89,6 +91,7 @@ def test_an_evaluation_whose_models_are_replaced_meanwhile_writes_nothing(finish
     assert not (run / "eval_imdb.json").exists()
 
 
+@pytest.mark.slow
 def test_an_evaluation_that_records_no_weights_is_trusted(tmp_path):
     """Evaluations written before they recorded their weights (every committed one) still count, with final/
     beside them or not."""

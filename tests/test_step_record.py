@@ -16,6 +16,7 @@ BF16_RECORD = bf16_record_path(FAMILY)
 RECORDED_BF16 = json.loads(BF16_RECORD.read_text()) if BF16_RECORD.is_file() else None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,method,config,over", RUNS, ids=[r[0] for r in RUNS])
 def test_training_gives_the_recorded_numbers(tmp_path, name, method, config, over):
     want, got = RECORDED["runs"][name], record_run(method, config, over, tmp_path / name)

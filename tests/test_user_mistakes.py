@@ -61,6 +61,7 @@ def start(out, *args):
     return start_script("imdb_train/cory.py", "--config", "configs/imdb/cory_tiny.yaml", "--output_dir", out, *args)
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
     out = tmp_path / "run"
     proc = start(out, "--steps", "4", "--save_every", "100")
@@ -83,6 +84,7 @@ def signal_twice(proc, signum) -> None:
     proc.send_signal(signum)
 
 
+@pytest.mark.slow
 def test_stopped_before_a_checkpoint_the_advice_leads_somewhere(tmp_path):
     out = tmp_path / "run"
     proc = start(out, "--steps", "3", "--save_every", "100")
