@@ -41,6 +41,7 @@ from cory.lab.learning import LEARNING_RULE
 from cory.lab.collapse import RULE as COLLAPSE_RULE, at_matched_kl, collapse_test, threshold
 from cory.lab.frontier import RULE as FRONTIER_RULE, frontier
 from cory.lab.matched_kl import RULE as MATCHED_KL_RULE, matched_kl, normaliser_alone
+from cory.lab.paths import along_paths
 from cory.lab.verdict import NOT_LEARNED, VERDICT_RULE, ablation_lines, verdict
 from cory.errors import file_fault
 from cory.outputs import read_jsonl
@@ -383,13 +384,16 @@ def comparison_sections(exp: Experiment, main: list) -> list[str]:
     endpoint first), the verdict at matched iterations, the ablations and the η frontier."""
     v = verdict(exp)
     first, second = claim_sections(exp, main)
-    md = [*first, *second,
-          "## Verdict", "",
-          "The reading at matched iterations (secondary: a method that learns slower shows lower KL at lower "
-          "reward here whatever its trade-off).", "",
-          LEARNING_RULE, "",
-          VERDICT_RULE, "",
-          v.text, ""]
+    md = [*first, *second]
+    paths = along_paths(exp)
+    if paths is not None:  # the objective task's design names these secondary readings
+        md += ["## Along the held-out paths (secondary, descriptive)", "", paths, ""]
+    md += ["## Verdict", "",
+           "The reading at matched iterations (secondary: a method that learns slower shows lower KL at lower "
+           "reward here whatever its trade-off).", "",
+           LEARNING_RULE, "",
+           VERDICT_RULE, "",
+           v.text, ""]
     tested = v.answer != NOT_LEARNED
     ablations_text = ablation_lines(exp)
     if ablations_text:
