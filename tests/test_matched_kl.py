@@ -89,6 +89,17 @@ def test_cory_that_did_not_learn_is_named(tmp_path):
     assert matched_kl(load_experiment(tmp_path)).answer == CORY_DID_NOT_LEARN
 
 
+def test_an_agent_that_did_not_learn_is_left_out_with_its_numbers(tmp_path):
+    """The folder is judged on the agents that learned; the one that did not says why, in numbers."""
+    write_paths(tmp_path, range(4), ppo=(0.05, 1.0), llm1=(0.01, 1.0), llm2=(0.0, 0.5))
+    v = matched_kl(load_experiment(tmp_path))
+    llm1, llm2 = v.agents
+    assert llm1.learned and llm1.answer == "no" and v.answer == "no", v.text
+    line = llm2.line()
+    assert llm2.learned is False and "CORY-LLM2 did not learn: not tested (its held-out reward against the base " \
+        "model's" in line and "(std over 4 seeds); one-sided p" in line, line
+
+
 def collapse_after(root, label, agents, after_iteration=15, to=0.0):
     """PPO (or an agent) learned along its path, then its reward fell to ``to`` past the grid (KL still rising)."""
     for p in (root / "runs" / label).glob("seed_*/eval.jsonl"):

@@ -115,6 +115,7 @@ class AgentReading:
     left_out: list[int]          # seeds with no grid point both paths reached, or no path
     design: Design
     learned: bool | None = None
+    learning: Learning | None = None  # the numbers behind ``learned``
     by_point: dict[float, list[float]] = field(default_factory=dict)  # every KL read (grid and SECONDARY_KL)
     p_higher: float = float("nan")
     p_below_margin: float = float("nan")
@@ -139,6 +140,14 @@ class AgentReading:
         self.p_below_margin = p_value(d, "less", self.design.margin)
         self.p_lower = p_value(d, "less")
 
+    def _gain(self) -> str:
+        g = self.learning
+        if g is None or len(g.gains) < 2:
+            return ""
+        return (f" (its held-out reward against the base model's, read as PPO's is: {fmt(g.start)} → {fmt(g.end)}, a "
+                f"gain of {fmt(float(g.gains.mean()))} ± {fmt(float(g.gains.std(ddof=1)))} (std over {len(g.gains)} "
+                f"seeds); one-sided p {g.p:.2g})")
+
     def line(self) -> str:
         d = self.diff
         per_seed = ", ".join(f"seed {r.seed} {'+' if r.value >= 0 else ''}{fmt(r.value)} "
@@ -153,7 +162,7 @@ class AgentReading:
             out += f" Left out (no grid point both paths reached): seeds {', '.join(map(str, self.left_out))}."
         enough = len(self.values) >= self.design.min_seeds
         if self.learned is False and enough:
-            return out + f" {self.name} did not learn: not tested."
+            return out + f" {self.name} did not learn: not tested{self._gain()}."
         if not self.judged:  # below min_seeds a gain not yet beyond noise is not "did not learn" (as the folder's)
             return out + (f" Not judged: {d.n} seed(s), the design needs {self.design.min_seeds}"
                           + ("; not yet shown to learn." if self.learned is False else "."))
@@ -229,7 +238,9 @@ def matched_kl(exp: Experiment, method: str = "cory") -> MatchedKL:
         return MatchedKL(answer, f"**{answer}** — {why} {head}", [], design)
     readings = []
     for agent in cory.agents:
-        reading = AgentReading(cory.name(agent), [], [], design, learned=_learned(exp, cory, agent, design).learned)
+        agent_learning = _learned(exp, cory, agent, design)
+        reading = AgentReading(cory.name(agent), [], [], design, learned=agent_learning.learned,
+                               learning=agent_learning)
         for seed in sorted(set(cory.runs) & set(ppo.runs)):
             mine, base = heldout_path(cory, seed, agent), heldout_path(ppo, seed, POLICY)
             r = None
