@@ -275,12 +275,12 @@ def at_matched_kl(exp: Experiment) -> MatchedCollapse | None:
                               "predate it)."]
             continue
         lines += ["", f"**{name}**, agent minus PPO ({sense}):", "",
-                  _table(["agent − PPO", "held-out KL (nats)", "paired seeds", "at matched KL (mean ± SE)", "p",
-                          "at the last iteration, same seeds", "p"], rows)
+                  markdown_table(["agent − PPO", "held-out KL (nats)", "paired seeds", "at matched KL (mean ± SE)",
+                                  "p", "at the last iteration, same seeds", "p"], rows)
                   if rows else "_No paired seed's paths reached a KL read._"]
     return MatchedCollapse("\n".join(lines), points, missing)
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
                      + ["| " + " | ".join(row) + " |" for row in rows])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from cory.lab.collapse import markdown_table
 from cory.lab.design import load_design
 from cory.lab.matched_kl import HeldoutPath, heldout_path, paired_diff, value_at
 from cory.lab.results import POLICY, Experiment, Group, fmt
@@ -63,11 +64,6 @@ def _signed(values: list[float], of: int) -> str:
     return out + ("" if d.n == of else f" ({d.n})")
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-                     + ["| " + " | ".join(row) + " |" for row in rows])
-
-
 def _at(group: Group, seed: int, agent: str, key: str, it: int) -> float | None:
     return group.runs[seed].heldout_series(agent, key).get(it)
 
@@ -98,31 +94,31 @@ def along_paths(exp: Experiment) -> str | None:
             diffs.append([f"{cory.name(a)} − PPO", name, *cells])
 
     points = (None, *design.kl_grid)  # None: the last evaluation
-    paths = [{s: p for s in g.runs if (p := heldout_path(g, s, a)) is not None} for g, a in models]
+    # per model: seed -> the fall at each point (None where the path never reached that KL)
+    falls_of = [{s: [fall_at(p, k) for k in points] for s in g.runs if (p := heldout_path(g, s, a)) is not None}
+                for g, a in models]
     falls, fall_diffs = [], []
-    for (g, a), mine in zip(models, paths):
-        cells = [_mean_se([f for p in mine.values() if (f := fall_at(p, k)) is not None], len(mine)) for k in points]
-        fell = sum(fall_at(p) > design.margin for p in mine.values())
+    for (g, a), mine in zip(models, falls_of):
+        cells = [_mean_se([f[j] for f in mine.values() if f[j] is not None], len(mine)) for j in range(len(points))]
+        fell = sum(f[0] > design.margin for f in mine.values())
         falls.append([g.name(a), str(len(mine)), *cells, f"{fell} of {len(mine)}"])
-    theirs = paths[0]
-    for a, mine in zip(cory.agents, paths[1:]):
+    theirs = falls_of[0]
+    for a, mine in zip(cory.agents, falls_of[1:]):
         both = [s for s in paired if s in mine and s in theirs]
-        row = []
-        for k in points:
-            row.append(_signed([x - y for s in both if (x := fall_at(mine[s], k)) is not None
-                                and (y := fall_at(theirs[s], k)) is not None], len(both)))
-        fall_diffs.append([f"{cory.name(a)} − PPO", *row])
+        fall_diffs.append([f"{cory.name(a)} − PPO", *(
+            _signed([mine[s][j] - theirs[s][j] for s in both if mine[s][j] is not None and theirs[s][j] is not None],
+                    len(both)) for j in range(len(points)))])
 
     at_k = [f"at KL {k:g}" for k in design.kl_grid]
     return "\n".join([
         RULE, "",
         "**At each evaluation** (iteration 0: the base model), mean ± SE over seeds (fewer seeds in brackets):", "",
-        _table(["model", "measure", *map(str, iterations)], rows), "",
+        markdown_table(["model", "measure", *map(str, iterations)], rows), "",
         "**Each CORY agent minus PPO at matched iterations**, paired by seed (mean ± SE, two-sided p):", "",
-        _table(["agent − PPO", "measure", *map(str, iterations[1:])], diffs), "",
+        markdown_table(["agent − PPO", "measure", *map(str, iterations[1:])], diffs), "",
         "**The fall from the peak of held-out accuracy** (sampled), mean ± SE over seeds (seeds whose path reached "
         "that KL in brackets where fewer):", "",
-        _table(["model", "seeds", "at the last evaluation", *at_k, f"fell more than {design.margin:g} by the end"],
-               falls), "",
+        markdown_table(["model", "seeds", "at the last evaluation", *at_k,
+                        f"fell more than {design.margin:g} by the end"], falls), "",
         "Each CORY agent's fall minus PPO's, paired by seed (> 0: the agent fell further):", "",
-        _table(["agent − PPO", "at the last evaluation", *at_k], fall_diffs)])
+        markdown_table(["agent − PPO", "at the last evaluation", *at_k], fall_diffs)])
