@@ -25,7 +25,8 @@ import numpy as np
 from cory import parallel
 from cory.errors import NonFinite
 from cory.method import CORY, PPO
-from cory.metrics import degeneration
+from cory.metrics import degeneration, knowledge_transfer
+from cory.tasks.base import zero_one_reward
 
 if TYPE_CHECKING:
     from cory.agent import Agent
@@ -206,6 +207,8 @@ def cory_iteration(step: int, batch: list[Example], agents: dict[str, Agent], ro
     check_loss(step, roles.observer, observer_stats)
 
     row = {"pioneer": roles.pioneer}
+    # did the observer use the pioneer's answer? (its reward minus the pioneer's; copy and correction rates)
+    row.update(knowledge_transfer(r1, r2, zero_one_reward(rollout.task)))
     row.update(agent_metrics(roles.pioneer, r1, pioneer_reward, pioneer_stats, a1, kl_coefs[roles.pioneer]))
     row.update(agent_metrics(roles.observer, r2, observer_reward, observer_stats, a2, kl_coefs[roles.observer]))
     row.update(timer.seconds)

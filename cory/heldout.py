@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from cory.metrics import degeneration
+from cory.metrics import degeneration, knowledge_transfer
 # prompts that all begin with MIN_SHARED_PREFIX or more equal tokens (a one-shot example) read them once per batch
 from cory.packing import MIN_SHARED_PREFIX, shared_prefix_length
 from cory.rollout import checked_scores, stop_at, tokenize_prompts
-from cory.tasks.base import TRAINING_SAMPLING, check_examples
+from cory.tasks.base import TRAINING_SAMPLING, check_examples, zero_one_reward
 
 BATCH_SIZE = 32  # sequences per generate() call, unless told otherwise
 
@@ -186,6 +186,15 @@ def evaluate_reward(model, reference, tokenizer, task, examples, *, max_new_toke
     answers repeating a token 4+ times in a row and the length of ``model``'s answers to ``examples``, answered from
     the pioneer's prompt alone. ``greedy``: also the reward of greedy answers (``greedy_reward``); a task with a
     ``parseable(answer)`` test also gets the share of sampled answers it holds for (``parseable_share``)."""
+    return evaluate_answers(model, reference, tokenizer, task, examples, max_new_tokens=max_new_tokens,
+                            batch_size=batch_size, seed=seed, reward_name=reward_name, label=label,
+                            allow_early_eos=allow_early_eos, progress=progress, greedy=greedy)[0]
+
+
+def evaluate_answers(model, reference, tokenizer, task, examples, *, max_new_tokens: int, batch_size: int,
+                     seed: int, reward_name: str, label: str = "", allow_early_eos: bool = False,
+                     progress: bool = True, greedy: bool = False) -> tuple[dict, list[str], list[float]]:
+    """``evaluate_reward``'s result, and every sampled answer (as the reward read it) with its reward."""
     torch.manual_seed(seed)
     texts, tokens, rewards, kls, logprobs, greedy_rewards = [], [], [], [], [], []
     # the base model against itself reads both sides the same way: its KL is 0 exactly, not float noise
@@ -231,7 +240,27 @@ def evaluate_reward(model, reference, tokenizer, task, examples, *, max_new_toke
         "n_prompts": len(examples),
         "samples": [{"query": ex.query, "response": t, "reward": r}
                     for ex, t, r in list(zip(examples, texts, rewards))[:5]],
-    }
+    }, texts, rewards
+
+
+def observer_transfer(model, tokenizer, task, examples, pioneer_answers: Sequence[str],
+                      pioneer_rewards: Sequence[float], *, max_new_tokens: int, batch_size: int, seed: int,
+                      reward_name: str, allow_early_eos: bool = False) -> dict[str, float]:
+    """CORY's knowledge transfer on held-out questions (``cory.metrics.knowledge_transfer``): ``model``, as the observer,
+    answers each of ``examples`` from the observer's prompt with ``pioneer_answers[i]`` as its reference, sampled as
+    in training; its rewards are read against the pioneer's (``pioneer_rewards``) on the same questions."""
+    torch.manual_seed(seed)
+    stop = stop_at(tokenizer, task.stop)
+    extra = stop if allow_early_eos else {"min_new_tokens": max_new_tokens}
+    rewards: list[float] = []
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start:start + batch_size]
+        texts = [task.observer_prompt(ex, answer) for ex, answer in zip(chunk, pioneer_answers[start:])]
+        prompts = [ids.tolist() for ids in tokenize_prompts(tokenizer, chunk, texts)]
+        answers = [task.clean_response(tokenizer.decode(r, skip_special_tokens=True))
+                   for r in sample(model, tokenizer, prompts, max_new_tokens, extra)]
+        rewards += checked_scores(task, chunk, answers, reward_name)
+    return knowledge_transfer(list(pioneer_rewards), rewards, zero_one_reward(task))
 
 
 class PeriodicEvaluation:
@@ -258,6 +287,8 @@ class PeriodicEvaluation:
         self.max_new_tokens = evaluation.answer_tokens
         self.allow_early_eos = cfg.allow_early_eos
         self.greedy = evaluation.greedy
+        # CORY's agents are also read as observers of each other's held-out answers (``observer_transfer``)
+        self.transfer = getattr(cfg, "knowledge_transfer", False) is True
         self.batch_size = BATCH_SIZE  # the batching changes which draws each answer gets: as the evaluation's
         # what ``python -m cory.lab.evaluate --model RUN`` would read the final models with (all but the dtype)
         self.settings = dict(reference=cfg.model_name, dataset=cfg.dataset, dataset_path=cfg.dataset_path,
@@ -268,33 +299,59 @@ class PeriodicEvaluation:
 
     def __call__(self, models: dict, iterations: int) -> list[dict]:
         """One row per agent (``{"iterations", "agent", "task_reward", "kl", ...}``) for ``models`` (name ->
-        causal LM), after ``iterations`` completed iterations."""
-        rows, read, results = [], [], {}  # read: (model, result) of the agents evaluated so far
-        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        causal LM), after ``iterations`` completed iterations. CORY's rows also hold the agent's knowledge transfer as
+        the observer of its partner's held-out answers (``cory.metrics.TRANSFER_KEYS``; iteration 0: the base
+        model's)."""
+        read: list = []  # (model, result, answers, rewards) of the agents evaluated so far
+        reading = {}  # agent -> its entry of ``read``
         for name, model in models.items():
             # CORY's agents before training are both the base model: one reading, as the seed is fixed
-            same = next((result for other, result in read if same_weights(model, other)), None)
-            if same is not None:
-                results[name] = same
-                rows.append({"iterations": iterations, "agent": name,
-                             **{k: v for k, v in same.items() if k not in ("samples", "dtype")}})
-                continue
-            was_training = model.training
-            model.eval()
-            with torch.random.fork_rng(devices=devices):
-                result = evaluate_reward(model, self.reference, self.tokenizer, self.task, self.examples,
-                                         max_new_tokens=self.max_new_tokens, batch_size=self.batch_size,
-                                         seed=self.SEED, reward_name=self.reward,
-                                         allow_early_eos=self.allow_early_eos, progress=False,
-                                         greedy=self.greedy)
-            model.train(was_training)
-            result["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
-            read.append((model, result))
-            results[name] = result
-            rows.append({"iterations": iterations, "agent": name,
-                         **{k: v for k, v in result.items() if k not in ("samples", "dtype")}})
+            same = next((r for r in read if same_weights(model, r[0])), None)
+            if same is None:
+                same = (model, *self._in_eval_mode(model, self._evaluate, model))
+                read.append(same)
+            reading[name] = same
+        results = {name: r[1] for name, r in reading.items()}
+        if self.transfer and len(models) == 2:
+            done: dict = {}  # (observer's reading, pioneer's reading) -> transfer: the base model's is read once
+            first, second = models
+            for observer, pioneer in ((first, second), (second, first)):
+                key = (id(reading[observer]), id(reading[pioneer]))
+                if key not in done:
+                    done[key] = self._in_eval_mode(models[observer], self._transfer, models[observer],
+                                                   reading[pioneer])
+                results[observer] = {**results[observer], **done[key]}  # a copy: two agents may share a result
         self.last = (iterations, results)
-        return rows
+        return [{"iterations": iterations, "agent": name,
+                 **{k: v for k, v in result.items() if k not in ("samples", "dtype")}}
+                for name, result in results.items()]
+
+    @staticmethod
+    def _in_eval_mode(model, fn, *args):
+        """``fn(*args)`` with ``model`` in eval mode and the random state forked: a run with evaluations trains
+        exactly as one without."""
+        was_training = model.training
+        model.eval()
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        try:
+            with torch.random.fork_rng(devices=devices):
+                return fn(*args)
+        finally:
+            model.train(was_training)
+
+    def _evaluate(self, model) -> tuple[dict, list[str], list[float]]:
+        result, answers, rewards = evaluate_answers(
+            model, self.reference, self.tokenizer, self.task, self.examples, max_new_tokens=self.max_new_tokens,
+            batch_size=self.batch_size, seed=self.SEED, reward_name=self.reward, allow_early_eos=self.allow_early_eos,
+            progress=False, greedy=self.greedy)
+        result["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
+        return result, answers, rewards
+
+    def _transfer(self, observer, pioneer_reading: tuple) -> dict[str, float]:
+        _, _, answers, rewards = pioneer_reading
+        return observer_transfer(observer, self.tokenizer, self.task, self.examples, answers, rewards,
+                                 max_new_tokens=self.max_new_tokens, batch_size=self.batch_size, seed=self.SEED,
+                                 reward_name=self.reward, allow_early_eos=self.allow_early_eos)
 
     def own_final_evaluation(self, iterations: int, final_weights: str | None) -> dict | None:
         """The document ``cory.lab.evaluate`` reads instead of evaluating the final models again

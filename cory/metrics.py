@@ -42,3 +42,30 @@ def degeneration(texts: Sequence[str], ids: Sequence[Sequence[int]]) -> dict[str
     """distinct-1 and distinct-2 of the answers' words, and the share of answers repeating a token 4+ times."""
     return {"distinct_1": distinct_n(texts, 1), "distinct_2": distinct_n(texts, 2),
             f"repeat{REPEAT_RUN}_share": repeat_share(ids)}
+
+
+# ----------------------------------------------------------------------------- knowledge transfer
+# CORY's mechanism is that the observer, reading the pioneer's answer, copies or corrects it, and the collective
+# reward then pays both. These say whether it does, on the same queries: the observer's reward minus the pioneer's,
+# and for a 0/1 reward P(observer right | pioneer right) and P(observer right | pioneer wrong). Undefined (NaN,
+# written as null) where no pioneer answer was right (or wrong), and the rates where the reward is not 0/1.
+TRANSFER_KEYS = ("transfer/observer_minus_pioneer", "transfer/copy_rate", "transfer/correction_rate")
+
+
+def _rate(hits: list[bool]) -> float:
+    return sum(hits) / len(hits) if hits else float("nan")
+
+
+def knowledge_transfer(pioneer: Sequence[float], observer: Sequence[float], zero_one: bool) -> dict[str, float]:
+    """The three ``TRANSFER_KEYS`` of paired task rewards (``pioneer[i]`` and ``observer[i]`` answer query i);
+    ``zero_one``: the task's reward is 1 for a right answer and 0 for a wrong one."""
+    if len(pioneer) != len(observer):
+        raise ValueError(f"{len(pioneer)} pioneer rewards but {len(observer)} observer rewards")
+    if not pioneer:
+        return dict.fromkeys(TRANSFER_KEYS, float("nan"))
+    gap = sum(observer) / len(observer) - sum(pioneer) / len(pioneer)
+    copy = correction = float("nan")
+    if zero_one:
+        copy = _rate([o > 0.5 for p, o in zip(pioneer, observer) if p > 0.5])
+        correction = _rate([o > 0.5 for p, o in zip(pioneer, observer) if p <= 0.5])
+    return dict(zip(TRANSFER_KEYS, (float(gap), copy, correction)))

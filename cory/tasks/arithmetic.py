@@ -17,6 +17,15 @@ and the observer's the same with "Reference: <pioneer's answer>" on its own line
 else "answer is", else the last number) equals the result, else 0; an answer ends at EOS or where the model starts a
 new "Question:".
 
+**The answer is its first line** (``first_line``): the reward reads an answer's first line that holds anything, cut
+where the model starts a new "Question" (with or without its colon), and the observer's reference is that same line,
+so the observer sees exactly the answer the reward scored. This departs from the paper's GSM8K form (the reward reads
+the whole answer up to a new "Question:", and the observer sees all of it): a sum's answer is one line, as the worked
+example's is, and a pioneer that runs on past it ("...The answer is 176.\n\nWhat is 3 + 4?\n3 + 4 = 7...") handed
+the observer a reference it copied correctly 24% of the time, against 69% for a one-line one
+(results/arithmetic_cpu_comparison's training samples; docs/arithmetic.md). The tokens PPO trains on are cut to the
+same line (``cory.rollout.decode_and_clean``).
+
 Held-out problems: the expressions whose hash falls in the test share (``TEST_PER_MILLE``) never appear in training,
 whatever the seed; the held-out set is the first ``EVAL_SIZE`` of them drawn from a fixed stream, repeats kept, so it
 holds the problems in the training's own mix. (``sums_2x12`` draws a one-digit sum half the time from only 200 such
@@ -27,6 +36,7 @@ says how many are distinct.)
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -71,6 +81,20 @@ TEST_PER_MILLE = 150  # the share of a setting's expressions kept for the held-o
 # reasoning-gym draws item i of seed s with random.Random(s + i): streams sit far apart so that no two overlap
 _STREAM_STRIDE = 10 ** 9
 _EVAL_STREAM = 7
+
+
+_NEW_QUESTION = re.compile(r"\bQuestion\b")
+
+
+def first_line(text: str) -> str:
+    """What the reward reads of an answer, and the observer's reference: the first line that holds anything, cut
+    where a new "Question" starts (with or without its colon), without trailing whitespace. Always a prefix of
+    ``text`` (leading whitespace kept), so the answer's tokens can be cut to match."""
+    line = re.match(r"\s*[^\n]*", text).group(0)  # type: ignore[union-attr]  # matches any string
+    new_question = _NEW_QUESTION.search(line)
+    if new_question is not None:
+        line = line[: new_question.start()]
+    return line.rstrip()
 
 
 def build_prompt(question: str) -> str:
@@ -153,8 +177,12 @@ class ArithmeticTask(CorrectnessTask):
         examples = list(held_out(self.setting_name))
         return examples if limit is None else examples[: max(0, int(limit))]
 
+    def clean_response(self, text: str) -> str:
+        return first_line(text)
+
     def observer_prompt(self, example: Example, pioneer_response: str) -> str:
-        return build_observer_prompt(example.query, pioneer_response)
+        # the pioneer's answer as the reward read it (``clean_response``: its first line), whatever a caller passes
+        return build_observer_prompt(example.query, first_line(pioneer_response))
 
     @staticmethod
     def parseable(response: str) -> bool:

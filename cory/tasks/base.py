@@ -30,6 +30,9 @@ class Task(Protocol):
     name: str
     source: str  # where its examples come from (the concrete value a config's dataset "auto" stood for)
     stop: str | None  # a line starting with this string ends an answer (besides EOS); None: EOS alone
+    # optional (default False): the reward is 1 for a right answer and 0 for a wrong one, so that the knowledge
+    # transfer is also read as copy and correction rates (``cory.metrics.knowledge_transfer``)
+    # zero_one_reward: bool
 
     def sample(self, batch_size: int) -> list[Example]:
         """The next training batch (deterministic given the task's seed)."""
@@ -58,6 +61,7 @@ class TaskBase:
 
     source: str = "builtin"  # examples written in the task's own code
     stop: str | None = None
+    zero_one_reward: bool = False
 
     def clean_response(self, text: str) -> str:
         return text
@@ -102,6 +106,11 @@ class TaskBase:
                               f"({str(examples[worst].query)[:40]!r}...) with answers of up to {answer_tokens} tokens "
                               f"does not fit {model}'s context of {context} tokens; shorten the task's prompts or "
                               f"lower {limit}")
+
+
+def zero_one_reward(task) -> bool:
+    """Whether ``task`` declares a 0/1 reward (``Task.zero_one_reward``, optional for a plug-in task)."""
+    return getattr(task, "zero_one_reward", False) is True
 
 
 def check_examples(examples, *, task: str, what: str, vocab_size: int | None = None) -> list[Example]:

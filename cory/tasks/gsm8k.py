@@ -304,6 +304,7 @@ class CorrectnessTask(TaskBase):
     final number equals the example's reference (``correctness_reward``), else 0. GSM8K's and the arithmetic task's."""
 
     stop: str | None = "Question:"
+    zero_one_reward = True
 
     def clean_response(self, text: str) -> str:
         return trim_at_stop(text, self.stop)

@@ -155,11 +155,17 @@ def correctness_reward(response: str, reference: str) -> float:
 
 def trim_at_stop(text: str, stop: str = "Question:") -> str:
     """Cut ``text`` where a new ``stop`` starts a line (the one-shot format invites the model to
-    write the next "Question:"), and strip the trailing whitespace of what is kept. Unchanged
-    when no line starts with ``stop``; a ``stop`` inside a line is kept."""
+    write the next "Question:"), and strip the trailing whitespace of what is kept; a last line that is the start
+    of ``stop`` ("Question" without its colon, where the token limit ended the answer) is cut too. Unchanged
+    otherwise; a ``stop`` inside a line is kept."""
     if not stop:
         return text
     m = re.search(r"(?:^|\n)[ \t]*" + re.escape(stop), text)
     if m is None:
+        # the answer ran out of tokens while starting the next question ("...\nQuestion"): cut that too, so that
+        # the observer's reference (the answer as the reward read it) ends with the answer
+        head, newline, last = text.rpartition("\n")
+        if newline and last.strip() and stop.startswith(last.strip()):
+            return head.rstrip()
         return text
     return text[: m.start()].rstrip()
