@@ -1,7 +1,7 @@
 """The transfer check: does a base model, as CORY's observer, use the pioneer's answer? No training, minutes on a CPU.
 
-    python -m cory.lab.transfer --task arithmetic                       # the embedded SmolLM2, 400 training draws
-    python -m cory.lab.transfer --task arithmetic --dataset sums_2x1 --n 800 --json results/transfer/x.json
+    python -m cory.lab.transfer_check --task arithmetic                       # the embedded SmolLM2, 400 training draws
+    python -m cory.lab.transfer_check --task arithmetic --dataset sums_2x1 --n 800 --json results/transfer/x.json
 
 The paper's mechanism presumes the observer can copy a correct answer (or correct a wrong one); the collective
 reward then pays both agents. Here the base model answers ``n`` training questions as the pioneer (sampled as in
@@ -36,7 +36,7 @@ from cory.rollout import checked_scores, stop_at, tokenize_prompts
 from cory.tasks import check_examples, make_task, registered, task_spec
 from cory.tasks.base import zero_one_reward
 
-PROGRAM = "cory.lab.transfer"
+PROGRAM = "cory.lab.transfer_check"
 Z95 = 1.959963984540054
 
 
