@@ -194,6 +194,42 @@ def test_endpoint_uses_only_grid_points_both_reached(tmp_path):
     assert v.answer == "not decided" and "Left out (no grid point both paths reached): seeds 0, 1, 2" in v.text
 
 
+def test_a_design_that_tests_every_agent_tests_one_that_did_not_learn(tmp_path):
+    """agents_tested: all (the arithmetic comparison at 30 iterations): the agent that did not learn is tested, Holm
+    runs over both agents, and the folder reads no only if both are no."""
+    write_paths(tmp_path, range(4), ppo=(0.05, 1.0), llm1=(0.01, 1.0), llm2=(0.0, 0.5))
+    (tmp_path / "design.yaml").write_text("agents_tested: all\nmin_seeds: 4\n")
+    v = matched_kl(load_experiment(tmp_path))
+    llm1, llm2 = v.agents
+    assert llm2.learned is False and llm2.judged and llm2.answer in ("no", "could not tell"), v.text
+    assert "did not learn" in llm2.line() and "tested all the same" in llm2.line()
+    assert v.answer == ("no" if llm2.answer == "no" and llm1.answer == "no" else "could not tell")
+    # both CORY agents that did not learn are tested too, not "not tested (CORY did not learn)"
+    write_paths(tmp_path, range(4), ppo=(0.05, 1.0), llm1=(0.0, 0.5), llm2=(0.0, 0.5))
+    assert matched_kl(load_experiment(tmp_path)).answer != CORY_DID_NOT_LEARN
+
+
+def test_the_base_models_reward_is_the_mean_of_its_draws_where_the_design_says_so(tmp_path):
+    from cory.lab.matched_kl import base_reward
+
+    write_paths(tmp_path, range(4), ppo=(0.05, 1.0), llm1=(0.05, 1.0), llm2=(0.05, 1.0))
+    (tmp_path / "base_draws").mkdir()
+    for seed, value in ((1, 0.04), (2, 0.07)):
+        doc = {"settings": {"seed": seed}, "results": [{"name": "base", "task_reward": value, "reward_sd": 0.37,
+                                                          "n_prompts": 110}]}
+        (tmp_path / "base_draws" / f"eval_base_seed{seed}.json").write_text(json.dumps(doc))
+    one = base_reward(load_experiment(tmp_path), Design())
+    assert one[0] == BASE and one[1] == pytest.approx(0.37 / 110 ** 0.5) and one[2] == ""
+    (tmp_path / "design.yaml").write_text("base_draws: 4\n")
+    with pytest.raises(ReportError, match="needs learned_at: kl_grid"):
+        load_design(tmp_path)
+    (tmp_path / "design.yaml").write_text("base_draws: 4\nlearned_at: kl_grid\nkl_grid: [1]\n")
+    mean, error, said = base_reward(load_experiment(tmp_path), load_design(tmp_path))
+    assert mean == pytest.approx((BASE + 0.04 + 0.07) / 3) and error == pytest.approx(0.37 / 110 ** 0.5 / 3 ** 0.5)
+    assert "the mean of 3 sampled draws" in said and "the design asks for 4" in said
+    assert "the mean of 3 sampled draws" in matched_kl(load_experiment(tmp_path)).text
+
+
 def test_design_file_is_read_and_checked(tmp_path):
     assert load_design(tmp_path) == Design()
     (tmp_path / "design.yaml").write_text("kl_grid: [3, 1]\nmargin: 0.1\n")
@@ -201,7 +237,8 @@ def test_design_file_is_read_and_checked(tmp_path):
     assert d.kl_grid == (1.0, 3.0) and d.margin == 0.1 and d.source == "design.yaml"
     for bad, what in (("kl_grid: []", "kl_grid"), ("kl_grid: [0]", "kl_grid"), ("margin: -1", "margin"),
                       ("alpha: 2", "alpha"), ("min_seeds: 1.5", "min_seeds"), ("endpoint: final_kl", "endpoint"), ("collapse_share: 0", "collapse_share"),
-                      ("learned_at: peak", "learned_at"),
+                      ("learned_at: peak", "learned_at"), ("agents_tested: some", "agents_tested"),
+                      ("base_draws: 0", "base_draws"), ("base_draws: 2.5", "base_draws"),
                       ("colour: red", "unknown key"), ("- 1", "mapping"), ("kl_grid: [", "YAML")):
         (tmp_path / "design.yaml").write_text(bad + "\n")
         with pytest.raises(ReportError, match=what):

@@ -21,6 +21,10 @@ DEFAULTS = "the report's defaults"
 # where the matched-KL reading asks "did PPO learn?": its final models, or its held-out path at the KL grid (a run
 # that learned and then collapsed past the grid, as PPO did at the paper's batch on a GPU, learned what is compared)
 LEARNED_AT = ("final", "kl_grid")
+# which CORY agents the matched-KL claim tests: those shown to learn (an agent that did not is left out of the tests
+# and of the folder's answer), or every agent whether it learned or not (its learning shown beside; Holm is then over
+# both agents always, and the folder reads "no" only if every agent's answer is "no")
+AGENTS_TESTED = ("learned", "all")
 
 
 @dataclass(frozen=True)
@@ -35,13 +39,20 @@ class Design:
     # a final model has collapsed when its held-out distinct-2 is under this share of the base model's
     collapse_share: float = 0.5
     learned_at: str = "final"
+    agents_tested: str = "learned"
+    # independent sampled draws of the base model's held-out reward the learning checks read (their mean, and its
+    # error): the runner's evaluation, and base_draws/*.json beside it for the rest (cory.lab.evaluate --seed S)
+    base_draws: int = 1
     source: str = DEFAULTS
 
     def text(self) -> str:
         grid = ", ".join(f"{k:g}" for k in self.kl_grid)
         learned = "; learning read along the path at the KL grid" if self.learned_at == "kl_grid" else ""
+        tested = "; every CORY agent tested, learned or not" if self.agents_tested == "all" else ""
+        draws = f"; the base model's reward from {self.base_draws} sampled draws" if self.base_draws > 1 else ""
         return (f"KL grid {grid} nats, margin {self.margin:g} reward units, α = {self.alpha:g} one-sided with Holm "
-                f"over the CORY agents, at least {self.min_seeds} paired seeds{learned} (from {self.source})")
+                f"over the CORY agents, at least {self.min_seeds} paired seeds{learned}{tested}{draws} (from "
+                f"{self.source})")
 
 
 def load_design(folder: str | Path) -> Design:
@@ -56,7 +67,8 @@ def load_design(folder: str | Path) -> Design:
                           "UTF-8") from None
     except (OSError, yaml.YAMLError) as e:
         raise ReportError(f"{path}: cannot be read as YAML ({type(e).__name__}); fix or remove it") from None
-    keys = ("endpoint", "kl_grid", "margin", "alpha", "min_seeds", "collapse_share", "learned_at")
+    keys = ("endpoint", "kl_grid", "margin", "alpha", "min_seeds", "collapse_share", "learned_at", "agents_tested",
+            "base_draws")
     if not isinstance(doc, dict):
         raise ReportError(f"{path}: must be a mapping of {', '.join(keys)}")
     unknown = sorted(set(map(str, doc)) - set(keys))
@@ -69,6 +81,9 @@ def load_design(folder: str | Path) -> Design:
     learned_at = doc.get("learned_at", default.learned_at)
     if learned_at not in LEARNED_AT:
         raise ReportError(f"{path}: learned_at {learned_at!r} is not one of {', '.join(LEARNED_AT)}")
+    agents_tested = doc.get("agents_tested", default.agents_tested)
+    if agents_tested not in AGENTS_TESTED:
+        raise ReportError(f"{path}: agents_tested {agents_tested!r} is not one of {', '.join(AGENTS_TESTED)}")
 
     def number(key, ok, allowed):
         v = doc.get(key, getattr(default, key))
@@ -81,9 +96,13 @@ def load_design(folder: str | Path) -> Design:
             or any(isinstance(k, bool) or not isinstance(k, (int, float)) or not math.isfinite(k) or k <= 0
                    for k in grid)):
         raise ReportError(f"{path}: kl_grid {grid!r} is not allowed; a non-empty list of KL values > 0 (nats)")
+    draws = int(number("base_draws", lambda v: int(v) == v and v >= 1, "an integer >= 1"))
+    if draws > 1 and learned_at != "kl_grid":
+        raise ReportError(f"{path}: base_draws {draws} is read by the learning check along the path; it needs "
+                          "learned_at: kl_grid")
     return Design(endpoint, tuple(sorted(float(k) for k in grid)),
                   float(number("margin", lambda v: v >= 0, "a number >= 0 (reward units)")),
                   float(number("alpha", lambda v: 0 < v < 1, "a number in (0, 1)")),
                   int(number("min_seeds", lambda v: int(v) == v and v >= 2, "an integer >= 2")),
                   float(number("collapse_share", lambda v: 0 < v <= 1, "a number in (0, 1]")),
-                  learned_at, DESIGN_FILE)
+                  learned_at, agents_tested, draws, DESIGN_FILE)

@@ -132,7 +132,8 @@ class AgentReading:
 
     @property
     def judged(self) -> bool:
-        return len(self.values) >= self.design.min_seeds and self.learned is not False
+        tested = self.learned is not False or self.design.agents_tested == "all"
+        return len(self.values) >= self.design.min_seeds and tested
 
     def test(self) -> None:
         d = self.diff
@@ -161,7 +162,9 @@ class AgentReading:
         if self.left_out:
             out += f" Left out (no grid point both paths reached): seeds {', '.join(map(str, self.left_out))}."
         enough = len(self.values) >= self.design.min_seeds
-        if self.learned is False and enough:
+        if self.learned is False and enough and self.design.agents_tested == "all":
+            out += f" {self.name} did not learn{self._gain()}; tested all the same (the design tests every agent)."
+        elif self.learned is False and enough:
             return out + f" {self.name} did not learn: not tested{self._gain()}."
         if not self.judged:  # below min_seeds a gain not yet beyond noise is not "did not learn" (as the folder's)
             return out + (f" Not judged: {d.n} seed(s), the design needs {self.design.min_seeds}"
@@ -195,11 +198,26 @@ RULE = (
     "noise, _not tested (CORY did not learn)_ when neither agent's is.")
 
 
-def learned_along_path(exp: Experiment, group: Group, agent: str, grid: tuple[float, ...]) -> Learning:
+def base_reward(exp: Experiment, design: Design) -> tuple[float | None, float, str]:
+    """(the base model's held-out reward, its sampling error, in words where it is more than one draw): one draw
+    (the runner's evaluation), or with the design's ``base_draws`` > 1 the mean of the draws found, its error the
+    draws' mean error over the square root of their number."""
+    draws = exp.base_draws() if design.base_draws > 1 else exp.base_draws()[:1]
+    values = [v for v in map(heldout_value, draws) if v is not None]
+    if not values:
+        return None, 0.0, ""
+    error = float(np.mean([base_error(r) for r in draws])) / math.sqrt(len(values))
+    said = ("" if design.base_draws == 1 else f" (the base model's: the mean of {len(values)} sampled draws "
+            f"{', '.join(fmt(v) for v in values)}" + ("" if len(values) >= design.base_draws else
+                                                      f"; the design asks for {design.base_draws}") + ")")
+    return float(np.mean(values)), error, said
+
+
+def learned_along_path(exp: Experiment, group: Group, agent: str, design: Design) -> Learning:
     """Did ``group``'s ``agent`` learn within what the matched-KL reading compares: per seed, its held-out path's
     reward at the largest grid KL the path reached (else at its last evaluation) minus the base model's."""
-    base_result = exp.base_evaluation()
-    base = heldout_value(base_result)
+    grid = design.kl_grid
+    base, error, said = base_reward(exp, design)
     gains = []
     for seed in sorted(group.runs) if base is not None else []:  # no base model's reward: nothing to gain over
         path = heldout_path(group, seed, agent)
@@ -210,13 +228,13 @@ def learned_along_path(exp: Experiment, group: Group, agent: str, grid: tuple[fl
     gains = np.array(gains, dtype=float)
     end = float(gains.mean() + base) if len(gains) else float("nan")
     return judge_gains(group.name(agent), "held-out path", "held-out reward at the largest KL-grid point each seed's "
-                       "path reached (else its last evaluation) against the base model's", gains,
-                       float("nan") if base is None else base, end, base_error(base_result or {}))
+                       f"path reached (else its last evaluation) against the base model's{said}", gains,
+                       float("nan") if base is None else base, end, error)
 
 
 def _learned(exp: Experiment, group: Group, agent: str, design: Design) -> Learning:
     if design.learned_at == "kl_grid":
-        return learned_along_path(exp, group, agent, design.kl_grid)
+        return learned_along_path(exp, group, agent, design)
     return baseline_learned(exp, group, agent)
 
 
@@ -255,7 +273,7 @@ def matched_kl(exp: Experiment, method: str = "cory") -> MatchedKL:
                 reading.readings.append(r)
         reading.test()
         readings.append(reading)
-    if all(r.learned is False for r in readings):
+    if all(r.learned is False for r in readings) and design.agents_tested != "all":
         lines = "\n".join(r.line() for r in readings)
         if len(cory.runs) < design.min_seeds:  # as for PPO above: fewer seeds, the numbers shown and no verdict
             return MatchedKL(NOT_DECIDED, f"**{NOT_DECIDED}** — {len(cory.runs)} "

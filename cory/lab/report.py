@@ -42,6 +42,7 @@ from cory.lab.collapse import RULE as COLLAPSE_RULE, at_matched_kl, collapse_tes
 from cory.lab.frontier import RULE as FRONTIER_RULE, frontier
 from cory.lab.matched_kl import RULE as MATCHED_KL_RULE, matched_kl, normaliser_alone
 from cory.lab.paths import along_paths
+from cory.lab.transfer import plot_transfer, transfer_section
 from cory.lab.verdict import NOT_LEARNED, VERDICT_RULE, ablation_lines, verdict
 from cory.errors import file_fault
 from cory.outputs import read_jsonl
@@ -388,6 +389,14 @@ def comparison_sections(exp: Experiment, main: list) -> list[str]:
     paths = along_paths(exp)
     if paths is not None:  # the objective task's design names these secondary readings
         md += ["## Along the held-out paths (secondary, descriptive)", "", paths, ""]
+    transfer = transfer_section(exp)
+    if transfer is not None:  # runs that recorded it: does the observer use the pioneer's answer at all?
+        md += ["## Knowledge transfer (descriptive)", "", transfer, ""]
+        if plot_transfer(exp, exp.path / "fig_transfer.png"):
+            md += ["![knowledge transfer along training](fig_transfer.png)", "",
+                   "_fig_transfer.png: the observer's reward minus the pioneer's, the copy rate and the correction "
+                   "rate along training: the training batch's observer (thin grey, mean over seeds) and each agent "
+                   "as the observer of the other's held-out answers (mean ± SE over seeds)._", ""]
     md += ["## Verdict", "",
            "The reading at matched iterations (secondary: a method that learns slower shows lower KL at lower "
            "reward here whatever its trade-off).", "",

@@ -212,6 +212,9 @@ class Experiment:
     runs_json: dict
     notes: list[str]
     base_evaluations: list[dict] = field(default_factory=list)  # the readable eval_*.json in the folder itself
+    # more sampled draws of the base model's held-out evaluation (base_draws/eval_*.json, other seeds): a design's
+    # ``base_draws`` reads the base model's reward as their mean with the runner's (cory.lab.design)
+    base_draw_evaluations: list[dict] = field(default_factory=list)
 
     def main_group(self, method: str) -> Group | None:
         """The method's run at the preset's KL coefficient (no sweep suffix), else see ``main_eta``."""
@@ -253,6 +256,14 @@ class Experiment:
                         return row
         return None
 
+    def base_draws(self) -> list[dict]:
+        """The base model's held-out results, one per sampled draw: ``base_evaluation``'s, then base_draws/'s."""
+        first = self.base_evaluation()
+        more = [r for doc in self.base_draw_evaluations
+                if (doc.get("settings") or {}).get("protocol", "training") == "training"
+                for r in doc.get("results", []) if isinstance(r, dict) and r.get("name") == "base"]
+        return ([first] if first is not None else []) + more
+
     def any_config(self, key: str):
         for g in self.groups.values():
             v = g.config_value(key)
@@ -288,7 +299,8 @@ def load_experiment(path: str | Path) -> Experiment:
         if group.runs:
             groups[label_dir.name] = group
     runs_json = _runs_json(root, groups, notes)
-    return Experiment(root, groups, runs_json, notes, _evaluations(root, "", notes))
+    draws = _evaluations(root / "base_draws", "base_draws", notes) if (root / "base_draws").is_dir() else []
+    return Experiment(root, groups, runs_json, notes, _evaluations(root, "", notes), draws)
 
 
 def _load_seed(seed: int, seed_dir: Path, where: str, notes: list[str]) -> SeedRun | None:

@@ -1,0 +1,187 @@
+"""CORY's knowledge transfer, measured: the three transfer numbers on hand-written rewards, the arithmetic answer cut
+at its first line (what the reward reads is what the observer sees), a tiny CORY run recording them on every row and
+at every held-out evaluation, the report's section on synthetic runs, and the transfer check's command."""
+import json
+
+import numpy as np
+import pytest
+
+from conftest import trained
+from cory.lab.report import build_report
+from cory.lab.results import load_experiment
+from cory.lab.transfer import heldout_rows, training_windows, transfer_section
+from cory.lab.transfer_check import main as transfer_check, rates, wilson
+from cory.metrics import TRANSFER_KEYS, knowledge_transfer
+from cory.outputs import read_jsonl
+from cory.tasks.arithmetic import ArithmeticTask, build_observer_prompt, first_line
+from cory.tasks.base import Example, zero_one_reward
+from cory.tasks.gsm8k_answers import trim_at_stop
+from test_report import cory_rows, ppo_rows, write_run
+
+GAP, COPY, CORRECTION = TRANSFER_KEYS
+
+
+# ----------------------------------------------------------------------------- the numbers
+
+
+def test_transfer_of_hand_written_rewards():
+    pioneer = [1, 1, 1, 1, 0, 0, 0, 0, 0, 0]
+    observer = [1, 1, 1, 0, 1, 0, 0, 0, 0, 0]  # copies 3 of 4 right answers, corrects 1 of 6 wrong ones
+    t = knowledge_transfer(pioneer, observer, zero_one=True)
+    assert t[COPY] == 0.75 and t[CORRECTION] == pytest.approx(1 / 6)
+    assert t[GAP] == pytest.approx(0.4 - 0.4)
+    t = knowledge_transfer([0.0, 0.0], [1.0, 0.0], zero_one=True)
+    assert np.isnan(t[COPY]) and t[CORRECTION] == 0.5 and t[GAP] == 0.5  # no right pioneer answer: undefined
+    t = knowledge_transfer([0.2, -0.4], [0.5, 0.1], zero_one=False)  # a subjective reward: the gap alone
+    assert t[GAP] == pytest.approx(0.4) and np.isnan(t[COPY]) and np.isnan(t[CORRECTION])
+    with pytest.raises(ValueError):
+        knowledge_transfer([1.0], [1.0, 0.0], zero_one=True)
+
+
+def test_only_a_task_that_says_so_has_a_zero_one_reward():
+    assert zero_one_reward(ArithmeticTask("sums_2x1"))
+    assert not zero_one_reward(object()) and not zero_one_reward(type("T", (), {"zero_one_reward": 1})())
+
+
+def test_the_checks_intervals():
+    assert wilson(0, 0) is None
+    lo, hi = wilson(20, 40)
+    assert lo == pytest.approx(0.3520, abs=1e-4) and hi == pytest.approx(0.6480, abs=1e-4)
+    assert wilson(0, 10)[0] == 0.0 and wilson(10, 10)[1] == pytest.approx(1.0)
+    r = rates([1, 1, 0, 0], [1, 0, 1, 0])
+    assert (r["copy_rate"], r["copy_n"], r["correction_rate"], r["correction_n"]) == (0.5, 2, 0.5, 2)
+    assert r["observer_minus_pioneer"] == 0.0 and r["observer_accuracy"] == 0.5
+
+
+# ----------------------------------------------------------------------------- the reference is what the reward read
+
+RUN_ON = " 4 - 9 = -5. The answer is -5.\n\nWhat is 3 + 4?\n3 + 4 = 7. The answer is 7.\nWhat is 1 + 1?"
+
+
+@pytest.mark.parametrize("answer, line", [
+    (" 85 + 91 = 176. The answer is 176.\nQuestion", " 85 + 91 = 176. The answer is 176."),
+    (" 85 + 91 = 176. The answer is 176. Question: What is 2 + 2?", " 85 + 91 = 176. The answer is 176."),
+    (RUN_ON, " 4 - 9 = -5. The answer is -5."),
+    ("\n 4 - 9 = -5.\nmore", "\n 4 - 9 = -5."),        # the first line that holds anything
+    (" 4 - 9 = -5. The answer is -5.  ", " 4 - 9 = -5. The answer is -5."),
+    ("", ""), ("  \n ", ""),
+])
+def test_an_arithmetic_answer_is_its_first_line(answer, line):
+    assert first_line(answer) == line and answer.startswith(line)  # a prefix: the tokens can be cut to match
+    assert ArithmeticTask("sums_2x1").clean_response(answer) == line
+
+
+def test_the_reward_reads_the_first_line_and_the_observer_sees_it():
+    task = ArithmeticTask("sums_2x1")
+    ex = Example(query="What is 4 - 9?", prompt="", reference="-5")
+    # the run-on answer's last "answer is" (7) no longer decides its reward: its first line does
+    assert task.score([ex], [task.clean_response(RUN_ON)]) == [1.0]
+    wrong_first = " 4 - 9 = 5. The answer is 5.\n4 - 9 = -5. The answer is -5."
+    assert task.score([ex], [task.clean_response(wrong_first)]) == [0.0]
+    prompt = task.observer_prompt(ex, RUN_ON)
+    assert prompt == build_observer_prompt(ex.query, " 4 - 9 = -5. The answer is -5.")
+    assert prompt.endswith("Question: What is 4 - 9?\nReference: 4 - 9 = -5. The answer is -5.\nAnswer:")
+    assert "3 + 4" not in prompt and prompt.count("Question") == 2
+
+
+def test_gsm8k_cuts_a_bare_question_at_the_end_too():
+    assert trim_at_stop("He has 9.\n#### 9\nQuestion") == "He has 9.\n#### 9"
+    assert trim_at_stop("He has 9.\n#### 9\nQuest") == "He has 9.\n#### 9"
+    assert trim_at_stop("He has 9.\nQuestion: next") == "He has 9."
+    assert trim_at_stop("Question") == "Question"  # nothing before it: not an answer's tail
+    assert trim_at_stop("He has 9.\nQuestions remain") == "He has 9.\nQuestions remain"
+
+
+# ----------------------------------------------------------------------------- a run records it
+
+
+@pytest.mark.slow
+def test_a_tiny_cory_run_records_transfer_on_every_row_and_evaluation(tmp_path):
+    out = tmp_path / "cory"
+    rows = trained("arithmetic_train/cory.py", out, "--config", "configs/arithmetic/cory_tiny.yaml",
+                   "--steps", "3", "--eval_every", "2")
+    samples = read_jsonl(out / "samples.jsonl")
+    for r in rows:
+        assert set(TRANSFER_KEYS) <= set(r)
+        pio, obs = (r[f"{r['pioneer']}/task_reward"], r[f"{'llm2' if r['pioneer'] == 'llm1' else 'llm1'}/task_reward"])
+        assert r[GAP] == pytest.approx(obs - pio)
+    # the observer's reference is the pioneer's answer as the reward read it: one line
+    assert all("\n" not in s["observer_prompt"].split("Reference:")[1].split("\nAnswer:")[0] for s in samples)
+    evals = read_jsonl(out / "eval.jsonl")
+    assert {(e["iterations"], e["agent"]) for e in evals} == {(i, a) for i in (0, 2, 3) for a in ("llm1", "llm2")}
+    assert all(set(TRANSFER_KEYS) <= set(e) for e in evals)
+    base = [e for e in evals if e["iterations"] == 0]
+    assert base[0][GAP] == base[1][GAP]  # both agents are the base model: one reading
+
+
+# ----------------------------------------------------------------------------- the report draws it
+
+
+def write_transfer(root, seeds=3):
+    flat = np.zeros(10)
+    for s in range(seeds):
+        write_run(root, "ppo", s, ppo_rows(flat, flat))
+        rows = cory_rows(flat, flat, flat, flat)
+        for r in rows:  # the observer copies more and more: 0.5 in the first stint, 0.9 in the second
+            r.update({GAP: -0.1 + 0.01 * s, COPY: 0.5 if r["step"] < 5 else 0.9, CORRECTION: None})
+        d = write_run(root, "cory", s, rows, config={"swap_period": 5}, heldout=None)
+        evals = [{"iterations": it, "agent": a, "task_reward": 0.3, "kl": 0.0, GAP: gap, COPY: copy,
+                  CORRECTION: 0.02}
+                 for it, gap, copy in ((0, -0.1, 0.5), (5, 0.0, 0.8), (10, 0.1, 0.9)) for a in ("llm1", "llm2")]
+        (d / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+
+
+def test_the_report_reads_transfer_along_training(tmp_path):
+    write_transfer(tmp_path)
+    group = load_experiment(tmp_path).main_group("cory")
+    windows = training_windows(group)
+    assert windows[0][:2] == ["0-4", "CORY-LLM2"] and windows[1][:2] == ["5-9", "CORY-LLM1"]
+    assert windows[0][2] == "-0.09 ± 0.00577" and windows[0][3] == "0.5 ± 0" and windows[1][3] == "0.9 ± 0"
+    assert windows[0][4] == "–"  # no seed's correction rate defined
+    iterations, rows = heldout_rows(group)
+    assert iterations == [0, 5, 10]
+    assert rows[1] == ["CORY-LLM1", "copy rate", "0.5 ± 0", "0.8 ± 0", "0.9 ± 0"]
+    report = build_report(tmp_path).read_text()
+    assert "## Knowledge transfer (descriptive)" in report and "fig_transfer.png" in report
+    assert (tmp_path / "fig_transfer.png").stat().st_size > 0
+
+
+def test_no_transfer_section_for_runs_that_did_not_record_it(tmp_path):
+    flat = np.zeros(6)
+    write_run(tmp_path, "ppo", 0, ppo_rows(flat, flat))
+    write_run(tmp_path, "cory", 0, cory_rows(flat, flat, flat, flat), heldout=None)
+    assert transfer_section(load_experiment(tmp_path)) is None
+    assert "Knowledge transfer" not in build_report(tmp_path).read_text()
+
+
+# ----------------------------------------------------------------------------- the check's command
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--task", "nope"], "--task nope: not a registered task"),
+    (["--task", "arithmetic", "--n", "0"], "--n 0: must be an integer of at least 1"),
+    (["--task", "arithmetic", "--batch_size", "-1"], "--batch_size -1: must be an integer of at least 1"),
+])
+def test_the_checks_mistakes_are_one_line(argv, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        transfer_check(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_check_refuses_a_task_without_a_zero_one_reward(capsys):
+    with pytest.raises(SystemExit) as e:
+        transfer_check(["--task", "imdb", "--model", "tiny", "--n", "2"])
+    assert e.value.code == 2 and "its reward is not 0/1" in capsys.readouterr().err
+
+
+def test_the_check_runs_on_the_tiny_model(tmp_path):
+    doc = transfer_check(["--task", "arithmetic", "--model", "tiny", "--n", "12", "--batch_size", "8",
+                          "--max_new_tokens", "4", "--json", str(tmp_path / "t.json")])
+    written = json.loads((tmp_path / "t.json").read_text())
+    assert written["n"] == doc["n"] == 12 and set(written["observer"]) == {"greedy", "sampled"}
+    assert written["command"].startswith("python -m cory.lab.transfer_check --task arithmetic")
+    for r in written["observer"].values():
+        assert r["copy_n"] + r["correction_n"] == 12
+    assert "\nReference: " in written["example_observer_prompt"]
