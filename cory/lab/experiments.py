@@ -323,7 +323,7 @@ def _kl_coefs(args) -> list[float | None]:
     return kl_coefs
 
 
-DESIGN_FILES = {"DESIGN.md", "design.yaml"}
+DESIGN_FILES = {"DESIGN.md", "design.yaml", "base_draws"}  # base_draws: the base model sampled again (design.yaml)
 
 
 def _out(args) -> Path:

@@ -143,8 +143,8 @@ def run(args) -> dict:
                                               greedy=mode == "greedy", label=f"observer ({mode})"))
                 for mode in ("greedy", "sampled")}
     multi_line = sum("\n" in a.strip() for a in args.pioneer_answers) / len(examples)
-    commit, dirty = git_state()
-    return {"command": args.command, "commit": commit, "uncommitted_changes": dirty, "threads": torch.get_num_threads(),
+    return {"command": args.command, "commit": args.commit, "uncommitted_changes": args.dirty,
+            "threads": torch.get_num_threads(),
             "task": args.task, "dataset": args.dataset, "model": args.model,
             "n": len(examples), "seed": args.seed, "max_new_tokens": args.max_new_tokens, "reward": args.reward,
             "pioneer_accuracy": sum(p > 0.5 for p in pioneer) / len(pioneer),
@@ -177,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
     try:
         args = plan(argv)
         args.command = shlex.join(["python", "-m", PROGRAM, *argv])
+        args.commit, args.dirty = git_state()  # the code that runs: read before the minutes it takes
         doc = run(args)
         print(table(doc))
         if args.json:
