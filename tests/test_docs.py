@@ -16,9 +16,28 @@ def test_readme_first_screen_holds_the_method_the_commands_and_the_answers():
     first = "\n".join(readme.decode().splitlines()[:30])
     for needed in ("cory/game.py", "cory/ppo.py", "make demo", "make test", "results/README.md"):
         assert needed in first, needed
-    answers = [line for line in first.splitlines() if line.startswith("- **")]
-    assert 1 <= len(answers) <= 6
-    assert all("](results/" in line for line in answers), "each answer links its folder"
+    answers = _answer_rows()
+    assert 1 <= len(answers) <= 8 and all(row in first for row in answers), "the answers' table on the first screen"
+    assert all("](results/" in row for row in answers), "each answer links its folder"
+
+
+def _answer_rows() -> list[str]:
+    """The rows of README's table of answers (question | answer | power | folder), header left out."""
+    text = (ROOT / "README.md").read_text().split("## The answers so far", 1)[1].lstrip().split("\n", 1)[1]
+    table = text.strip().split("\n\n", 1)[0].splitlines()  # the block under the heading
+    return table[2:] if table and table[0].startswith("| question | answer | power | folder |") else []
+
+
+def test_the_readmes_answers_are_numbers_of_the_files_they_link():
+    """Every decimal number in an answer or its power is a number of a file its row links, as rounded there: the
+    answers are kept in the reports, and README cannot drift from them (as a seed count once did)."""
+    for row in _answer_rows():
+        linked = " ".join((ROOT / target).read_text() for target in re.findall(r"\]\((results/[^)#]+)\)", row))
+        theirs = [float(x) for x in re.findall(r"\d+\.\d+", linked)]
+        answer_and_power = " ".join(row.split(" | ")[1:3])
+        for number in re.findall(r"\d+\.\d+", answer_and_power):
+            half_unit = 0.5 * 10 ** -len(number.split(".")[1]) + 1e-12
+            assert any(abs(x - float(number)) <= half_unit for x in theirs), (number, row[:70])
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))

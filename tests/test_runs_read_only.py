@@ -220,11 +220,14 @@ def test_the_runner_writes_into_an_empty_folder_or_its_own_experiment(tmp_path):
 
 @pytest.mark.slow
 def test_the_runner_writes_into_a_folder_holding_only_its_design(tmp_path):
-    """A design is committed before its runs (DESIGN.md, design.yaml): the runner starts there and keeps both."""
+    """A design is committed before its runs (DESIGN.md, design.yaml, base_draws/): the runner starts there and keeps
+    them."""
     out = tmp_path / "designed"
     out.mkdir()
     (out / "DESIGN.md").write_text("# written before the runs")
     (out / "design.yaml").write_text("endpoint: collapse\n")
+    (out / "base_draws").mkdir()  # the base model sampled again before the runs (design.yaml's base_draws)
+    (out / "base_draws" / "eval_base_seed1.json").write_text("{}")
     before = tree(out)
     p = runner("--task", "imdb", "--preset", "tiny", "--methods", "ppo", "--seeds", "0", "--steps", "1", "--out", out,
                "--no_eval", "--no_report")
