@@ -323,10 +323,11 @@ def test_periodic_evaluation_reads_agents_with_equal_weights_once(monkeypatch):
     evaluation = heldout.PeriodicEvaluation.__new__(heldout.PeriodicEvaluation)
     task = ArithmeticTask()
     evaluation.__dict__.update(task=task, reward="correctness", examples=task.eval_examples(6), tokenizer=tok,
-                               reference=base, max_new_tokens=4, allow_early_eos=True, greedy=True, batch_size=32)
+                               reference=base, max_new_tokens=4, allow_early_eos=True, greedy=True, batch_size=32,
+                               transfer=False)
     reads = []
-    real = heldout.evaluate_reward
-    monkeypatch.setattr(heldout, "evaluate_reward", lambda model, *a, **k: reads.append(model) or real(model, *a, **k))
+    real = heldout.evaluate_answers
+    monkeypatch.setattr(heldout, "evaluate_answers", lambda model, *a, **k: reads.append(model) or real(model, *a, **k))
 
     llm1, llm2 = copy.deepcopy(base), copy.deepcopy(base)
     rows = evaluation({"llm1": llm1, "llm2": llm2}, 0)
@@ -341,3 +342,17 @@ def test_periodic_evaluation_reads_agents_with_equal_weights_once(monkeypatch):
     reads.clear()
     rows = evaluation({"llm1": llm1, "llm2": llm2}, 3)
     assert reads == [llm1, llm2] and rows[0]["kl"] != rows[1]["kl"]
+
+    # CORY's transfer: each agent observes the other's held-out answers; equal agents are read once, as the base model
+    observed = []
+    real_transfer = heldout.observer_transfer
+    monkeypatch.setattr(heldout, "observer_transfer",
+                        lambda model, *a, **k: observed.append(model) or real_transfer(model, *a, **k))
+    evaluation.transfer = True
+    twins = copy.deepcopy(base), copy.deepcopy(base)
+    rows = evaluation({"llm1": twins[0], "llm2": twins[1]}, 0)
+    gap = "transfer/observer_minus_pioneer"
+    assert observed == [twins[0]] and rows[0][gap] == rows[1][gap]
+    observed.clear()
+    rows = evaluation({"llm1": llm1, "llm2": llm2}, 3)
+    assert observed == [llm1, llm2] and all("transfer/copy_rate" in r for r in rows)
