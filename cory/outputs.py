@@ -26,6 +26,7 @@ import yaml
 from cory import final as final_models
 from cory.errors import ConfigError
 from cory.method import AGENT_NAMES
+from cory.targets import TEMPORARY, check_target
 from cory.tasks import registered
 
 CHECKPOINTS = "checkpoints"
@@ -57,8 +58,9 @@ _MODEL_FILE = re.compile(r"(generation_)?config\.json|model(-\d{5}-of-\d{5})?\.s
 
 def _is_eval_file(name: str) -> bool:
     """cory.lab.evaluate's results beside a run: eval_<task>.json, or eval_<task>_<protocol>.json for another
-    protocol than training's, of a registered task (and the .tmp of one being written)."""
-    name = name.removesuffix(".tmp")
+    protocol than training's, of a registered task (and the temporary file of one being written)."""
+    temporary = TEMPORARY.fullmatch(name)
+    name = temporary["name"] if temporary else name.removesuffix(".tmp")
     return any(name == f"eval_{task}{'' if protocol == 'training' else '_' + protocol}.json"
                for task, spec in registered().items() for protocol in spec.evaluation.protocols)
 
@@ -257,6 +259,7 @@ def check_output_file(path: Path, name: str, program: str, force: bool = False, 
     refused in one line unless ``force``; then ``check_writable``. Before any work, so that nothing is lost.
     ``key``: the field of the JSON document that records the command which wrote it (``written_by``)."""
     path = Path(path)
+    check_target(path, name)  # a pipe or a device would be replaced by the file, not written into
     if path.is_file() and not force and not written_by(path, program, key):
         raise ConfigError(f"{name}: {path} already exists and was not written by {program}; choose another file, or "
                           "pass --force to replace it")

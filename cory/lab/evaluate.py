@@ -40,6 +40,7 @@ from cory.outputs import OWN_FINAL_EVALUATION, check_output_file, json_safe, rea
 from cory.heldout import BATCH_SIZE, evaluate_reward, own_final_settings, sample
 from cory.lab.passk import mean_pass_at_k
 from cory.rollout import checked_scores, decode_and_clean, stop_at, tokenize_prompts
+from cory.targets import write_whole
 from cory.tasks import (PASS_AT_K, REWARD_METRICS, TRAINING_PROTOCOL, SamplingProtocol, check_eval_config,
                         check_examples, load_task_file, make_eval_task, registered, task_spec)
 
@@ -605,12 +606,8 @@ def run(p: Plan) -> dict:
     if p.json_path is not None:
         _check_unchanged(p)
         p.json_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.json_path.with_name(p.json_path.name + ".tmp")
-        try:  # whole or not at all: a full disk leaves the file before, not a cut one
-            tmp.write_text(json.dumps(json_safe(doc), indent=2, allow_nan=False) + "\n")  # strict JSON: no NaN
-            os.replace(tmp, p.json_path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        # whole or not at all: a full disk leaves the file before, not a cut one; strict JSON: no NaN
+        write_whole(p.json_path, json.dumps(json_safe(doc), indent=2, allow_nan=False) + "\n", "--json")
         print(f"results: {p.json_path}")
     return doc
 
