@@ -115,6 +115,15 @@ def final_weights_id(run_dir: str | os.PathLike) -> str | None:
     return "files:" + h.hexdigest()[:32]
 
 
+def file_digest(path: str | os.PathLike) -> str:
+    """sha256 of a file's bytes (hex): what a checkpoint's state.pt records of each agent file beside it."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def read_evaluation(path: Path) -> dict | None:
     """An evaluation's document, or None when the file cannot be read as one (cut short, damaged)."""
     try:
