@@ -36,7 +36,8 @@ from cory.config import load_yaml
 from cory.errors import AssetError, ConfigError, EvalError, OneLineParser, RunError, file_fault
 from cory.final import RECORD, WEIGHT_FILES, final_complete, final_weights_id
 from cory.models import check_weights_fit, load_causal_lm, load_tokenizer
-from cory.outputs import OWN_FINAL_EVALUATION, check_output_file, json_safe, read_manifest, run_folder_of
+from cory.outputs import (OWN_FINAL_EVALUATION, check_output_file, in_use, json_safe, read_manifest,
+                          run_folder_of)
 from cory.heldout import BATCH_SIZE, evaluate_reward, own_final_settings, sample
 from cory.lab.passk import mean_pass_at_k
 from cory.rollout import checked_scores, decode_and_clean, stop_at, tokenize_prompts
@@ -281,6 +282,10 @@ def plan(argv: Sequence[str] | None) -> Plan:
 
     entries = [e for arg in args.model for e in expand_model(arg)]
     runs = list(dict.fromkeys(e.run_dir.resolve() for e in entries if e.run_dir is not None))
+    for run in runs:  # a run in training replaces its final models: a result would pass for the new ones
+        busy = in_use(run, "--model", "run")
+        if busy:
+            raise EvalError(busy)
     configs = {run: _run_config(run) for run in runs}
     same_task = [c for c in configs.values() if c.get("task", args.task) == args.task]
     inherited = same_task[0] if same_task else {}  # what the (first) run read and was scored with

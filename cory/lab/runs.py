@@ -20,6 +20,7 @@ from pathlib import Path
 from cory.config import load_yaml
 from cory.errors import ConfigError
 from cory.final import final_complete
+from cory.lab.design import DESIGN_DIGEST, design_digest
 from cory.outputs import (LOCK, RUNNER_PID, check_output_dir, copied_run, evaluation_refusal, latest_checkpoint,
                           read_jsonl, restart_refusal, run_finished)
 
@@ -220,6 +221,8 @@ class Record:
             self.data[key] = before + [v for v in spec[key] or [] if v not in before] or spec[key]
         self.data.setdefault("invocations", [])
         self.data.setdefault("runs", {})
+        if not self.data["runs"]:  # the design the folder's runs start from; a later edit is named by the report
+            self.data[DESIGN_DIGEST] = design_digest(out)
 
     def save(self) -> None:
         with self.lock:
