@@ -26,7 +26,7 @@ import yaml
 from cory import final as final_models
 from cory.errors import ConfigError
 from cory.method import AGENT_NAMES
-from cory.targets import TEMPORARY, check_target
+from cory.targets import TEMPORARY, check_target, text_refusal
 from cory.tasks import registered
 
 CHECKPOINTS = "checkpoints"
@@ -214,16 +214,11 @@ def evaluation_refusal(run_dir: str | os.PathLike) -> str | None:
 
 
 def check_text_path(path, name: str = "output_dir") -> None:
-    """A path a run writes into its files (config.yaml, the manifest, runs.json) must be text: under a C locale
-    without UTF-8 mode Python reads a non-ASCII name from the command line as undecodable bytes, which no UTF-8
-    file can hold, so the run would train and then fail writing it. Refused at the start, in one line."""
-    text = os.fspath(path)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ConfigError(f"{name}: {ascii(text)} is not text in this process's encoding "
-                          f"({sys.getfilesystemencoding()}: a C locale without UTF-8 mode); name it in ASCII, or run "
-                          "with PYTHONUTF8=1") from None
+    """A path a run writes into its files (config.yaml, the manifest, runs.json) must be text
+    (``cory.targets.text_refusal``): refused at the start, in one line, not after the run has trained."""
+    refusal = text_refusal(path, name)
+    if refusal:
+        raise ConfigError(refusal)
 
 
 def check_writable(path: Path, name: str = "output_dir") -> None:

@@ -15,7 +15,7 @@ import numpy as np
 from cory.errors import ConfigError, ReportError
 from cory.lab.results import (AGENT_NAMES, LLM1, LLM2, METHOD_NAMES, POLICY, REWARD_RANGES, curve, Experiment, Group,
                               heldout_curve, heldout_value, setting_name)
-from cory.targets import target_refusal, write_whole
+from cory.targets import target_refusal, text_refusal, write_whole
 
 # key in metrics.jsonl after "<agent>/" -> (title, y-axis label; {reward} is the reward's unit)
 METRICS = {
@@ -59,7 +59,11 @@ def save_figure(fig, path: Path) -> None:
 
 def check_targets(folder: Path, *names: str) -> None:
     """Before anything is drawn: no file a command writes into ``folder`` (``names``, and every figure already
-    there) is a pipe, a device or a folder, which writing it would replace; a ReportError naming the first."""
+    there) is a pipe, a device or a folder, which writing it would replace, and ``folder``'s name is text the
+    files can hold (the report writes it); a ReportError naming the first."""
+    refusal = text_refusal(Path(folder).absolute(), "folder")
+    if refusal:
+        raise ReportError(refusal)
     for path in [Path(folder) / name for name in names] + sorted(Path(folder).glob("fig_*.png")):
         refusal = target_refusal(path, path.name)
         if refusal:
