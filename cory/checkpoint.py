@@ -9,7 +9,8 @@ on as the uninterrupted one would:
   ``state_dict``) and random streams (``rng``: torch's CPU generator, every CUDA device's on a GPU, numpy's,
   Python's, and the answer lengths' generator); the same pair for every other process (``other_ranks``); and the
   config it was trained with, less ``resume`` and ``overwrite`` (``config``); what its base model was
-  (``base_model``: ``cory.assets.weights_fingerprint``, where there is one); and the sha256 of every agent file
+  (``base_model``: ``cory.assets.weights_fingerprint``, where there is one); the precision it computed in
+  (``precision``, what ``auto`` resolved to, which a resume on another machine keeps); and the sha256 of every agent file
   beside it (``files``), so that a resume takes only the files saved with it (``cory.preflight.check_resumable``,
   which also checks ``step`` against the folder's name).
 
@@ -57,7 +58,9 @@ def save(run_dir: RunDir, step: int, agents: dict, sampler: dict, cfg: PPOArgs, 
     # the config the weights were trained with, so that a resume can tell a hand-edited config.yaml
     state = {"step": step, **samplers[0], "other_ranks": samplers[1:],
              "config": {k: v for k, v in to_dict(cfg).items() if k not in INVOCATION_FIELDS},
-             **({"base_model": base_model} if base_model is not None else {})}
+             **({"base_model": base_model} if base_model is not None else {}),
+             # what ``precision: auto`` resolved to where the run started: a resume elsewhere keeps it
+             "precision": next(iter(agents.values())).precision}
 
     def write(folder: Path):
         for name, content in files.items():

@@ -28,6 +28,7 @@ class RunPlan:
     spec: ModelSpec  # the model name, resolved once for every loader
     resume_from: Path | None = None  # the checkpoint a --resume continues from, checked; None: from iteration 0
     base_fingerprint: str | None = None  # the base model's weights (``weights_fingerprint``), recorded by checkpoints
+    trained_precision: str | None = None  # the precision the checkpoint resumed from was trained in, where recorded
 
 
 def check_config(cfg: PPOArgs) -> ModelSpec:
@@ -73,7 +74,8 @@ def check_run(cfg: PPOArgs) -> RunPlan | None:
         if importlib.util.find_spec("tensorboard") is None:
             raise ConfigError("report_to: tensorboard is not installed (pip install tensorboard), or use "
                               "--report_to none")
-    return RunPlan(spec, resume_from, fingerprint)
+    trained = load_checkpoint_file(resume_from / "state.pt").get("precision") if resume_from is not None else None
+    return RunPlan(spec, resume_from, fingerprint, trained if isinstance(trained, str) else None)
 
 
 def check_context(cfg: PPOArgs, spec: ModelSpec) -> None:

@@ -90,3 +90,22 @@ def test_a_file_size_limit_at_a_checkpoint_is_one_line_and_keeps_the_older_one(t
     assert resumed.start_step == 1
     resumed.fit()
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [0, 1] and (out / "final").is_dir()
+
+
+def test_precision_auto_resumed_on_a_cpu_of_another_kind_keeps_the_precision_it_started_in(tmp_path, monkeypatch,
+                                                                                            capsys):
+    """Started where auto is bf16 (AVX-512 BF16), resumed where it is fp32 (bf16 emulated): the run goes on in bf16,
+    and says so, as a resume keeps an explicit precision."""
+    from cory import agent as agent_module
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(agent_module, "cpu_bf16_kernels", lambda: "avx512_bf16")
+    prepare_run(tiny(IMDB_PPO, "ppo", out, steps=1, save_every=1, precision="auto")).fit()
+    assert load_checkpoint_file(latest_checkpoint(out) / "state.pt")["precision"] == "bf16"
+    monkeypatch.setattr(agent_module, "cpu_bf16_kernels", lambda: "emulated")
+    capsys.readouterr()
+    resumed = prepare_run(tiny(IMDB_PPO, "ppo", out, steps=2, save_every=1, precision="auto", resume=str(out)))
+    assert "precision: bf16 (auto, kept from the run's checkpoint: here auto would be fp32" in capsys.readouterr().out
+    assert resumed.agents["policy"].precision == "bf16" and resumed.cfg.precision == "auto"
+    resumed.fit()
+    assert load_checkpoint_file(latest_checkpoint(out) / "state.pt")["precision"] == "bf16"
