@@ -301,6 +301,12 @@ def check_output_dir(output_dir: str, *, resume: bool, overwrite: bool, method: 
                           "exist; create that folder or choose another output_dir")
     if path.exists() and not path.is_dir():
         raise ConfigError(f"output_dir: {output_dir} exists and is not a folder")
+    # a run inside another's folder is a user's file to that run (its --overwrite refuses, its copy carries it)
+    host = next((d for start in (path.absolute(), path.resolve()) for d in start.parents
+                 if read_manifest(d) is not None), None)
+    if host is not None:
+        raise ConfigError(f"output_dir: {output_dir} is inside the run folder {host}, which holds only what its run "
+                          "writes; choose a folder outside it")
     check_writable(path)
     busy = in_use(path) if path.is_dir() else None
     if busy:

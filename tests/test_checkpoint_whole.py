@@ -109,3 +109,12 @@ def test_precision_auto_resumed_on_a_cpu_of_another_kind_keeps_the_precision_it_
     assert resumed.agents["policy"].precision == "bf16" and resumed.cfg.precision == "auto"
     resumed.fit()
     assert load_checkpoint_file(latest_checkpoint(out) / "state.pt")["precision"] == "bf16"
+
+
+def test_an_output_dir_inside_another_runs_folder_is_refused_directly_or_through_a_link(finished, tmp_path):
+    run = copy_run(finished, tmp_path, "ppo")
+    (tmp_path / "link").symlink_to(run)
+    for inner in (run / "final" / "inner", tmp_path / "link" / "inner"):
+        line = rejected("imdb", "ppo", ["--config", "configs/imdb/ppo_tiny.yaml", "--output_dir", inner])
+        assert f"output_dir: {inner} is inside the run folder " in line and "choose a folder outside it" in line, line
+        assert not inner.exists()
