@@ -41,10 +41,11 @@ def _kind(path: Path) -> str | None:
         if test(mode):
             return kind
     if not stat.S_ISREG(mode):
-        return "not a regular file"
+        return "a special file"
     for where in (path.absolute(), Path(os.path.realpath(path))):
-        if any(where == root or root in where.parents for root in _SYSTEM):
-            return f"a system file (under {next(r for r in _SYSTEM if where == r or r in where.parents)})"
+        root = next((r for r in _SYSTEM if r in where.parents), None)
+        if root is not None:
+            return f"a system file (under {root})"
     return None
 
 
