@@ -118,3 +118,30 @@ def test_a_design_written_after_the_first_run_is_an_amendment(tmp_path):
     assert json.loads((tmp_path / "runs.json").read_text())[DESIGN_DIGEST] is None
     (tmp_path / "design.yaml").write_text("margin: 0\n")
     assert "written after the folder's first run started" in load_design(tmp_path).source
+
+
+def test_an_evaluation_of_a_run_resumed_while_it_ran_writes_nothing(finished, tmp_path, monkeypatch, capsys):
+    """A --resume that starts while the evaluation samples holds the run until it replaces final/: the result,
+    written beside the new models, would read as theirs; one line, exit 1, nothing written."""
+    from cory.lab import evaluate
+
+    run = tmp_path / "ppo"
+    shutil.copytree(finished / "ppo", run)
+    real, locks = evaluate.evaluate_reward, []
+
+    def then_resumed(*args, **kwargs):
+        res = real(*args, **kwargs)
+        if not locks:
+            locks.append(RunLock(run).acquire())
+        return res
+
+    monkeypatch.setattr(evaluate, "evaluate_reward", then_resumed)
+    try:
+        with pytest.raises(SystemExit) as e:
+            evaluate.main(["--task", "imdb", "--model", str(run), "--limit", "2", "--max_new_tokens", "2"])
+    finally:
+        locks[0].release()
+    errors = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
+    assert e.value.code == 1 and len(errors) == 1, errors
+    assert errors[0].startswith(f"error: {run} was resumed while it was evaluated and is training"), errors
+    assert not (run / "eval_imdb.json").exists()

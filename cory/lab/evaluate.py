@@ -619,10 +619,13 @@ def run(p: Plan) -> dict:
 
 def _check_unchanged(p: Plan) -> None:
     """The run's final models are still those the evaluation loaded: a run resumed meanwhile has replaced them,
-    and its results must not be written as theirs."""
+    and its results must not be written as theirs; one resumed meanwhile and still training will replace them."""
     if p.scored_run is not None and final_weights_id(p.scored_run) != p.final_weights:
         raise RunError(f"{p.scored_run / 'final'} was replaced while it was evaluated (a run resumed there?); "
                        f"nothing written: rerun the evaluation once that run has finished")
+    if p.scored_run is not None and in_use(p.scored_run, "--model", "run"):
+        raise RunError(f"{p.scored_run} was resumed while it was evaluated and is training: its final models will "
+                       "be replaced; nothing written: rerun the evaluation once that run has finished")
 
 
 def main(argv: Sequence[str] | None = None) -> dict | None:
