@@ -181,3 +181,16 @@ def test_the_search_summary_refuses_a_pipe_before_drawing(tmp_path):
                        cwd=REPO, timeout=300)
     refused(p, f"SUMMARY.md: {tmp_path / 'SUMMARY.md'} exists and is a named pipe")
     assert tree(tmp_path) == before
+
+
+@pytest.mark.slow
+def test_two_reports_at_once_on_one_folder_both_finish_and_leave_no_temporary_file(tmp_path):
+    """They shared one temporary name per figure and collided (4 of 6 tries): now each writes its own."""
+    synthetic(tmp_path, cory_wins=False, seeds=(0, 1), steps=6)
+    procs = [subprocess.Popen([sys.executable, "-m", "cory.lab.report", str(tmp_path)], cwd=REPO, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0 and "Traceback" not in err, err[-2000:]
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert (tmp_path / "REPORT.md").is_file()
