@@ -145,3 +145,24 @@ def test_an_evaluation_of_a_run_resumed_while_it_ran_writes_nothing(finished, tm
     assert e.value.code == 1 and len(errors) == 1, errors
     assert errors[0].startswith(f"error: {run} was resumed while it was evaluated and is training"), errors
     assert not (run / "eval_imdb.json").exists()
+
+
+def test_the_runner_names_a_run_of_another_method_or_task_in_its_folder(finished, tmp_path):
+    """A copied run was refused for an incidental setting, its method or task never named."""
+    from cory.errors import ExperimentError
+    from cory.lab.experiments import _parser, _states, plan
+
+    out = tmp_path / "exp"
+    pairs, _ = plan(_parser().parse_args(["--task", "imdb", "--preset", "tiny", "--methods", "ppo", "--seeds", "0",
+                                          "--steps", "2", "--out", str(out)]))
+    run = pairs[0].run_dir
+    shutil.copytree(finished / "cory", run)
+    with pytest.raises(ExperimentError, match=r"holds a run with method='cory' \(its cory_run.json; this command "
+                                              r"asks for ppo\)"):
+        _states(pairs)
+    shutil.rmtree(run)
+    shutil.copytree(finished / "ppo", run)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    (run / "config.yaml").write_text(yaml.safe_dump({**config, "task": "arithmetic", "learning_rate": 1.0}))
+    with pytest.raises(ExperimentError, match=r"holds a run with task='arithmetic' \(this command asks for 'imdb'\)"):
+        _states(pairs)
