@@ -107,8 +107,6 @@ def test_precision_auto_resumed_on_a_cpu_of_another_kind_keeps_the_precision_it_
     resumed = prepare_run(tiny(IMDB_PPO, "ppo", out, steps=2, save_every=1, precision="auto", resume=str(out)))
     assert "precision: bf16 (auto, kept from the run's checkpoint: here auto would be fp32" in capsys.readouterr().out
     assert resumed.agents["policy"].precision == "bf16" and resumed.cfg.precision == "auto"
-    resumed.fit()
-    assert load_checkpoint_file(latest_checkpoint(out) / "state.pt")["precision"] == "bf16"
 
 
 def test_an_output_dir_inside_another_runs_folder_is_refused_directly_or_through_a_link(finished, tmp_path):
