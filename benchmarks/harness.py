@@ -21,6 +21,7 @@ if str(REPO) not in sys.path:
 
 from cory.errors import ConfigError, Stopped, file_fault  # noqa: E402  (light: no torch)
 from cory.outputs import check_output_json  # noqa: E402
+from cory.targets import write_whole  # noqa: E402
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -37,16 +38,14 @@ def json_refusal(path: str | os.PathLike, program: str, force: bool, key: str = 
 
 
 def write_json(path: str | os.PathLike, doc) -> str | None:
-    """``doc`` into ``path`` whole (a temporary file beside it, renamed over it), so an earlier file stays whole
-    when the disk fills; the one-line reason when it cannot be written, else None."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    """``doc`` into ``path`` whole (``cory.targets.write_whole``), so an earlier file stays whole when the disk
+    fills, and a target that is no regular file (a pipe, a device) is never replaced; the one-line reason when it
+    cannot be written, else None."""
     try:
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
-        os.replace(tmp, path)
+        write_whole(path, json.dumps(doc, indent=1) + "\n", "--json")
+    except ConfigError as e:
+        return str(e)
     except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         return file_fault(e, path)
     return None
 

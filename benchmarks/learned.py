@@ -65,6 +65,8 @@ def read_rows(path: Path) -> list[dict]:
 def is_learned_result(path: Path) -> bool:
     """A result this benchmark wrote before it recorded its own command ("benchmark"): the training command, the
     gain, the CPU's flags and the held-out rows (benchmarks/data/learned_ppo_cpu_2cores.json)."""
+    if not path.is_file():  # reading a named pipe would wait for a writer forever
+        return False
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -8,8 +8,11 @@ on as the uninterrupted one would:
 - ``state.pt``: the ``step`` (completed iterations); the main process's data sampler (``task``: the task's
   ``state_dict``) and random streams (``rng``: torch's CPU generator, every CUDA device's on a GPU, numpy's,
   Python's, and the answer lengths' generator); the same pair for every other process (``other_ranks``); and the
-  config it was trained with, less ``resume`` and ``overwrite`` (``config``); and what its base model was
-  (``base_model``: ``cory.assets.weights_fingerprint``, where there is one).
+  config it was trained with, less ``resume`` and ``overwrite`` (``config``); what its base model was
+  (``base_model``: ``cory.assets.weights_fingerprint``, where there is one); the precision it computed in
+  (``precision``, what ``auto`` resolved to, which a resume on another machine keeps); and the sha256 of every agent file
+  beside it (``files``), so that a resume takes only the files saved with it (``cory.preflight.check_resumable``,
+  which also checks ``step`` against the folder's name).
 
 It is written whole or not at all (``RunDir.save_checkpoint``) and read back as data only
 (``cory.outputs.load_checkpoint_file``, which the checks before any model loads share without torch). The run's
@@ -33,7 +36,7 @@ import torch
 from cory import parallel
 from cory.config import INVOCATION_FIELDS, PPOArgs, to_dict
 from cory.errors import ConfigError, RunError
-from cory.final import write_final
+from cory.final import file_digest, write_final
 from cory.outputs import DIGESTS, RunDir, latest_checkpoint, load_checkpoint_file
 from cory.tasks.base import Task
 
@@ -53,22 +56,32 @@ def save(run_dir: RunDir, step: int, agents: dict, sampler: dict, cfg: PPOArgs, 
     samplers = parallel.gather_objects(sampler)
     files = {f"{name}.pt": agent.state_dict() for name, agent in agents.items()}
     # the config the weights were trained with, so that a resume can tell a hand-edited config.yaml
-    files["state.pt"] = {"step": step, **samplers[0], "other_ranks": samplers[1:],
-                         "config": {k: v for k, v in to_dict(cfg).items() if k not in INVOCATION_FIELDS},
-                         **({"base_model": base_model} if base_model is not None else {})}
+    state = {"step": step, **samplers[0], "other_ranks": samplers[1:],
+             "config": {k: v for k, v in to_dict(cfg).items() if k not in INVOCATION_FIELDS},
+             **({"base_model": base_model} if base_model is not None else {}),
+             # what ``precision: auto`` resolved to where the run started: a resume elsewhere keeps it
+             "precision": next(iter(agents.values())).precision}
 
     def write(folder: Path):
         for name, content in files.items():
             _save(content, folder / name)
+        # what ties the agent files to this state: a resume refuses files copied in from another checkpoint
+        _save({**state, "files": {name: file_digest(folder / name) for name in files}}, folder / "state.pt")
     try:
         run_dir.save_checkpoint(step, write, keep=cfg.keep_checkpoints)
     except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+        # a file-size limit (ulimit -f: EFBIG; Python ignores the SIGXFSZ that would kill it) is a full disk for
+        # one file: the same stop, and --resume continues once it is lifted
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             raise
         root = run_dir.path
         need, free = _gib(sum(map(_tensor_bytes, files.values()))), _gib(shutil.disk_usage(root).free)
         last = latest_checkpoint(root)
         kept = f"the last complete one, {last}, is kept" if last else "no earlier checkpoint"
+        if e.errno == errno.EFBIG:
+            raise RunError(f"checkpoint {step}: a file of it would be larger than this process may write in {root} "
+                           f"(the file size limit, ulimit -f; the checkpoint needs about {need}); {kept}; raise the "
+                           f"limit (ulimit -f unlimited), then continue with --resume {cfg.output_dir}") from None
         raise RunError(f"checkpoint {step}: no space left on the device holding {root} ({free} free, the "
                        f"checkpoint needs about {need}); {kept}; free space, then continue with --resume "
                        f"{cfg.output_dir}") from None

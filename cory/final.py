@@ -4,10 +4,11 @@ final/ is written whole or not at all: the models go into a temporary folder bes
 renamed to ``final`` once complete, so a save cut short (a kill, a full disk) never leaves a final/ that counts as a
 finished run's. With them goes ``final/cory_final.json``: the size of every file written (a final/ whose files no
 longer have them, e.g. a copy cut short, is not whole, and ``--resume`` writes it again from the last checkpoint),
-and an id drawn anew for every final/ written: an evaluation
-(``cory.lab.evaluate``'s ``eval_<task>.json``) records the id of the weights it scored, and the runner and the
-report take an evaluation whose id is not final/'s any more (a ``--resume`` has since replaced the models) as
-stale, not as the final models' result.
+and the digest of its contents (``contents_id``): an evaluation
+(``cory.lab.evaluate``'s ``eval_<task>.json``, the run's own ``final_evaluation.json``) records the digest of the
+weights it scored, and the runner and the report take an evaluation whose digest is not that of final/'s contents
+any more (a ``--resume`` has since replaced the models, or a hand copied others over them) as stale, not as the
+final models' result.
 
 Torch-free: the runner and the report read run folders through this module."""
 from __future__ import annotations
@@ -19,12 +20,11 @@ import os
 import re
 import shutil
 import tempfile
-import uuid
 from pathlib import Path
 from typing import Callable
 
 FINAL = "final"
-MARKER = "cory_final.json"   # in final/: {"project": "cory", "iterations": N, "id": "<hex>", "files": {path: bytes}}
+MARKER = "cory_final.json"   # in final/: {"project": "cory", "iterations": N, "id": "sha256:<hex>", "files": {path: bytes}}
 TMP = re.compile(r"\.final_(tmp|old)_\w+")  # a final/ being written, or the one it replaces
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -39,7 +39,7 @@ def write_final(run_dir: Path, iterations: int, write: Callable[[Path], None]) -
     old = None
     try:
         write(tmp)
-        marker = {"project": "cory", "iterations": iterations, "id": uuid.uuid4().hex, "files": _file_sizes(tmp)}
+        marker = {"project": "cory", "iterations": iterations, "id": contents_id(tmp), "files": _file_sizes(tmp)}
         (tmp / MARKER).write_text(json.dumps(marker) + "\n")
         if final.is_dir() and not final.is_symlink():
             old = Path(tempfile.mkdtemp(prefix=".final_old_", dir=run_dir))
@@ -98,12 +98,24 @@ def final_complete(run_dir: str | os.PathLike, agents: tuple[str, ...] | list[st
 
 
 def final_weights_id(run_dir: str | os.PathLike) -> str | None:
-    """Which weights ``run_dir/final`` holds now: the id written with them (a copy of the folder keeps it), or for
-    a final/ written before ids were, a digest of its files' names, sizes and modification times; None when
-    there is no final/."""
+    """Which weights ``run_dir/final`` holds now (``contents_id``); None when there is no final/. An evaluation
+    records it (``RECORD``)."""
     final = Path(run_dir) / FINAL
-    if not final.is_dir():
-        return None
+    return contents_id(final) if final.is_dir() else None
+
+
+def contents_id(final: Path) -> str:
+    """``sha256:`` and a digest of the contents of every file in the folder ``final`` but its marker (names and
+    bytes), so that weights replaced by others, of the same size or with the marker kept, are other weights."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in final.rglob("*") if p.is_file() and p != final / MARKER):
+        h.update(f"{path.relative_to(final)}\0{_cached_digest(path)}\n".encode())
+    return "sha256:" + h.hexdigest()
+
+
+def _legacy_id(final: Path) -> str:
+    """What evaluations recorded before the digest: the id drawn when final/ was written (kept by a copy, and by
+    weights replaced under it), or for a final/ older than ids, its files' names, sizes and modification times."""
     with contextlib.suppress(OSError, ValueError, AttributeError):
         marker = json.loads((final / MARKER).read_text())
         if isinstance(marker.get("id"), str):
@@ -113,6 +125,28 @@ def final_weights_id(run_dir: str | os.PathLike) -> str | None:
         st = path.stat()
         h.update(f"{path.relative_to(final)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return "files:" + h.hexdigest()[:32]
+
+
+# (device, inode, size, mtime, ctime) -> sha256: a file is read once per process, however often its id is asked
+# (the report asks for every evaluation); a file changed since has another ctime, which no one can set
+_DIGESTS: dict[tuple, str] = {}
+
+
+def _cached_digest(path: Path) -> str:
+    st = path.stat()
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = file_digest(path)
+    return _DIGESTS[key]
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """sha256 of a file's bytes (hex): what a checkpoint's state.pt records of each agent file beside it."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def read_evaluation(path: Path) -> dict | None:
@@ -132,5 +166,8 @@ def stale(run_dir: str | os.PathLike, doc: dict) -> bool:
     recorded = doc.get(RECORD)
     if not isinstance(recorded, str):
         return False
+    if not recorded.startswith("sha256:"):  # recorded before the digest: checked as it was then
+        final = Path(run_dir) / FINAL
+        return final.is_dir() and _legacy_id(final) != recorded
     current = final_weights_id(run_dir)
     return current is not None and current != recorded

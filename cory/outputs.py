@@ -26,6 +26,7 @@ import yaml
 from cory import final as final_models
 from cory.errors import ConfigError
 from cory.method import AGENT_NAMES
+from cory.targets import TEMPORARY, check_target, text_refusal
 from cory.tasks import registered
 
 CHECKPOINTS = "checkpoints"
@@ -57,8 +58,9 @@ _MODEL_FILE = re.compile(r"(generation_)?config\.json|model(-\d{5}-of-\d{5})?\.s
 
 def _is_eval_file(name: str) -> bool:
     """cory.lab.evaluate's results beside a run: eval_<task>.json, or eval_<task>_<protocol>.json for another
-    protocol than training's, of a registered task (and the .tmp of one being written)."""
-    name = name.removesuffix(".tmp")
+    protocol than training's, of a registered task (and the temporary file of one being written)."""
+    temporary = TEMPORARY.fullmatch(name)
+    name = temporary["name"] if temporary else name.removesuffix(".tmp")
     return any(name == f"eval_{task}{'' if protocol == 'training' else '_' + protocol}.json"
                for task, spec in registered().items() for protocol in spec.evaluation.protocols)
 
@@ -212,16 +214,11 @@ def evaluation_refusal(run_dir: str | os.PathLike) -> str | None:
 
 
 def check_text_path(path, name: str = "output_dir") -> None:
-    """A path a run writes into its files (config.yaml, the manifest, runs.json) must be text: under a C locale
-    without UTF-8 mode Python reads a non-ASCII name from the command line as undecodable bytes, which no UTF-8
-    file can hold, so the run would train and then fail writing it. Refused at the start, in one line."""
-    text = os.fspath(path)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ConfigError(f"{name}: {ascii(text)} is not text in this process's encoding "
-                          f"({sys.getfilesystemencoding()}: a C locale without UTF-8 mode); name it in ASCII, or run "
-                          "with PYTHONUTF8=1") from None
+    """A path a run writes into its files (config.yaml, the manifest, runs.json) must be text
+    (``cory.targets.text_refusal``): refused at the start, in one line, not after the run has trained."""
+    refusal = text_refusal(path, name)
+    if refusal:
+        raise ConfigError(refusal)
 
 
 def check_writable(path: Path, name: str = "output_dir") -> None:
@@ -257,6 +254,7 @@ def check_output_file(path: Path, name: str, program: str, force: bool = False, 
     refused in one line unless ``force``; then ``check_writable``. Before any work, so that nothing is lost.
     ``key``: the field of the JSON document that records the command which wrote it (``written_by``)."""
     path = Path(path)
+    check_target(path, name)  # a pipe or a device would be replaced by the file, not written into
     if path.is_file() and not force and not written_by(path, program, key):
         raise ConfigError(f"{name}: {path} already exists and was not written by {program}; choose another file, or "
                           "pass --force to replace it")
@@ -303,6 +301,12 @@ def check_output_dir(output_dir: str, *, resume: bool, overwrite: bool, method: 
                           "exist; create that folder or choose another output_dir")
     if path.exists() and not path.is_dir():
         raise ConfigError(f"output_dir: {output_dir} exists and is not a folder")
+    # a run inside another's folder is a user's file to that run (its --overwrite refuses, its copy carries it)
+    host = next((d for start in (path.absolute(), path.resolve()) for d in start.parents
+                 if read_manifest(d) is not None), None)
+    if host is not None:
+        raise ConfigError(f"output_dir: {output_dir} is inside the run folder {host}, which holds only what its run "
+                          "writes; choose a folder outside it")
     check_writable(path)
     busy = in_use(path) if path.is_dir() else None
     if busy:

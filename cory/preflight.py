@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import netrc
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from cory import memory
 from cory.assets import ModelSpec, check_4bit, model_spec, weights_fingerprint
 from cory.config import INVOCATION_FIELDS, PPOArgs, on_resume_fields, to_dict
 from cory.errors import AssetError, ConfigError
-from cory.final import final_complete
+from cory.final import file_digest, final_complete
 from cory.method import method_of
 from cory.outputs import (check_checkpoint_file, check_output_dir, checkpoints, evaluation_refusal, latest_checkpoint,
                           load_checkpoint_file, read_manifest, restart_refusal)
@@ -27,6 +28,7 @@ class RunPlan:
     spec: ModelSpec  # the model name, resolved once for every loader
     resume_from: Path | None = None  # the checkpoint a --resume continues from, checked; None: from iteration 0
     base_fingerprint: str | None = None  # the base model's weights (``weights_fingerprint``), recorded by checkpoints
+    trained_precision: str | None = None  # the precision the checkpoint resumed from was trained in, where recorded
 
 
 def check_config(cfg: PPOArgs) -> ModelSpec:
@@ -72,7 +74,8 @@ def check_run(cfg: PPOArgs) -> RunPlan | None:
         if importlib.util.find_spec("tensorboard") is None:
             raise ConfigError("report_to: tensorboard is not installed (pip install tensorboard), or use "
                               "--report_to none")
-    return RunPlan(spec, resume_from, fingerprint)
+    trained = load_checkpoint_file(resume_from / "state.pt").get("precision") if resume_from is not None else None
+    return RunPlan(spec, resume_from, fingerprint, trained if isinstance(trained, str) else None)
 
 
 def check_context(cfg: PPOArgs, spec: ModelSpec) -> None:
@@ -197,7 +200,31 @@ def check_resumable(run_dir: Path, cfg: PPOArgs, fingerprint: str | None = None)
         if not (checkpoint / f"{name}.pt").is_file():
             raise ConfigError(f"resume: {checkpoint} has no {name}.pt; is it a {method.name} run?")
         check_checkpoint_file(checkpoint / f"{name}.pt")
+    check_one_checkpoint(checkpoint, state, method.agents)
     return checkpoint
+
+
+def check_one_checkpoint(checkpoint: Path, state: dict, agents) -> None:
+    """The files of ``checkpoint`` were saved together: its state.pt's step is the folder's (a state copied from
+    another step would resume from that step, on weights trained further or less), and each agent file is the one
+    whose sha256 it records (not copied in from another step, seed or method). A checkpoint saved before it
+    recorded them is taken as whole, with a warning: the step is still checked."""
+    aside = f"move {checkpoint} aside to resume from an older checkpoint, or start again with --overwrite"
+    folder_step = int(checkpoint.name.split("_")[-1])
+    if state["step"] != folder_step:
+        raise ConfigError(f"resume: {checkpoint / 'state.pt'} is the state after {state['step']} iterations, not "
+                          f"after {folder_step} as its folder {checkpoint.name} says: it is not that checkpoint's "
+                          f"own; {aside}")
+    recorded = state.get("files")
+    if not isinstance(recorded, dict):
+        warnings.warn(f"resume: {checkpoint / 'state.pt'} records no digest of its agent files (saved before they "
+                      "were recorded); they are taken as its own")
+        return
+    for name in agents:
+        path = checkpoint / f"{name}.pt"
+        if recorded.get(path.name) != file_digest(path):
+            raise ConfigError(f"resume: {path} is not the file {checkpoint / 'state.pt'} was saved with (its sha256 "
+                              "differs: copied from another checkpoint, run or method, or damaged); " + aside)
 
 
 def check_trained_config(checkpoint: Path, trained: dict | None, cfg: PPOArgs) -> None:

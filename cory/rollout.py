@@ -157,7 +157,10 @@ def score_batch(task: Task, examples: Sequence[Example], responses: list[str], r
     name = reward_name
     score = score or task.score
     try:
-        scores = [float(x) for x in score(examples, responses)]
+        returned = score(examples, responses)
+        # a dict's keys, a string's characters would pass for scores
+        wrong = isinstance(returned, (dict, str, bytes, set, frozenset)) or not hasattr(returned, "__iter__")
+        scores = [] if wrong else [float(x) for x in returned]
     except Exception as e:  # a reward model's failure must say what it was scoring
         index = getattr(e, "index", None)
         if index is None:
@@ -165,6 +168,11 @@ def score_batch(task: Task, examples: Sequence[Example], responses: list[str], r
         where = f" on text {index} ({responses[index][:60]!r})" if index is not None else ""
         first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise RunError(f"reward {name} failed{where}: {type(e).__name__}: {first_line}") from e
+    if wrong:
+        code = getattr(getattr(score, "__func__", score), "__code__", None)
+        at = f" (its score() at {code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+        raise RunError(f"reward {name} returned a {type(returned).__name__}, not a list of numbers, one per "
+                       f"text{at}")
     if len(scores) != len(responses):
         raise RunError(f"reward {name} returned {len(scores)} scores for {len(responses)} texts")
     return scores

@@ -8,6 +8,7 @@ and put back, is ``cory.checkpoint``'s.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import signal
@@ -224,13 +225,20 @@ def _load_run(cfg: PPOArgs, plan: preflight.RunPlan, method: Method, rank: int, 
                         model=cfg.model_name, prompt=(lambda ex: task.observer_prompt(ex, "")) if observer else None)
     check_saveable(task.state_dict(), f"task {cfg.task}: state_dict()")  # every checkpoint holds it
 
-    set_precision(cfg.precision)
     precision, why = resolve_precision(cfg.precision, "cuda" if torch.cuda.is_available() else "cpu")
+    agent_cfg = cfg
+    if cfg.precision == "auto" and plan.trained_precision not in (None, precision):
+        # auto resolves by the machine: resumed on another kind of CPU it would switch precision mid-run, which an
+        # explicit change is refused for; the run goes on in the precision it was trained in
+        why = f"auto, kept from the run's checkpoint: here auto would be {precision}, {why}"
+        precision = plan.trained_precision
+        agent_cfg = dataclasses.replace(cfg, precision=precision)
+    set_precision(agent_cfg.precision)
     if rank == 0:
         print(f"precision: {precision} ({why})", flush=True)
     # with LoRA both agents' adapters sit on one shared frozen base (single process only: DDP wants one
     # wrapper per set of weights)
-    agents, reference = make_agents(cfg, spec, list(method.agents), tokenizer, precision=precision,
+    agents, reference = make_agents(agent_cfg, spec, list(method.agents), tokenizer, precision=precision,
                                     shared_base=world == 1)
 
     run = Run(cfg=cfg, method=method, agents=agents, reference=reference,

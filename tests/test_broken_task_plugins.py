@@ -36,6 +36,9 @@ def task_file(tmp_path, replace=(), name="kind_words.py"):
 @pytest.mark.parametrize("score,message,status", [
     ("return [0.5] * (len(responses) - 1)", "returned 2 scores for 3 texts", 1),
     ("return [float('nan')] * len(responses)", "non-finite score (nan) on text 0", 1),
+    # a dict of as many numbers as texts: its keys 0, 1, 2 were taken for the scores
+    ("return {i: 0.5 for i in range(len(responses))}", "returned a dict, not a list of numbers, one per text (its "
+                                                        "score() at {path}:", 1),
 ])
 def test_evaluate_applies_trainings_score_checks(tmp_path, score, message, status):
     path = task_file(tmp_path, [
@@ -44,7 +47,7 @@ def test_evaluate_applies_trainings_score_checks(tmp_path, score, message, statu
     out = tmp_path / "eval.json"
     line = one_line(run("-m", "cory.lab.evaluate", "--task_file", path, "--task", "kind_words", "--model", "tiny",
                         "--reward", "kind_share", "--json", out, "--max_new_tokens", "3"), status)
-    assert message in line and not out.exists()
+    assert message.format(path=path) in line and not out.exists()
 
 
 def test_a_run_whose_every_iteration_was_skipped_says_so(tmp_path):
@@ -136,15 +139,17 @@ EVALUATE = ["-m", "cory.lab.evaluate", "--task", "kind_words", "--model", "tiny"
     ((MAKE, MAKE.replace("KindWords(seed)", "None")), "make() returned NoneType, not a task"),
     ((MAKE, MAKE.replace("KindWords(seed)", "KindWords(seed, 'extra')")),
      "make() raised TypeError: KindWords.__init__() takes 2 positional arguments but 3 were given (registered at"),
+    ((MAKE, MAKE.replace("KindWords(seed)", "KindWords(int('many'))")),
+     "make() raised ValueError: invalid literal for int() with base 10: 'many' (registered at {path}:"),
     ((HELD, "        return [Example(query=s, prompt='x', prompt_ids=[5] * 4000) for s in HELD_OUT]"),
      "task kind_words: a prompt of 4000 tokens ('the library'...) with answers of up to 3 tokens does not fit"),
 ], ids=["no_eval_examples", "prompt_ids_outside_vocab", "empty_prompt_ids", "make_returns_none", "make_raises",
-        "prompt_ids_past_the_context"])
+        "make_raises_a_value_error", "prompt_ids_past_the_context"])
 def test_evaluate_checks_a_plugin_where_it_enters(tmp_path, replace, message):
     path = task_file(tmp_path, [replace])
     out = tmp_path / "eval.json"
     line = one_line(run(*EVALUATE[:2], "--task_file", path, *EVALUATE[2:], "--json", out), 2)
-    assert message in line, line
+    assert message.format(path=path.resolve()) in line, line
     assert not out.exists()
 
 

@@ -135,8 +135,8 @@ def test_eval_every_matches_the_evaluation_of_the_saved_model(tmp_path, name, cl
 
 @pytest.mark.slow
 def test_the_runs_own_final_evaluation_is_read_only_for_its_weights_and_settings(tmp_path, monkeypatch):
-    """Other settings than the run's (a seed, an answer length, a dtype) or final models replaced since (a new id)
-    are evaluated afresh; a read row loads no model."""
+    """Other settings than the run's (a seed, an answer length, a dtype) or final models replaced since (other
+    contents, even of the same size) are evaluated afresh; a read row loads no model."""
     import json
 
     import cory.lab.evaluate as evaluate_module
@@ -158,8 +158,10 @@ def test_the_runs_own_final_evaluation_is_read_only_for_its_weights_and_settings
     assert not read("--seed", "1") and len(loaded) == 2  # the reference, then the policy
     assert not read("--max_new_tokens", "3")
     assert not read("--dtype", "bfloat16")
-    marker = out / "final" / "cory_final.json"
-    marker.write_text(marker.read_text().replace(own["final_weights"], "0" * 32))
+    weights = out / "final" / "policy" / "model.safetensors"  # other weights of the same size, the marker kept
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x01
+    weights.write_bytes(bytes(data))
     assert not read()
 
 

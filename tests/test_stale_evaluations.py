@@ -13,6 +13,13 @@ from entry_points import lab, succeeded, tree
 EVAL_FAST = ["--limit", "4", "--max_new_tokens", "5"]
 
 
+def other_weights(path):
+    """Other weights of the same size in ``path`` (its last byte, a weight's, changed), final/'s marker kept."""
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
 def trained(run, steps=2, *more):
     succeeded(run_script("imdb_train/ppo.py", "--config", "configs/imdb/ppo_tiny.yaml", "--steps", steps,
                          "--output_dir", run, *more))
@@ -76,9 +83,13 @@ def test_an_evaluation_whose_models_are_replaced_meanwhile_writes_nothing(finish
     shutil.copytree(finished / "ppo", run)
     real = evaluate.evaluate_reward
 
+    replaced = []
+
     def then_replaced(*args, **kwargs):
         res = real(*args, **kwargs)
-        (run / "final" / "cory_final.json").write_text(json.dumps({"project": "cory", "id": "new weights"}))
+        if not replaced:  # once: the base model's evaluation, then the run's
+            other_weights(run / "final" / "policy" / "model.safetensors")
+            replaced.append(True)
         return res
 
     monkeypatch.setattr(evaluate, "evaluate_reward", then_replaced)

@@ -7,6 +7,8 @@ says it used them.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +18,9 @@ import yaml
 from cory.errors import ReportError
 
 DESIGN_FILE = "design.yaml"
+# in runs.json: the sha256 of design.yaml when the runner first ran in the folder (None: there was none), so that a
+# design edited after the runs started (a margin moved to change a verdict) is named wherever the design is
+DESIGN_DIGEST = "design_sha256"
 ENDPOINTS = ("reward_at_matched_kl", "collapse")
 DEFAULTS = "the report's defaults"
 # where the matched-KL reading asks "did PPO learn?": its final models, or its held-out path at the KL grid (a run
@@ -55,11 +60,41 @@ class Design:
                 f"{self.source})")
 
 
+def design_digest(folder: str | Path) -> str | None:
+    """sha256 of the folder's design.yaml; None when there is none."""
+    try:
+        return hashlib.sha256((Path(folder) / DESIGN_FILE).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def amendment(folder: str | Path) -> str | None:
+    """How the folder's design.yaml differs from the one its first run started with (runs.json's record), in
+    words; None when it is the same, or when nothing was recorded (a folder the runner wrote before it did)."""
+    try:
+        recorded = json.loads((Path(folder) / "runs.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(recorded, dict) or DESIGN_DIGEST not in recorded:
+        return None
+    was, now = recorded[DESIGN_DIGEST], design_digest(folder)
+    if was == now:
+        return None
+    if was is None:
+        return f"{DESIGN_FILE} was written after the folder's first run started: an amendment, not a prior design"
+    if now is None:
+        return f"{DESIGN_FILE}, recorded when the folder's first run started, has since been removed"
+    return (f"{DESIGN_FILE} was changed after the folder's first run started (sha256 {str(was)[:12]} then, "
+            f"{now[:12]} now): an amendment, not the prior design")
+
+
 def load_design(folder: str | Path) -> Design:
-    """The folder's ``design.yaml``, checked (one line naming the file and the bad value); ``Design()`` without."""
+    """The folder's ``design.yaml``, checked (one line naming the file and the bad value); ``Design()`` without.
+    Its ``source`` names an amendment since the first run (``amendment``)."""
     path = Path(folder) / DESIGN_FILE
+    changed = amendment(folder)
     if not path.exists():
-        return Design()
+        return Design(source=f"{DEFAULTS}; {changed}") if changed else Design()
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
@@ -105,4 +140,4 @@ def load_design(folder: str | Path) -> Design:
                   float(number("alpha", lambda v: 0 < v < 1, "a number in (0, 1)")),
                   int(number("min_seeds", lambda v: int(v) == v and v >= 2, "an integer >= 2")),
                   float(number("collapse_share", lambda v: 0 < v <= 1, "a number in (0, 1]")),
-                  learned_at, agents_tested, draws, DESIGN_FILE)
+                  learned_at, agents_tested, draws, f"{DESIGN_FILE}; {changed}" if changed else DESIGN_FILE)

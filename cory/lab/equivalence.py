@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from cory.errors import OneLineParser, ReportError
-from cory.lab.figures import _axes, save_figure, write_atomically
+from cory.lab.figures import _axes, check_targets, save_figure, write_atomically
 from cory.lab.results import POLICY, Experiment, fmt, load_experiment
 from cory.lab.runs import rel
 
@@ -98,6 +98,7 @@ def seconds_per_iteration(exp: Experiment, seeds: list[int]) -> float | None:
 
 def build(first_dir: str, second_dir: str, upto: int) -> Path:
     first, second = load_experiment(first_dir), load_experiment(second_dir)
+    check_targets(Path(first_dir), "EQUIVALENCE.md")
     seeds, iterations, points = compare(first, second, upto)
     ok, why = verdict(points, iterations[-1])
     names = [_precision(e) for e in (first, second)]

@@ -36,10 +36,12 @@ from cory.config import load_yaml
 from cory.errors import AssetError, ConfigError, EvalError, OneLineParser, RunError, file_fault
 from cory.final import RECORD, WEIGHT_FILES, final_complete, final_weights_id
 from cory.models import check_weights_fit, load_causal_lm, load_tokenizer
-from cory.outputs import OWN_FINAL_EVALUATION, check_output_file, json_safe, read_manifest, run_folder_of
+from cory.outputs import (OWN_FINAL_EVALUATION, check_output_file, in_use, json_safe, read_manifest,
+                          run_folder_of)
 from cory.heldout import BATCH_SIZE, evaluate_reward, own_final_settings, sample
 from cory.lab.passk import mean_pass_at_k
 from cory.rollout import checked_scores, decode_and_clean, stop_at, tokenize_prompts
+from cory.targets import write_whole
 from cory.tasks import (PASS_AT_K, REWARD_METRICS, TRAINING_PROTOCOL, SamplingProtocol, check_eval_config,
                         check_examples, load_task_file, make_eval_task, registered, task_spec)
 
@@ -280,6 +282,10 @@ def plan(argv: Sequence[str] | None) -> Plan:
 
     entries = [e for arg in args.model for e in expand_model(arg)]
     runs = list(dict.fromkeys(e.run_dir.resolve() for e in entries if e.run_dir is not None))
+    for run in runs:  # a run in training replaces its final models: a result would pass for the new ones
+        busy = in_use(run, "--model", "run")
+        if busy:
+            raise EvalError(busy)
     configs = {run: _run_config(run) for run in runs}
     same_task = [c for c in configs.values() if c.get("task", args.task) == args.task]
     inherited = same_task[0] if same_task else {}  # what the (first) run read and was scored with
@@ -605,22 +611,21 @@ def run(p: Plan) -> dict:
     if p.json_path is not None:
         _check_unchanged(p)
         p.json_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.json_path.with_name(p.json_path.name + ".tmp")
-        try:  # whole or not at all: a full disk leaves the file before, not a cut one
-            tmp.write_text(json.dumps(json_safe(doc), indent=2, allow_nan=False) + "\n")  # strict JSON: no NaN
-            os.replace(tmp, p.json_path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        # whole or not at all: a full disk leaves the file before, not a cut one; strict JSON: no NaN
+        write_whole(p.json_path, json.dumps(json_safe(doc), indent=2, allow_nan=False) + "\n", "--json")
         print(f"results: {p.json_path}")
     return doc
 
 
 def _check_unchanged(p: Plan) -> None:
     """The run's final models are still those the evaluation loaded: a run resumed meanwhile has replaced them,
-    and its results must not be written as theirs."""
+    and its results must not be written as theirs; one resumed meanwhile and still training will replace them."""
     if p.scored_run is not None and final_weights_id(p.scored_run) != p.final_weights:
         raise RunError(f"{p.scored_run / 'final'} was replaced while it was evaluated (a run resumed there?); "
                        f"nothing written: rerun the evaluation once that run has finished")
+    if p.scored_run is not None and in_use(p.scored_run, "--model", "run"):
+        raise RunError(f"{p.scored_run} was resumed while it was evaluated and is training: its final models will "
+                       "be replaced; nothing written: rerun the evaluation once that run has finished")
 
 
 def main(argv: Sequence[str] | None = None) -> dict | None:

@@ -53,6 +53,7 @@ from cory.lab.report import build_report
 from cory.lab.runs import (REPO, Children, Pair, Record, cut_off_elsewhere, execute, git_state, lost_by, mismatch, now,
                            pair_state, rel, set_aside)
 from cory.outputs import LOCK, MANIFEST, RunLock, check_text_path, in_use
+from cory.targets import text_refusal
 
 
 # method -> (script, flags that make the method); ppo_2x gets its --model_name at plan time
@@ -193,11 +194,14 @@ class Scripts:
 
 def task_scripts(args: argparse.Namespace) -> Scripts:
     if args.task_file is not None:
+        refusal = text_refusal(args.task_file, "--task_file")  # its name goes into runs.json and each run's config
+        if refusal:
+            raise ExperimentError(refusal)
         path = Path(args.task_file).expanduser().resolve()
         if not path.is_file():
             raise ExperimentError(f"--task_file: {args.task_file} not found")
-        try:
-            compile(path.read_text(), str(path), "exec")
+        try:  # from bytes: a file that is not UTF-8 is a SyntaxError naming its line, as Python would run it
+            compile(path.read_bytes(), str(path), "exec")
         except SyntaxError as e:
             raise ExperimentError(f"--task_file: {args.task_file} line {e.lineno}: {e.msg}") from None
         here = Path.cwd().resolve()

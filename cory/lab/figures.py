@@ -8,13 +8,14 @@ is imported only when a figure is drawn.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 
+from cory.errors import ConfigError, ReportError
 from cory.lab.results import (AGENT_NAMES, LLM1, LLM2, METHOD_NAMES, POLICY, REWARD_RANGES, curve, Experiment, Group,
                               heldout_curve, heldout_value, setting_name)
+from cory.targets import target_refusal, text_refusal, write_whole
 
 # key in metrics.jsonl after "<agent>/" -> (title, y-axis label; {reward} is the reward's unit)
 METRICS = {
@@ -50,26 +51,31 @@ LINESTYLES = {POLICY: "-", LLM1: "-", LLM2: "--"}
 
 
 def save_figure(fig, path: Path) -> None:
-    """Write ``fig`` to ``path`` whole or not at all: into a temporary file beside it, then renamed, so that a
-    report stopped mid-write leaves the old figure, never a cut one."""
+    """Write ``fig`` to ``path`` whole or not at all (``cory.targets.write_whole``), so that a report stopped
+    mid-write leaves the old figure, never a cut one; a target that is not a regular file is refused."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        fig.savefig(tmp, format=path.suffix.lstrip(".") or "png")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomically(path, lambda tmp: fig.savefig(tmp, format=path.suffix.lstrip(".") or "png"))
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """``path.write_text(text)``, whole or not at all (see ``save_figure``)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+def check_targets(folder: Path, *names: str) -> None:
+    """Before anything is drawn: no file a command writes into ``folder`` (``names``, and every figure already
+    there) is a pipe, a device or a folder, which writing it would replace, and ``folder``'s name is text the
+    files can hold (the report writes it); a ReportError naming the first."""
+    refusal = text_refusal(Path(folder).absolute(), "folder")
+    if refusal:
+        raise ReportError(refusal)
+    for path in [Path(folder) / name for name in names] + sorted(Path(folder).glob("fig_*.png")):
+        refusal = target_refusal(path, path.name)
+        if refusal:
+            raise ReportError(refusal)
+
+
+def write_atomically(path: Path, text) -> None:
+    """``path.write_text(text)``, whole or not at all (see ``save_figure``); ``text`` may be ``fill(tmp)``."""
     try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+        write_whole(path, text)
+    except ConfigError as e:  # a pipe or a device in the folder: the commands drawing figures report a ReportError
+        raise ReportError(str(e)) from None
 
 
 def colour(method: str) -> str:

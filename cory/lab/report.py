@@ -33,7 +33,7 @@ import numpy as np
 
 from cory.lab.design import load_design
 from cory.lab.figures import (DEGENERATION_METRICS, MAIN_FIGURE_METRICS, METRICS, plot_distinct_2, plot_heldout,
-                              plot_metric, plot_reward_vs_kl, plot_sweep, write_atomically)
+                              plot_metric, plot_reward_vs_kl, plot_sweep, write_atomically, check_targets)
 from cory.lab.results import (ABLATION_METHODS, CONFOUND_METHODS, LAST_N, LLM1, LLM2, MAIN_METHODS, METHOD_NAMES,
                               curve, Experiment, final_value, finite, fmt, fmt_final, Group, heldout_value,
                               load_experiment, ReportError, setting_name, sweep_points)
@@ -46,6 +46,7 @@ from cory.lab.transfer import plot_transfer, transfer_section
 from cory.lab.verdict import NOT_LEARNED, VERDICT_RULE, ablation_lines, verdict
 from cory.errors import file_fault
 from cory.outputs import read_jsonl
+from cory.targets import stopped_as_interrupt
 from cory.tasks import registered
 
 
@@ -419,6 +420,7 @@ def build_report(path: str | Path) -> Path:
     exp = load_experiment(path)
     root = exp.path
     load_design(root)  # a damaged design.yaml is refused before any figure is written
+    check_targets(root, "REPORT.md")
     notes = list(exp.notes)
     main = [(exp.main_group(m), a) for m in MAIN_METHODS if exp.main_group(m) is not None
             for a in exp.main_group(m).agents]
@@ -495,7 +497,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: expected one results folder, got {len(argv)} arguments; {usage}", file=sys.stderr)
         raise SystemExit(2)
     try:
-        report = build_report(argv[0])
+        with stopped_as_interrupt():  # a SIGTERM too leaves no temporary file
+            report = build_report(argv[0])
     except ReportError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)

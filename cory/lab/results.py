@@ -30,7 +30,7 @@ from cory.config import INVOCATION_FIELDS, CoryArgs, on_resume_fields
 from cory.errors import ReportError
 from cory.final import read_evaluation, stale
 from cory.method import CORY, PPO
-from cory.outputs import read_jsonl
+from cory.outputs import MANIFEST, read_jsonl, read_manifest
 
 LAST_N = 10
 POLICY = PPO.agents[0]
@@ -294,13 +294,57 @@ def load_experiment(path: str | Path) -> Experiment:
                 raise ReportError(f"{group.runs[seed].path} and {seed_dir} both hold seed {seed}; keep one of them "
                                   f"(move the other out of {runs_root})")
             run = _load_seed(seed, seed_dir, f"{label_dir.name}/{seed_dir.name}", notes)
-            if run is not None:
+            misplaced = _misplaced(run, method, seed) if run is not None else None
+            if misplaced:
+                notes.append(f"`{label_dir.name}/{seed_dir.name}` {misplaced}; left out: move it where it belongs.")
+            elif run is not None:
                 group.runs[seed] = run
         if group.runs:
             groups[label_dir.name] = group
+    _other_tasks(root, groups, notes)
     runs_json = _runs_json(root, groups, notes)
     draws = _evaluations(root / "base_draws", "base_draws", notes) if (root / "base_draws").is_dir() else []
     return Experiment(root, groups, runs_json, notes, _evaluations(root, "", notes), draws)
+
+
+def _task_of(run: SeedRun) -> str | None:
+    task = (read_manifest(run.path) or {}).get("task") or run.config.get("task")
+    return str(task) if task else None
+
+
+def _misplaced(run: SeedRun, method: str, seed: int) -> str | None:
+    """Why ``run``, found at ``runs/<method...>/seed_<seed>``, is not what its place says, from its manifest (the
+    method that ran it) and its config (its seed); None when it is, or nothing says otherwise. A PPO run copied under
+    runs/cory/ would otherwise be read as CORY's."""
+    ran = (read_manifest(run.path) or {}).get("method")
+    family = next((m.name for m in (CORY, PPO) if method.startswith(m.name)), None)
+    if family is not None and isinstance(ran, str) and ran != family:
+        return f"holds a {ran} run ({MANIFEST}), not a {method} run as its folder says"
+    if isinstance(run.config.get("seed"), int) and run.config["seed"] != seed:
+        return f"holds a run of seed {run.config['seed']} (its config.yaml), not of seed {seed} as its folder says"
+    return None
+
+
+def _other_tasks(root: Path, groups: dict[str, Group], notes: list[str]) -> None:
+    """Leave out, named with their task, the runs of another task than the folder's (runs.json's, else the task
+    most of its runs have): a run copied from another experiment."""
+    tasks = {(label, seed): _task_of(r) for label, g in groups.items() for seed, r in g.runs.items()}
+    counts: dict[str, int] = {}
+    for task in tasks.values():
+        if task:
+            counts[task] = counts.get(task, 0) + 1
+    try:
+        recorded = json.loads((root / "runs.json").read_text()).get("task")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    expected = str(recorded) if recorded else max(sorted(counts), key=lambda t: counts[t], default=None)
+    for (label, seed), task in tasks.items():
+        if expected is not None and task is not None and task != expected:
+            del groups[label].runs[seed]
+            notes.append(f"`{label}/seed_{seed}` holds a {task} run, not a {expected} run as this folder's others "
+                         "are; left out: move it to an experiment of its task.")
+    for label in [label for label, g in groups.items() if not g.runs]:
+        del groups[label]
 
 
 def _load_seed(seed: int, seed_dir: Path, where: str, notes: list[str]) -> SeedRun | None:

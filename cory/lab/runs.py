@@ -20,8 +20,9 @@ from pathlib import Path
 from cory.config import load_yaml
 from cory.errors import ConfigError
 from cory.final import final_complete
-from cory.outputs import (LOCK, RUNNER_PID, check_output_dir, copied_run, evaluation_refusal, latest_checkpoint,
-                          read_jsonl, restart_refusal, run_finished)
+from cory.lab.design import DESIGN_DIGEST, design_digest
+from cory.outputs import (LOCK, MANIFEST, RUNNER_PID, check_output_dir, copied_run, evaluation_refusal,
+                          latest_checkpoint, read_jsonl, read_manifest, restart_refusal, run_finished)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -102,9 +103,14 @@ def mismatch(pair: Pair) -> str | None:
     if ran > pair.steps:
         return (f"{ran} iterations, more than --steps {pair.steps} (a runner never shortens a run: ask for --steps "
                 f"{ran} or more)")
+    ran_by = (read_manifest(d) or {}).get("method")
+    family = next((m for m in ("cory", "ppo") if pair.method.startswith(m)), None)
+    if family is not None and isinstance(ran_by, str) and ran_by != family:
+        return f"method={ran_by!r} (its {MANIFEST}; this command asks for {pair.method})"
     if saved is None:
         return None
-    for key, want in pair.intended.items():
+    # the task first: a run copied from another task's experiment is named by it, not by a setting it also changes
+    for key, want in sorted(pair.intended.items(), key=lambda item: item[0] != "task"):
         have = saved.get(key)
         same = (have == want or (isinstance(have, (int, float)) and isinstance(want, (int, float))
                                  and not isinstance(have, bool) and math.isclose(have, want, rel_tol=1e-9)))
@@ -220,6 +226,8 @@ class Record:
             self.data[key] = before + [v for v in spec[key] or [] if v not in before] or spec[key]
         self.data.setdefault("invocations", [])
         self.data.setdefault("runs", {})
+        if not self.data["runs"]:  # the design the folder's runs start from; a later edit is named by the report
+            self.data[DESIGN_DIGEST] = design_digest(out)
 
     def save(self) -> None:
         with self.lock:

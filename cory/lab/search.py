@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from cory.errors import OneLineParser, ReportError, file_fault
-from cory.lab.figures import write_atomically
+from cory.lab.figures import check_targets, write_atomically
 from cory.lab.results import POLICY, Experiment, finite, fmt, load_experiment
 
 MIN_GAIN = 0.3      # held-out reward above the base model's
@@ -265,6 +265,7 @@ def build_summary(root: str | Path, criterion: Criterion = Criterion(), also: li
     folders = sorted(p for p in root.iterdir() if (p / "runs").is_dir())
     if not folders:
         raise ReportError(f"{root}: no setting folders (sub-folders with runs/ written by cory.lab.experiments)")
+    check_targets(root, "SUMMARY.md")
     base_config = {}
     if (root / "base" / "runs").is_dir():
         base_group = load_experiment(root / "base").groups.get("ppo")

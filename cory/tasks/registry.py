@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from cory.errors import AssetError, ConfigError
+from cory.targets import text_refusal
 from cory.tasks.base import Evaluation, Task
 
 
@@ -81,18 +82,14 @@ def make_eval_task(cfg, tokenizer) -> Task:
     return _made(cfg.task, spec, lambda: spec.make(cfg, tokenizer, 0))
 
 
-# what a task's make() may raise on purpose (a missing data file, a bad value): it already says what is wrong
-_TOLD = (ConfigError, FileNotFoundError, ValueError)
-
-
 def _made(name: str, spec: TaskSpec, make: Callable) -> Task:
     """``make()``'s task, checked where it enters: an unexpected exception or something that is not a task is
     a ConfigError, one line naming the task and where it was registered."""
     try:
         task = make()
-    except (*_TOLD, AssetError):
+    except (ConfigError, AssetError):  # the project's own refusals (a missing data file): they say what is wrong
         raise
-    except Exception as e:  # noqa: BLE001 - a plug-in's own bug, named with its place
+    except Exception as e:  # noqa: BLE001 - a plug-in's own bug, or its ValueError, named with its place
         first = (str(e).strip().splitlines() or [""])[0]
         raise ConfigError(f"task {name}: make() raised {type(e).__name__}: {first} (registered at {spec.where})") \
             from None
@@ -137,6 +134,9 @@ def load_task_file(path: str | Path) -> None:
     """Run a user's one-file task (docs/adding_a_task.md) as a module, so that its ``register_task`` calls
     take effect; its ``if __name__ == "__main__"`` part (the training) does not run."""
     path = Path(path).expanduser()
+    refusal = text_refusal(path, "task_file")  # its name goes into the run's config.yaml
+    if refusal:
+        raise ConfigError(refusal)
     if not path.is_file():
         raise ConfigError(f"task_file: {path} not found")
     try:

@@ -1,0 +1,126 @@
+"""The files a command writes whole where the user names them or beside the user's files (an evaluation's or a
+benchmark's ``--json``, the report's REPORT.md and figures): a temporary file of its own beside the target,
+renamed over it once complete, so that a full disk or a stop leaves the file before, never a cut one.
+
+A rename replaces whatever has the name: a named pipe, a socket, a device (run as root, ``--json /dev/null``
+replaced the machine's /dev/null), or the link ``/dev/stdout``. So a target that exists and is not a regular file
+is refused in one line before any work (``check_target``, from each command's checks) and again at the rename
+(``write_whole``), which is then the only way these files are written. Torch-free, and below every other module.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import signal
+import stat
+import sys
+import threading
+from pathlib import Path
+from typing import Callable
+
+from cory.errors import ConfigError
+
+# the system's own files: /dev/stdout is a link to a pipe, a terminal or the file the shell redirected to, and
+# renaming onto it would replace the link in /dev, never write into the output
+_SYSTEM = (Path("/dev"), Path("/proc"))
+# write_whole's temporary file for the target <name>: .<name>.<pid>-<8 hex>.tmp
+TEMPORARY = re.compile(r"\.(?P<name>.+)\.\d+-[0-9a-f]{8}\.tmp")
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def _kind(path: Path) -> str | None:
+    """What ``path`` is when it is not a regular file a rename may replace; None when it is one or is not there."""
+    try:
+        mode = os.stat(path).st_mode  # through a link: a link to a pipe is as much a pipe
+    except (OSError, ValueError):
+        return None  # not there (or unreadable: the writability check says so)
+    for test, kind in _KINDS:
+        if test(mode):
+            return kind
+    if not stat.S_ISREG(mode):
+        return "a special file"
+    for where in (path.absolute(), Path(os.path.realpath(path))):
+        root = next((r for r in _SYSTEM if r in where.parents), None)
+        if root is not None:
+            return f"a system file (under {root})"
+    return None
+
+
+def text_refusal(path: str | os.PathLike, name: str) -> str | None:
+    """Why ``path`` cannot be written into a UTF-8 file (a config, a manifest, runs.json, a report), in one line
+    naming ``name`` with advice that fits the locale; None when it can. Python reads a name whose bytes are not
+    text in its encoding as surrogates, which no UTF-8 file holds: the command would fail (or crash) later."""
+    text = os.fspath(path)
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError:
+        pass
+    encoding = sys.getfilesystemencoding()
+    if encoding.lower().replace("-", "") == "utf8":  # the bytes themselves are not UTF-8: no setting helps
+        return (f"{name}: {ascii(text)} is not UTF-8 text (its name holds bytes that are not UTF-8); rename it with "
+                "UTF-8 or ASCII characters")
+    return (f"{name}: {ascii(text)} is not text in this process's encoding ({encoding}: a C locale without UTF-8 "
+            "mode); name it in ASCII, or run with PYTHONUTF8=1")
+
+
+def target_refusal(path: str | os.PathLike, name: str) -> str | None:
+    """Why ``path`` may not be replaced by a file written whole (one line naming ``name``, the flag or file to
+    blame, and what is allowed), or None when it may: it is not there, or it is a regular file."""
+    path = Path(path)
+    kind = _kind(path)
+    if kind is None:
+        return None
+    if kind == "a folder":
+        return f"{name}: {path} is a folder; give a file name, e.g. {path / 'results.json'}"
+    return (f"{name}: {path} exists and is {kind}, not a regular file; it would be replaced, not written into, so it "
+            "is refused: give the name of a new file or of a regular file (the results are printed anyway)")
+
+
+def check_target(path: str | os.PathLike, name: str) -> None:
+    """``target_refusal`` as a ConfigError, for the checks a command makes before any work."""
+    refusal = target_refusal(path, name)
+    if refusal:
+        raise ConfigError(refusal)
+
+
+def write_whole(path: str | os.PathLike, content: str | Callable[[Path], None], name: str | None = None) -> None:
+    """``content`` (text, written as UTF-8; or ``content(tmp)``, which fills the file ``tmp``) into ``path`` whole:
+    into a temporary file beside it, of this call's own (two commands writing one folder at once never share
+    one), renamed over ``path`` once complete, if ``path`` is still not there or a regular file (else a
+    ConfigError naming ``name``, default the path). The temporary file is gone however the call ends, a
+    KeyboardInterrupt included."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")  # TEMPORARY
+    try:
+        if isinstance(content, str):
+            with open(tmp, "x", encoding="utf-8") as f:
+                f.write(content)
+        else:
+            content(tmp)
+        check_target(path, name or str(path))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def stopped_as_interrupt():
+    """Within it, SIGTERM and SIGHUP stop the main thread as Ctrl-C does (a KeyboardInterrupt), so that
+    ``write_whole``'s temporary file is removed: by default they end the process where it stands, leaving it."""
+    if threading.current_thread() is not threading.main_thread():  # signal handlers belong to the main thread
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
