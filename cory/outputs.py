@@ -56,7 +56,7 @@ _MODEL_FILE = re.compile(r"(generation_)?config\.json|model(-\d{5}-of-\d{5})?\.s
 
 
 def _is_eval_file(name: str) -> bool:
-    """cory.lab.evaluate's results beside a run: eval_<task>.json, or eval_<task>_<protocol>.json for another
+    """lab.evaluate's results beside a run: eval_<task>.json, or eval_<task>_<protocol>.json for another
     protocol than training's, of a registered task (and the .tmp of one being written)."""
     name = name.removesuffix(".tmp")
     return any(name == f"eval_{task}{'' if protocol == 'training' else '_' + protocol}.json"
@@ -150,7 +150,7 @@ def written_here(run_dir: str | os.PathLike) -> bool:
 
 
 def evaluations(run_dir: str | os.PathLike) -> list[Path]:
-    """cory.lab.evaluate's results beside a run (``eval_<task>.json``)."""
+    """lab.evaluate's results beside a run (``eval_<task>.json``)."""
     return sorted(p for p in Path(run_dir).iterdir() if p.is_file() and _is_eval_file(p.name))
 
 
