@@ -158,7 +158,7 @@ results|results_scaled)  # PPO and CORY at Table 1 with the embedded SmolLM2: th
         name=imdb_gpu_scaled
         shaping=(--set reward_model=vader-scaled --set learning_rate=3e-5)
     fi
-    run "$name" "${LIMIT:-500}" $PY -m cory.lab.experiments --task imdb --preset gpu --methods "${METHODS:-ppo,cory}" \
+    run "$name" "${LIMIT:-500}" $PY -m lab.experiments --task imdb --preset gpu --methods "${METHODS:-ppo,cory}" \
         --seeds "${SEEDS:-0,1,2}" --out "results/$name" --jobs "${JOBS:-6}" --restart_cut_off "${shaping[@]}"
     if [ -z "${DRY_RUN:-}" ]; then
         tar czf "$dest/$name.tgz" --exclude=checkpoints --exclude=final --exclude=.cory.lock "results/$name" \

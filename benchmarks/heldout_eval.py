@@ -1,4 +1,4 @@
-"""The held-out evaluation's cost (``cory.heldout``: what a run's ``eval_every`` and ``python -m cory.lab.evaluate``
+"""The held-out evaluation's cost (``cory.heldout``: what a run's ``eval_every`` and ``python -m lab.evaluate``
 pay per batch of held-out prompts), two ways, on the same prompts and draws:
 
     left_padded      every prompt read whole, left-padded (before e3b26ee)

@@ -38,7 +38,7 @@ class Stopped(Exception):
 
 
 class EvalError(ValueError):
-    """A user mistake on ``cory.lab.evaluate``'s command line; the message is one line."""
+    """A user mistake on ``lab.evaluate``'s command line; the message is one line."""
 
 
 class ExperimentError(Exception):
@@ -50,7 +50,7 @@ class ReportError(Exception):
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse for the lab's commands (``cory.lab.evaluate``, ``cory.lab.experiments``, ...): a mistake raises the
+    """argparse for the lab's commands (``lab.evaluate``, ``lab.experiments``, ...): a mistake raises the
     command's own one-line ``error`` with argparse's message, instead of printing argparse's usage block."""
 
     def __init__(self, error: type[Exception], **kwargs):

@@ -5,7 +5,7 @@ renamed to ``final`` once complete, so a save cut short (a kill, a full disk) ne
 finished run's. With them goes ``final/cory_final.json``: the size of every file written (a final/ whose files no
 longer have them, e.g. a copy cut short, is not whole, and ``--resume`` writes it again from the last checkpoint),
 and the digest of its contents (``contents_id``): an evaluation
-(``cory.lab.evaluate``'s ``eval_<task>.json``, the run's own ``final_evaluation.json``) records the digest of the
+(``lab.evaluate``'s ``eval_<task>.json``, the run's own ``final_evaluation.json``) records the digest of the
 weights it scored, and the runner and the report take an evaluation whose digest is not that of final/'s contents
 any more (a ``--resume`` has since replaced the models, or a hand copied others over them) as stale, not as the
 final models' result.

@@ -1,7 +1,7 @@
 """Held-out evaluation of a policy: sample its answers to held-out prompts, score them, and measure how far it has
 moved from the base model (full-vocabulary KL) and whether it repeats itself.
 
-Used by ``python -m cory.lab.evaluate`` on saved models and by a training run's own periodic evaluation
+Used by ``python -m lab.evaluate`` on saved models and by a training run's own periodic evaluation
 (``eval_every``); both answer from the pioneer's prompt alone, sampled as in training by default.
 """
 from __future__ import annotations
@@ -265,7 +265,7 @@ def observer_transfer(model, tokenizer, task, examples, pioneer_answers: Sequenc
 
 class PeriodicEvaluation:
     """A training run's own held-out evaluation (``eval_every``): each agent answers the task's held-out prompts
-    from the pioneer's prompt alone, as ``python -m cory.lab.evaluate`` would score its saved model, so a run shows
+    from the pioneer's prompt alone, as ``python -m lab.evaluate`` would score its saved model, so a run shows
     when it learned and when it began to collapse, not just where it ended.
 
     Scored with the task's evaluation reward (a shaped training reward by the reward it shapes, ``scored_as``),
@@ -290,7 +290,7 @@ class PeriodicEvaluation:
         # CORY's agents are also read as observers of each other's held-out answers (``observer_transfer``)
         self.transfer = getattr(cfg, "knowledge_transfer", False) is True
         self.batch_size = BATCH_SIZE  # the batching changes which draws each answer gets: as the evaluation's
-        # what ``python -m cory.lab.evaluate --model RUN`` would read the final models with (all but the dtype)
+        # what ``python -m lab.evaluate --model RUN`` would read the final models with (all but the dtype)
         self.settings = dict(reference=cfg.model_name, dataset=cfg.dataset, dataset_path=cfg.dataset_path,
                              reward=reward, limit=evaluation.limit, max_new_tokens=self.max_new_tokens,
                              batch_size=self.batch_size, seed=self.SEED, allow_early_eos=self.allow_early_eos,
@@ -354,7 +354,7 @@ class PeriodicEvaluation:
                                  reward_name=self.reward, allow_early_eos=self.allow_early_eos)
 
     def own_final_evaluation(self, iterations: int, final_weights: str | None) -> dict | None:
-        """The document ``cory.lab.evaluate`` reads instead of evaluating the final models again
+        """The document ``lab.evaluate`` reads instead of evaluating the final models again
         (``RUN/final_evaluation.json``): this evaluation's latest results when they are of the final models
         (taken after the last of ``iterations``) and ``final_weights`` names those models (cory.final), else None.
         The models evaluated in one dtype each; a mixed run is left to the evaluation."""
@@ -370,7 +370,7 @@ class PeriodicEvaluation:
 
 def own_final_settings(*, reference, dataset, dataset_path, reward, limit, max_new_tokens, batch_size, seed,
                        allow_early_eos, greedy, dtype) -> dict:
-    """The settings a run's own final evaluation records and ``cory.lab.evaluate`` compares with its own: one list
+    """The settings a run's own final evaluation records and ``lab.evaluate`` compares with its own: one list
     of them for both sides, so that a setting added to one is asked of the other."""
     return dict(reference=reference, dataset=dataset, dataset_path=dataset_path, reward=reward, limit=limit,
                 max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, allow_early_eos=allow_early_eos,

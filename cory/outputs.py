@@ -57,7 +57,7 @@ _MODEL_FILE = re.compile(r"(generation_)?config\.json|model(-\d{5}-of-\d{5})?\.s
 
 
 def _is_eval_file(name: str) -> bool:
-    """cory.lab.evaluate's results beside a run: eval_<task>.json, or eval_<task>_<protocol>.json for another
+    """lab.evaluate's results beside a run: eval_<task>.json, or eval_<task>_<protocol>.json for another
     protocol than training's, of a registered task (and the temporary file of one being written)."""
     temporary = TEMPORARY.fullmatch(name)
     name = temporary["name"] if temporary else name.removesuffix(".tmp")
@@ -152,7 +152,7 @@ def written_here(run_dir: str | os.PathLike) -> bool:
 
 
 def evaluations(run_dir: str | os.PathLike) -> list[Path]:
-    """cory.lab.evaluate's results beside a run (``eval_<task>.json``)."""
+    """lab.evaluate's results beside a run (``eval_<task>.json``)."""
     return sorted(p for p in Path(run_dir).iterdir() if p.is_file() and _is_eval_file(p.name))
 
 

@@ -139,7 +139,7 @@ class Run:
         checkpoint.save_final(self.run_dir, self.agents, self.tokenizer, self.cfg, self.world_size)
         if self.heldout is not None and self.world_size == 1 and not self.cfg.use_peft:
             # the evaluation after the last iteration scored the final models as saved (LoRA's are merged first):
-            # cory.lab.evaluate reads it rather than sampling the same answers again
+            # lab.evaluate reads it rather than sampling the same answers again
             own = self.heldout.own_final_evaluation(self.cfg.steps, final_weights_id(self.run_dir.path))
             if own is not None:
                 self.run_dir.write_own_final_evaluation(own)

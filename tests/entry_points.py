@@ -8,8 +8,8 @@ from conftest import REPO
 
 
 def lab(module: str, *args, cwd: Path = REPO, timeout: int = 900) -> subprocess.CompletedProcess:
-    """``python -m cory.lab.<module> ARGS``."""
-    return subprocess.run([sys.executable, "-m", f"cory.lab.{module}", *map(str, args)], capture_output=True,
+    """``python -m lab.<module> ARGS``."""
+    return subprocess.run([sys.executable, "-m", f"lab.{module}", *map(str, args)], capture_output=True,
                           text=True, cwd=cwd, timeout=timeout)
 
 

@@ -45,8 +45,8 @@ def test_the_guide_stays_short():
 def test_the_guide_shows_training_evaluation_and_the_runner():
     commands = guide_commands()
     assert "python kind_words.py cory" in commands and "python kind_words.py ppo" in commands
-    assert "python -m cory.lab.evaluate --task_file kind_words.py --task kind_words" in commands
-    assert "python -m cory.lab.experiments --task_file kind_words.py" in commands
+    assert "python -m lab.evaluate --task_file kind_words.py --task kind_words" in commands
+    assert "python -m lab.experiments --task_file kind_words.py" in commands
 
 
 @pytest.mark.slow
@@ -66,7 +66,7 @@ def test_the_guides_task_trains_and_evaluates(task_file, method):
     assert "--task" in help_text and "kind_words" in help_text
 
     # the guide's evaluation command: every final model of the run next to the base, on the held-out subjects
-    p = run("-m", "cory.lab.evaluate", "--task_file", task_file.name, "--task", "kind_words", "--model", out,
+    p = run("-m", "lab.evaluate", "--task_file", task_file.name, "--task", "kind_words", "--model", out,
             "--max_new_tokens", "4", cwd=task_file.parent)
     assert p.returncode == 0, p.stderr[-2000:]
     doc = json.loads((out / "eval_kind_words.json").read_text())
@@ -88,7 +88,7 @@ def test_the_guides_task_runs_in_the_experiment_runner(task_file, tmp_path):
     user.mkdir()
     (user / task_file.name).write_text(NOTED + task_file.read_text())
     sets = [f for k, v in zip(TINY[::2], TINY[1::2]) for f in ("--set", f"{k[2:]}={v}")]
-    p = run("-m", "cory.lab.experiments", "--task_file", task_file.name, "--methods", "ppo,cory", "--seeds", "0",
+    p = run("-m", "lab.experiments", "--task_file", task_file.name, "--methods", "ppo,cory", "--seeds", "0",
             "--steps", "2", "--out", out, *sets, cwd=user)
     assert p.returncode == 0, p.stderr[-3000:]
     pids = (user / "imported.txt").read_text().split()
@@ -105,7 +105,7 @@ def test_the_guides_task_runs_in_the_experiment_runner(task_file, tmp_path):
 
 def test_eval_args_the_runner_would_not_use_are_refused_before_any_run(task_file, tmp_path):
     out = tmp_path / "exp"
-    p = run("-m", "cory.lab.experiments", "--task_file", task_file.name, "--methods", "ppo", "--seeds", "0",
+    p = run("-m", "lab.experiments", "--task_file", task_file.name, "--methods", "ppo", "--seeds", "0",
             "--steps", "1", "--out", out, "--eval_args", "--limit 0", *[f for k, v in zip(TINY[::2], TINY[1::2])
                                                                        for f in ("--set", f"{k[2:]}={v}")],
             cwd=task_file.parent)
@@ -113,5 +113,5 @@ def test_eval_args_the_runner_would_not_use_are_refused_before_any_run(task_file
     assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
     assert lines[0] == ("error: --eval_args '--limit 0': the runner will not evaluate these runs (task kind_words is "
                         "not registered in the runner's process), so nothing would take them; leave --eval_args out "
-                        "and evaluate the finished runs with python -m cory.lab.evaluate")
+                        "and evaluate the finished runs with python -m lab.evaluate")
     assert not out.exists()

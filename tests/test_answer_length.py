@@ -67,7 +67,7 @@ def test_gsm8k_lets_answers_end_early(repo):
 
 @pytest.mark.parametrize("flag,length", [([], 5.0), (["--allow_early_eos", "true"], 1.0)])
 def test_evaluation_holds_the_length_too(always_eos, tmp_path, flag, length):
-    from cory.lab.evaluate import main
+    from lab.evaluate import main
     doc = main(["--task", "imdb", "--model", str(always_eos), "--reference", str(always_eos), "--no_base",
                 "--limit", "4", "--max_new_tokens", "5", "--dataset", "builtin", "--reward", "vader",
                 "--json", str(tmp_path / "eval.json"), *flag])

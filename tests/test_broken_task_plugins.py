@@ -17,7 +17,7 @@ def run(*args, cwd=REPO, timeout=900):
 
 
 def runner(*args, timeout=900):
-    return run("-m", "cory.lab.experiments", *args, timeout=timeout)
+    return run("-m", "lab.experiments", *args, timeout=timeout)
 
 
 def task_file(tmp_path, replace=(), name="kind_words.py"):
@@ -45,7 +45,7 @@ def test_evaluate_applies_trainings_score_checks(tmp_path, score, message, statu
         ("        return [sum(w.strip(\".,!?\").lower() in KIND for w in r.split()) / max(1, len(r.split()))\n"
          "                for r in responses]", f"        {score}")])
     out = tmp_path / "eval.json"
-    line = one_line(run("-m", "cory.lab.evaluate", "--task_file", path, "--task", "kind_words", "--model", "tiny",
+    line = one_line(run("-m", "lab.evaluate", "--task_file", path, "--task", "kind_words", "--model", "tiny",
                         "--reward", "kind_share", "--json", out, "--max_new_tokens", "3"), status)
     assert message.format(path=path) in line and not out.exists()
 
@@ -98,7 +98,7 @@ def test_a_state_dict_the_safe_loader_refuses_is_found_before_training(tmp_path)
 
 def test_a_task_file_that_prints_at_import_still_runs_with_the_runner(tmp_path):
     path = task_file(tmp_path, [("KIND = {", 'print("loading kind words")\nKIND = {')])
-    from cory.lab.experiments import _parser, plan
+    from lab.experiments import _parser, plan
 
     pairs, _ = plan(_parser().parse_args(["--task_file", str(path), "--methods", "ppo", "--seeds", "0",
                                           "--out", str(tmp_path / "exp"), "--set", "model_name=tiny"]))
@@ -116,7 +116,7 @@ def test_a_task_file_with_a_syntax_error_names_its_file_and_line(tmp_path):
     path = task_file(tmp_path, [("class KindWords(TaskBase):", "class KindWords(TaskBase)")])
     line = one_line(runner("--task_file", path, "--methods", "ppo", "--seeds", "0", "--out", tmp_path / "exp"), 2)
     assert f"--task_file: {path} line " in line
-    line = one_line(run("-m", "cory.lab.evaluate", "--task_file", path, "--task", "kind_words", "--model", "tiny"), 2)
+    line = one_line(run("-m", "lab.evaluate", "--task_file", path, "--task", "kind_words", "--model", "tiny"), 2)
     assert f"task_file: {path} line " in line
     assert not (tmp_path / "exp").exists()
 
@@ -126,7 +126,7 @@ def test_a_task_file_with_a_syntax_error_names_its_file_and_line(tmp_path):
 SAMPLE = "        return [Example(query=s, prompt=f\"Say something about {s}:\") for s in picks]"
 HELD = "        return [Example(query=s, prompt=f\"Say something about {s}:\") for s in HELD_OUT[:limit]]"
 MAKE = "register_task(\"kind_words\", lambda cfg, tokenizer, seed: KindWords(seed), rewards=(\"kind_share\",))"
-EVALUATE = ["-m", "cory.lab.evaluate", "--task", "kind_words", "--model", "tiny", "--reward", "kind_share",
+EVALUATE = ["-m", "lab.evaluate", "--task", "kind_words", "--model", "tiny", "--reward", "kind_share",
             "--max_new_tokens", "3"]
 
 
@@ -170,7 +170,7 @@ def test_training_checks_a_plugin_where_it_enters(tmp_path, replace, message):
 
 def test_evaluate_refuses_answers_past_the_models_context_before_loading(tmp_path):
     out = tmp_path / "eval.json"
-    line = one_line(run("-m", "cory.lab.evaluate", "--task", "imdb", "--model", "tiny", "--limit", "2",
+    line = one_line(run("-m", "lab.evaluate", "--task", "imdb", "--model", "tiny", "--limit", "2",
                         "--max_new_tokens", "100000", "--json", out), 2)
     assert "does not fit tiny's context of" in line and "lower --max_new_tokens" in line, line
     assert not out.exists()

@@ -98,7 +98,7 @@ def test_runs_sharing_a_gpu_budget_within_their_share(monkeypatch):
 
 
 def test_the_runner_gives_parallel_runs_their_share_of_the_cores_and_the_gpu():
-    from cory.lab.experiments import GPU_SHARE_ENV, child_env
+    from lab.experiments import GPU_SHARE_ENV, child_env
 
     assert GPU_SHARE_ENV == budget.SHARE_ENV
     alone = child_env({"PATH": "/bin"}, 1)
@@ -110,7 +110,7 @@ def test_the_runner_gives_parallel_runs_their_share_of_the_cores_and_the_gpu():
 
 def test_a_relative_cory_cache_is_the_one_where_the_runner_started(tmp_path, monkeypatch):
     """The runs start in the repository: a relative CORY_CACHE given to the runner must not build a cache there."""
-    from cory.lab.experiments import child_env
+    from lab.experiments import child_env
 
     monkeypatch.chdir(tmp_path)
     assert child_env({"CORY_CACHE": "my_cache"}, 1)["CORY_CACHE"] == str(tmp_path / "my_cache")

@@ -56,7 +56,7 @@ def test_a_report_on_a_folder_whose_name_is_not_utf8_is_one_line_before_any_figu
     folder = _undecodable(tmp_path, b"exp\xff")
     synthetic(folder, cory_wins=False, seeds=(0, 1), steps=6)
     before = tree(tmp_path)
-    p = _run("-m", "cory.lab.report", folder)
+    p = _run("-m", "lab.report", folder)
     refused(p, "folder:", "exp\\udcff", "not UTF-8 text")
     assert tree(tmp_path) == before
 
@@ -64,7 +64,7 @@ def test_a_report_on_a_folder_whose_name_is_not_utf8_is_one_line_before_any_figu
 def test_a_runner_task_file_whose_name_is_not_utf8_is_one_line(tmp_path):
     path = _undecodable(tmp_path, b"task\xff.py")
     path.write_text("x = 1\n")
-    p = _run("-m", "cory.lab.experiments", "--task_file", path, "--methods", "ppo", "--seeds", "0", "--out",
+    p = _run("-m", "lab.experiments", "--task_file", path, "--methods", "ppo", "--seeds", "0", "--out",
              tmp_path / "exp")
     refused(p, "--task_file:", "task\\udcff.py", "not UTF-8 text")
     assert not (tmp_path / "exp").exists()
@@ -73,7 +73,7 @@ def test_a_runner_task_file_whose_name_is_not_utf8_is_one_line(tmp_path):
 def test_a_task_file_that_is_not_utf8_names_its_line(tmp_path):
     path = tmp_path / "task.py"
     path.write_bytes(b"x = 1\ny = '\xff'\n")
-    p = _run("-m", "cory.lab.experiments", "--task_file", path, "--methods", "ppo", "--seeds", "0", "--out",
+    p = _run("-m", "lab.experiments", "--task_file", path, "--methods", "ppo", "--seeds", "0", "--out",
              tmp_path / "exp")
     refused(p, f"--task_file: {path} line ")
     assert not (tmp_path / "exp").exists()
@@ -82,7 +82,7 @@ def test_a_task_file_that_is_not_utf8_names_its_line(tmp_path):
 def test_evaluate_refuses_a_task_file_whose_name_is_not_utf8(tmp_path, capsys):
     import pytest
 
-    from cory.lab import evaluate
+    from lab import evaluate
 
     path = _undecodable(tmp_path, b"task\xff.py")
     path.write_text("x = 1\n")

@@ -1,4 +1,4 @@
-"""The collapse test (cory.lab.collapse) on synthetic final evaluations: CORY that stays fluent where PPO
+"""The collapse test (lab.collapse) on synthetic final evaluations: CORY that stays fluent where PPO
 degenerates is "yes" only beyond chance; CORY collapsing as often is "no"; a setting where PPO does not collapse
 tests nothing; the exact sign test's arithmetic; the report leads with it when the design says so."""
 import json
@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from cory.lab.collapse import PPO_DID_NOT_COLLAPSE, at_matched_kl, collapse_test, sign_test_p
-from cory.lab.report import build_report
-from cory.lab.results import load_experiment
+from lab.collapse import PPO_DID_NOT_COLLAPSE, at_matched_kl, collapse_test, sign_test_p
+from lab.report import build_report
+from lab.results import load_experiment
 from test_report import cory_rows, ppo_rows, write_run
 
 STEPS, BASE_D2 = 6, 0.94

@@ -1,10 +1,10 @@
-"""cory.lab.equivalence: two folders' PPO held-out paths, paired by seed, inside or outside the seeds' noise band."""
+"""lab.equivalence: two folders' PPO held-out paths, paired by seed, inside or outside the seeds' noise band."""
 import json
 
 import numpy as np
 import pytest
 
-from cory.lab.equivalence import build, main
+from lab.equivalence import build, main
 from test_report import ppo_rows, write_run
 
 

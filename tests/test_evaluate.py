@@ -1,4 +1,4 @@
-"""cory.lab.evaluate: IMDB reward/KL/diversity and GSM8K pass@k on tiny real models, and its input checks."""
+"""lab.evaluate: IMDB reward/KL/diversity and GSM8K pass@k on tiny real models, and its input checks."""
 import json
 import math
 import shutil
@@ -14,7 +14,7 @@ from conftest import REPO
 from cory import assets, models
 from cory.assets import locate
 from cory.heldout import sequence_kl
-from cory.lab.evaluate import main
+from lab.evaluate import main
 from cory.metrics import distinct_n
 
 
@@ -137,7 +137,7 @@ def test_gsm8k_authors_protocol_is_named_and_runs_to_the_limit(tiny_run, tmp_pat
     (r,) = saved["results"]
     assert r["hit_limit"] == 1.0 and r["response_length"] == 6  # no early stop: every answer runs to the limit
     # the default protocol is named too, and an authors' evaluation gets its own default file beside a run
-    from cory.lab.evaluate import plan
+    from lab.evaluate import plan
     assert plan(["--task", "gsm8k", "--model", str(tiny_run), "--dataset", "generated"]).protocol == "training"
     p = plan(["--task", "gsm8k", "--model", str(tiny_run), "--dataset", "generated", "--protocol", "authors"])
     assert p.json_path.name == "eval_gsm8k_authors.json"
@@ -211,7 +211,7 @@ def test_a_model_folder_with_its_weights_cut_short_is_one_line_naming_the_flag(t
 
 
 def test_cli_error_in_a_fresh_process():
-    p = subprocess.run([sys.executable, "-m", "cory.lab.evaluate", "--task", "gsm8k", "--model", "tiny",
+    p = subprocess.run([sys.executable, "-m", "lab.evaluate", "--task", "gsm8k", "--model", "tiny",
                         "--n", "2", "--k", "4"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == ["error: --k 4 is larger than --n 2: pass@k needs at least k samples "
@@ -224,7 +224,7 @@ def test_shared_prompt_cache_gives_the_same_answers(spec):
     answers with repeats equal those of the prompts repeated by hand (GPT-2 and Llama, left padding)."""
     from cory import models
     from cory.heldout import sample
-    from cory.lab.evaluate import load_model
+    from lab.evaluate import load_model
 
     tok = models.load_tokenizer(locate(spec))
     model = load_model(spec)
@@ -249,7 +249,7 @@ def test_shared_prefix_read_once_changes_nothing(spec, monkeypatch):
     """Prompts beginning with the same one-shot example read it once (batch 1) and share its keys and values: the
     sampled draws, the greedy answers and the KL are those of the plain left-padded batch (GPT-2 and Llama)."""
     from cory import heldout
-    from cory.lab.evaluate import load_model
+    from lab.evaluate import load_model
 
     tok = models.load_tokenizer(locate(spec))
     model, reference = load_model(spec), load_model(spec)
@@ -283,7 +283,7 @@ def test_kl_from_the_sampling_logits_is_the_second_pass_kl(spec, shot):
     sample()'s, and the KL and base log-likelihood are those of a second forward pass over prompt + answer, up to
     float rounding; with and without a shared prefix, answers stopped early by EOS among them (GPT-2 and Llama)."""
     from cory import heldout
-    from cory.lab.evaluate import load_model
+    from lab.evaluate import load_model
 
     tok = models.load_tokenizer(locate(spec))
     model, reference = load_model(spec), load_model(spec)
@@ -315,7 +315,7 @@ def test_periodic_evaluation_reads_agents_with_equal_weights_once(monkeypatch):
     import copy
 
     from cory import heldout
-    from cory.lab.evaluate import load_model
+    from lab.evaluate import load_model
     from cory.tasks.arithmetic import ArithmeticTask
 
     tok = models.load_tokenizer(locate("tiny"))

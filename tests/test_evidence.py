@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from cory.final import MARKER, RECORD, final_weights_id, stale, write_final
-from cory.lab.design import DESIGN_DIGEST, design_digest, load_design
-from cory.lab.report import build_report
-from cory.lab.results import load_experiment
-from cory.lab.runs import Record
+from lab.design import DESIGN_DIGEST, design_digest, load_design
+from lab.report import build_report
+from lab.results import load_experiment
+from lab.runs import Record
 from cory.outputs import MANIFEST, RunLock
 from test_report import synthetic
 
@@ -50,7 +50,7 @@ def test_an_evaluation_recorded_with_the_old_id_is_checked_as_it_was(tmp_path):
 
 
 def test_evaluating_a_run_that_is_training_is_refused(finished, tmp_path, monkeypatch, capsys):
-    from cory.lab import evaluate
+    from lab import evaluate
 
     run = tmp_path / "ppo"
     shutil.copytree(finished / "ppo", run)
@@ -123,7 +123,7 @@ def test_a_design_written_after_the_first_run_is_an_amendment(tmp_path):
 def test_an_evaluation_of_a_run_resumed_while_it_ran_writes_nothing(finished, tmp_path, monkeypatch, capsys):
     """A --resume that starts while the evaluation samples holds the run until it replaces final/: the result,
     written beside the new models, would read as theirs; one line, exit 1, nothing written."""
-    from cory.lab import evaluate
+    from lab import evaluate
 
     run = tmp_path / "ppo"
     shutil.copytree(finished / "ppo", run)
@@ -150,7 +150,7 @@ def test_an_evaluation_of_a_run_resumed_while_it_ran_writes_nothing(finished, tm
 def test_the_runner_names_a_run_of_another_method_or_task_in_its_folder(finished, tmp_path):
     """A copied run was refused for an incidental setting, its method or task never named."""
     from cory.errors import ExperimentError
-    from cory.lab.experiments import _parser, _states, plan
+    from lab.experiments import _parser, _states, plan
 
     out = tmp_path / "exp"
     pairs, _ = plan(_parser().parse_args(["--task", "imdb", "--preset", "tiny", "--methods", "ppo", "--seeds", "0",

@@ -7,9 +7,9 @@ import sys
 import pytest
 
 from conftest import REPO
-from cory.lab import experiments
-from cory.lab.experiments import _parser, plan
-from cory.lab.runs import command, pair_state
+from lab import experiments
+from lab.experiments import _parser, plan
+from lab.runs import command, pair_state
 from cory.outputs import read_jsonl
 
 
@@ -133,7 +133,7 @@ def test_ppo_2x_without_a_larger_model_offline(tmp_path, capsys):
 
 
 def runner(*argv, timeout=600):
-    return subprocess.run([sys.executable, "-m", "cory.lab.experiments", *map(str, argv)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "lab.experiments", *map(str, argv)], capture_output=True,
                           text=True, cwd=REPO, timeout=timeout)
 
 
@@ -238,7 +238,7 @@ def _runner_with_a_logged_row(out, stdout):
     has logged its first metrics row."""
     import time
 
-    proc = subprocess.Popen([sys.executable, "-m", "cory.lab.experiments", "--task", "imdb", "--preset", "tiny",
+    proc = subprocess.Popen([sys.executable, "-m", "lab.experiments", "--task", "imdb", "--preset", "tiny",
                              "--methods", "ppo", "--seeds", "0", "--steps", "500", "--set", "save_every=1000",
                              "--out", str(out)], cwd=REPO, stdout=stdout, stderr=subprocess.PIPE, text=True)
     metrics = out / "runs" / "ppo" / "seed_0" / "metrics.jsonl"
@@ -287,7 +287,7 @@ def test_runner_evaluates_finished_runs_and_the_base_model_once(tmp_path):
     run = out / "runs" / "ppo" / "seed_0"
     doc = json.loads((run / "eval_imdb.json").read_text())
     assert [r["name"] for r in doc["results"]] == ["seed_0/policy"]
-    assert doc["command"] == f"python -m cory.lab.evaluate --task imdb --model {run} --no_base --json {run}/eval_imdb.json"
+    assert doc["command"] == f"python -m lab.evaluate --task imdb --model {run} --no_base --json {run}/eval_imdb.json"
     base_doc = json.loads((out / "eval_base_imdb.json").read_text())
     assert [r["name"] for r in base_doc["results"]] == ["base"] and base_doc["settings"]["dataset"] == "builtin"
     assert base_doc["results"][0]["kl"] == 0 and base_doc["results"][0]["reward_sd"] > 0
@@ -299,7 +299,7 @@ def test_runner_evaluates_finished_runs_and_the_base_model_once(tmp_path):
 
 
 def test_runner_evaluates_pass_at_k_tasks_only_with_a_budget(tmp_path):
-    from cory.lab import heldout_runs
+    from lab import heldout_runs
 
     assert heldout_runs.wanted("imdb", []) is None
     why = heldout_runs.wanted("gsm8k", [])

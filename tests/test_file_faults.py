@@ -46,7 +46,7 @@ def one_error_line(capsys, code):
 
 @pytest.mark.parametrize("code,reason,advice", FAULTS)
 def test_the_report_onto_a_faulty_disk(exp, monkeypatch, capsys, code, reason, advice):
-    from cory.lab import report
+    from lab import report
 
     before = tree(exp)
     failing_writes(monkeypatch, exp, code, reason)
@@ -59,7 +59,7 @@ def test_the_report_onto_a_faulty_disk(exp, monkeypatch, capsys, code, reason, a
 
 @pytest.mark.parametrize("code,reason,advice", FAULTS)
 def test_the_search_onto_a_faulty_disk(tmp_path, monkeypatch, capsys, code, reason, advice):
-    from cory.lab import search
+    from lab import search
 
     out = tmp_path / "search"
     out.mkdir()
@@ -74,7 +74,7 @@ def test_the_search_onto_a_faulty_disk(tmp_path, monkeypatch, capsys, code, reas
 
 @pytest.mark.parametrize("code,reason,advice", FAULTS)
 def test_an_evaluation_onto_a_faulty_disk(finished, tmp_path, monkeypatch, capsys, code, reason, advice):
-    from cory.lab import evaluate
+    from lab import evaluate
 
     run = tmp_path / "ppo"
     shutil.copytree(finished / "ppo", run)
@@ -90,7 +90,7 @@ def test_an_evaluation_onto_a_faulty_disk(finished, tmp_path, monkeypatch, capsy
 @pytest.mark.parametrize("code,reason,advice", FAULTS)
 def test_the_runner_onto_a_faulty_disk(exp, monkeypatch, capsys, code, reason, advice):
     """The runner on its own experiment (every run finished: skipped) cannot record the command in runs.json."""
-    from cory.lab import experiments
+    from lab import experiments
 
     before = tree(exp)
     failing_writes(monkeypatch, exp, code, reason)
@@ -143,7 +143,7 @@ def test_a_runner_out_that_is_not_text_here_is_refused_before_anything_is_writte
     from conftest import REPO, one_line
 
     env = dict(os.environ, LC_ALL="C", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0", PYTHONPATH=str(REPO))
-    p = subprocess.run([sys.executable, "-m", "cory.lab.experiments", "--task", "imdb", "--preset", "tiny",
+    p = subprocess.run([sys.executable, "-m", "lab.experiments", "--task", "imdb", "--preset", "tiny",
                         "--methods", "ppo", "--seeds", "0", "--steps", "1", "--out", "exp_café"],
                        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
     line = one_line(p, 2)

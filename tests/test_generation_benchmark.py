@@ -79,8 +79,8 @@ def test_gpu_session_commands_pass_their_benchmarks_checks(part, tmp_path, monke
             assert args.device == "cuda"
         elif cmd[1] == "benchmarks/generation.py":
             assert generation.parse(cmd[2:]).device == "cuda"
-        elif cmd[1:3] == ["-m", "cory.lab.experiments"]:  # the runs it plans: the gpu presets exist and validate
-            from cory.lab import experiments
+        elif cmd[1:3] == ["-m", "lab.experiments"]:  # the runs it plans: the gpu presets exist and validate
+            from lab import experiments
 
             args = experiments._parser().parse_args(cmd[3:])
             args.out = str(tmp_path / "imdb_gpu")
@@ -101,7 +101,7 @@ def test_a_short_gpu_session_picks_the_runs_it_can_finish(tmp_path):
     METHODS and SEEDS to start only the runs that finish within the session's device time."""
     import shlex
 
-    from cory.lab import experiments
+    from lab import experiments
 
     p = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_session.sh"), "results"], capture_output=True,
                        text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "OUT": str(tmp_path),

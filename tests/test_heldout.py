@@ -62,7 +62,7 @@ def test_shaped_vader_rewards_against_plain_vader():
 
 
 def test_a_shaped_reward_is_evaluated_with_plain_vader(tmp_path):
-    from cory.lab.evaluate import plan
+    from lab.evaluate import plan
 
     import shutil
 
@@ -113,9 +113,9 @@ def test_eval_every_scores_each_agent_and_leaves_training_alone(tmp_path, method
 @pytest.mark.slow
 @pytest.mark.parametrize("name,cls", [("ppo", IMDB_PPO), ("cory", IMDB_CORY)])
 def test_eval_every_matches_the_evaluation_of_the_saved_model(tmp_path, name, cls):
-    """The run's last held-out row is what `python -m cory.lab.evaluate` reports for its final models, sampled
+    """The run's last held-out row is what `python -m lab.evaluate` reports for its final models, sampled
     again; and what it reads from the run's own final_evaluation.json instead (same numbers, same samples)."""
-    from cory.lab.evaluate import main as evaluate
+    from lab.evaluate import main as evaluate
 
     out = prepare_run(tiny(cls, name, tmp_path, steps=2, eval_every=2)).fit()
     last = {r["agent"]: r for r in read_jsonl(out / "eval.jsonl") if r["iterations"] == 2}
@@ -139,8 +139,8 @@ def test_the_runs_own_final_evaluation_is_read_only_for_its_weights_and_settings
     contents, even of the same size) are evaluated afresh; a read row loads no model."""
     import json
 
-    import cory.lab.evaluate as evaluate_module
-    from cory.lab.evaluate import main as evaluate
+    import lab.evaluate as evaluate_module
+    from lab.evaluate import main as evaluate
 
     out = prepare_run(tiny(IMDB_PPO, "ppo", tmp_path, steps=1, eval_every=1)).fit()
     own = json.loads((out / "final_evaluation.json").read_text())

@@ -20,7 +20,7 @@ def run(*args, cwd=REPO, timeout=900):
 
 
 def runner(*args, timeout=900):
-    return run("-m", "cory.lab.experiments", *args, timeout=timeout)
+    return run("-m", "lab.experiments", *args, timeout=timeout)
 
 
 # ----------------------------------------------------------------------------- the runner loses nothing
@@ -63,7 +63,7 @@ def test_a_verdict_pools_only_runs_of_the_same_settings(tmp_path):
     for seed in (0, 1, 2):
         write_run(tmp_path, "ppo", seed, ppo_rows(0.1 * t, t), {"learning_rate": 1e-4 if seed < 2 else 3e-5})
         write_run(tmp_path, "cory", seed, cory_rows(0.1 * t, 0.5 * t, 0.1 * t, 0.5 * t))
-    p = run("-m", "cory.lab.report", tmp_path)
+    p = run("-m", "lab.report", tmp_path)
     assert p.returncode == 0, p.stderr
     report = (tmp_path / "REPORT.md").read_text()
     assert "**not decided** — PPO's runs were made with different settings (learning_rate 0.0001 (seeds 0, 1), " \
@@ -71,7 +71,7 @@ def test_a_verdict_pools_only_runs_of_the_same_settings(tmp_path):
 
 
 def test_figures_and_reports_are_written_whole(tmp_path, monkeypatch):
-    from cory.lab import figures
+    from lab import figures
 
     class Broken:
         def savefig(self, path, format=None):
@@ -108,8 +108,8 @@ def _output_until(proc, marker: str, timeout: float) -> tuple[list[str], threadi
 
 @pytest.mark.slow
 @pytest.mark.parametrize("module,args,marker", [
-    ("cory.lab.evaluate", ["--task", "imdb", "--model", "tiny", "--max_new_tokens", "400"], "prompt/s"),
-    ("cory.lab.experiments", ["--task", "imdb", "--preset", "tiny", "--methods", "ppo", "--seeds", "0",
+    ("lab.evaluate", ["--task", "imdb", "--model", "tiny", "--max_new_tokens", "400"], "prompt/s"),
+    ("lab.experiments", ["--task", "imdb", "--preset", "tiny", "--methods", "ppo", "--seeds", "0",
                               "--steps", "50", "--no_eval"], "start"),
 ])
 def test_ctrl_c_exits_130_with_one_line(tmp_path, module, args, marker):
@@ -131,7 +131,7 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path, module, args, marker):
 
 
 def test_report_ctrl_c_exits_130(tmp_path, monkeypatch, capsys):
-    from cory.lab import report
+    from lab import report
 
     def interrupted(path):
         raise KeyboardInterrupt

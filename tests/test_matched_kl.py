@@ -1,4 +1,4 @@
-"""The claim at matched KL (cory.lab.matched_kl) on synthetic held-out paths: a CORY that only learns slower along
+"""The claim at matched KL (lab.matched_kl) on synthetic held-out paths: a CORY that only learns slower along
 PPO's own reward-vs-KL line is never "yes"; a line twice as steep is "yes"; a much flatter one is "no"; and the
 interpolation, the design file and the learning checks that come first."""
 import json
@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from cory.errors import ReportError
-from cory.lab.design import Design, load_design
-from cory.lab.matched_kl import (CORY_DID_NOT_LEARN, PPO_DID_NOT_LEARN, HeldoutPath, heldout_path,
+from lab.design import Design, load_design
+from lab.matched_kl import (CORY_DID_NOT_LEARN, PPO_DID_NOT_LEARN, HeldoutPath, heldout_path,
                                  matched_kl, normaliser_alone, reward_at, value_at)
-from cory.lab.report import build_report
-from cory.lab.results import load_experiment
+from lab.report import build_report
+from lab.results import load_experiment
 from test_report import cory_rows, ppo_rows, write_run
 
 STEPS, EVERY, BASE = 30, 3, 0.1
@@ -210,7 +210,7 @@ def test_a_design_that_tests_every_agent_tests_one_that_did_not_learn(tmp_path):
 
 
 def test_the_base_models_reward_is_the_mean_of_its_draws_where_the_design_says_so(tmp_path):
-    from cory.lab.matched_kl import base_reward
+    from lab.matched_kl import base_reward
 
     write_paths(tmp_path, range(4), ppo=(0.05, 1.0), llm1=(0.05, 1.0), llm2=(0.05, 1.0))
     (tmp_path / "base_draws").mkdir()
@@ -258,7 +258,7 @@ def test_report_leads_with_the_matched_kl_answer_and_its_figure(tmp_path):
 def sweep(root, ppo_slope, cory_slope, seeds=range(4), rng=0):
     """PPO and CORY at three η: lower η, higher final KL; each method's final reward = base + slope × KL (held-out
     final evaluations, a little noise per seed)."""
-    from cory.lab.frontier import frontier  # noqa: F401  (the module under test)
+    from lab.frontier import frontier  # noqa: F401  (the module under test)
     g = np.random.default_rng(rng)
     flat = np.zeros(STEPS)
     for eta, kl in ((0.01, 24.0), (0.05, 12.0), (0.2, 5.0)):
@@ -277,7 +277,7 @@ def sweep(root, ppo_slope, cory_slope, seeds=range(4), rng=0):
 
 
 def test_frontier_steeper_is_yes_and_the_same_line_is_not(tmp_path):
-    from cory.lab.frontier import frontier
+    from lab.frontier import frontier
 
     sweep(tmp_path / "steeper", 0.03, 0.06)
     sweep(tmp_path / "same", 0.03, 0.03)
@@ -289,7 +289,7 @@ def test_frontier_steeper_is_yes_and_the_same_line_is_not(tmp_path):
 
 
 def test_no_frontier_with_one_shared_eta(tmp_path):
-    from cory.lab.frontier import frontier
+    from lab.frontier import frontier
 
     write_paths(tmp_path, range(3), ppo=(0.05, 1.0), llm1=(0.10, 0.5), llm2=(0.10, 0.4))
     assert frontier(load_experiment(tmp_path)) is None

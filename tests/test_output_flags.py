@@ -17,15 +17,15 @@ def _run(*args, cwd):
 def test_evaluate_refuses_a_users_file_and_replaces_its_own(tmp_path):
     mine = tmp_path / "results.json"
     mine.write_text("my own notes, not an evaluation\n")
-    args = ["-m", "cory.lab.evaluate", "--task", "imdb", "--model", "tiny", "--limit", "2", "--max_new_tokens", "2"]
+    args = ["-m", "lab.evaluate", "--task", "imdb", "--model", "tiny", "--limit", "2", "--max_new_tokens", "2"]
     p = _run(*args, "--json", mine, cwd=REPO)
     assert p.returncode != 0 and len(p.stderr.strip().splitlines()) == 1, p.stderr
-    assert "already exists and was not written by python -m cory.lab.evaluate" in p.stderr and "--force" in p.stderr
+    assert "already exists and was not written by python -m lab.evaluate" in p.stderr and "--force" in p.stderr
     assert mine.read_text() == "my own notes, not an evaluation\n"
     p = _run(*args, "--json", mine, "--force", cwd=REPO)
     assert p.returncode == 0, p.stderr[-2000:]
     first = json.loads(mine.read_text())
-    assert first["command"].startswith("python -m cory.lab.evaluate")
+    assert first["command"].startswith("python -m lab.evaluate")
     p = _run(*args, "--json", mine, "--seed", "1", cwd=REPO)  # its own file: replaced without --force
     assert p.returncode == 0, p.stderr[-2000:]
     assert json.loads(mine.read_text())["settings"]["seed"] == 1
@@ -53,7 +53,7 @@ def test_evaluate_writes_into_a_run_folder_only_that_runs_own_evaluation(finishe
 
     shutil.copytree(finished / "ppo", run)
     before = tree(run)
-    base = ["-m", "cory.lab.evaluate", "--task", "imdb", "--limit", "2", "--max_new_tokens", "2"]
+    base = ["-m", "lab.evaluate", "--task", "imdb", "--limit", "2", "--max_new_tokens", "2"]
     for model, target in ((run, run / "notes.json"), (run, run / "final" / "eval_imdb.json"),
                           ("tiny", run / "eval_imdb.json")):
         p = _run(*base, "--model", model, "--json", target, cwd=REPO)

@@ -142,7 +142,7 @@ def test_the_benchmarks_shared_writer_never_replaces_a_pipe(tmp_path):
 
 def test_evaluate_refuses_a_pipe_a_socket_and_a_link_to_a_pipe_before_any_model_loads(tmp_path, unix_socket,
                                                                                        monkeypatch, capsys):
-    from cory.lab import evaluate
+    from lab import evaluate
 
     def loaded(*args, **kwargs):
         raise AssertionError("a model was loaded")
@@ -177,7 +177,7 @@ def test_the_search_summary_refuses_a_pipe_before_drawing(tmp_path):
     synthetic(tmp_path / "base", cory_wins=False, seeds=(0, 1), steps=6)
     fifo(tmp_path / "SUMMARY.md")
     before = tree(tmp_path)
-    p = subprocess.run([sys.executable, "-m", "cory.lab.search", str(tmp_path)], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "lab.search", str(tmp_path)], capture_output=True, text=True,
                        cwd=REPO, timeout=300)
     refused(p, f"SUMMARY.md: {tmp_path / 'SUMMARY.md'} exists and is a named pipe")
     assert tree(tmp_path) == before
@@ -187,7 +187,7 @@ def test_the_search_summary_refuses_a_pipe_before_drawing(tmp_path):
 def test_two_reports_at_once_on_one_folder_both_finish_and_leave_no_temporary_file(tmp_path):
     """They shared one temporary name per figure and collided (4 of 6 tries): now each writes its own."""
     synthetic(tmp_path, cory_wins=False, seeds=(0, 1), steps=6)
-    procs = [subprocess.Popen([sys.executable, "-m", "cory.lab.report", str(tmp_path)], cwd=REPO, text=True,
+    procs = [subprocess.Popen([sys.executable, "-m", "lab.report", str(tmp_path)], cwd=REPO, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
     for proc in procs:
         out, err = proc.communicate(timeout=600)

@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from cory.lab.passk import mean_pass_at_k, pass_at_k
+from lab.passk import mean_pass_at_k, pass_at_k
 
 
 def brute_force(n: int, c: int, k: int) -> Fraction:

@@ -1,14 +1,14 @@
-"""The objective task's secondary readings along the held-out paths (cory.lab.paths): the fall from the peak on
+"""The objective task's secondary readings along the held-out paths (lab.paths): the fall from the peak on
 hand-written paths, the tables at matched iterations on synthetic runs, and where the report shows them."""
 import json
 
 import numpy as np
 import pytest
 
-from cory.lab.matched_kl import HeldoutPath
-from cory.lab.paths import along_paths, fall_at
-from cory.lab.report import build_report
-from cory.lab.results import load_experiment
+from lab.matched_kl import HeldoutPath
+from lab.paths import along_paths, fall_at
+from lab.report import build_report
+from lab.results import load_experiment
 from test_report import cory_rows, ppo_rows, write_run
 
 ITS = [0, 3, 6, 9, 12]

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from cory.lab import results
-from cory.lab.report import build_report
-from cory.lab.results import curve, final_value, load_experiment, pooled_std
-from cory.lab.stats import Diff, difference, p_value
-from cory.lab.verdict import verdict
+from lab import results
+from lab.report import build_report
+from lab.results import curve, final_value, load_experiment, pooled_std
+from lab.stats import Diff, difference, p_value
+from lab.verdict import verdict
 
 ETA = 0.2
 
@@ -247,7 +247,7 @@ def test_partial_results_nan_none_and_different_lengths(tmp_path):
 def test_samples_and_provenance_in_report(tmp_path):
     synthetic(tmp_path, cory_wins=True)
     runs = {"task": "imdb", "preset": "tiny", "invocations": [
-        {"command": "python -m cory.lab.experiments --task imdb --preset tiny --out results/x", "started": "2025-01-01",
+        {"command": "python -m lab.experiments --task imdb --preset tiny --out results/x", "started": "2025-01-01",
          "git_commit": "abc123", "git_dirty": False, "ran": 6, "skipped": 0, "failed": 0}],
         "runs": {f"ppo/seed_{s}": {"script": "imdb_train/ppo.py", "status": "finished", "attempts": [
             {"mode": "new", "command": f"python imdb_train/ppo.py --seed {s}", "wall_time_s": 30.0,
@@ -266,12 +266,12 @@ def test_samples_and_provenance_in_report(tmp_path):
 
 
 def test_cli(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "cory.lab.report", str(tmp_path / "nope")], capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "lab.report", str(tmp_path / "nope")], capture_output=True,
                        text=True, cwd=REPO)
     assert p.returncode == 2 and p.stderr.startswith("error:") and len(p.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "nope").exists()
     synthetic(tmp_path, cory_wins=False)
-    p = subprocess.run([sys.executable, "-m", "cory.lab.report", str(tmp_path)], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "lab.report", str(tmp_path)], capture_output=True, text=True,
                        cwd=REPO)
     assert p.returncode == 0, p.stderr
     first = (tmp_path / "REPORT.md").read_text()

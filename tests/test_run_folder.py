@@ -40,7 +40,7 @@ def test_overwrite_deletes_what_runs_wrote_and_nothing_else(tmp_path):
     run = tmp_path / "ppo"  # made here: a copy's files are not this folder's to replace (test_runs_read_only)
     p = run_script("imdb_train/ppo.py", *TINY, "--steps", "2", "--output_dir", run)
     assert p.returncode == 0, p.stderr[-2000:]
-    (run / "eval_imdb.json").write_text("{}")  # cory.lab.evaluate's results for this run: a run's file too
+    (run / "eval_imdb.json").write_text("{}")  # lab.evaluate's results for this run: a run's file too
     old = read_jsonl(run / "metrics.jsonl")
     p = run_script("imdb_train/ppo.py", *TINY, "--steps", "1", "--output_dir", run, "--overwrite")
     assert p.returncode == 0, p.stderr[-2000:]

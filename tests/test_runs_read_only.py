@@ -32,7 +32,7 @@ def refused(p, *named):
 
 
 def runner(*args):
-    return subprocess.run([sys.executable, "-m", "cory.lab.experiments", *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "lab.experiments", *map(str, args)], capture_output=True,
                           text=True, cwd=REPO, timeout=900)
 
 
@@ -147,7 +147,7 @@ def test_a_copied_runs_evaluation_is_never_deleted_by_a_resume(finished, tmp_pat
 def test_resume_of_a_finished_run_changes_nothing(finished, tmp_path):
     run = tmp_path / "ppo"
     shutil.copytree(finished / "ppo", run)
-    (run / "eval_imdb.json").write_text('{"results": []}')  # as cory.lab.evaluate leaves it
+    (run / "eval_imdb.json").write_text('{"results": []}')  # as lab.evaluate leaves it
     before = tree(run)
     for argv in ([], ["--steps", "2"], ["--eval_every", "1"]):
         p = run_script("imdb_train/ppo.py", "--resume", run, *argv)
@@ -268,7 +268,7 @@ def test_a_second_stop_during_the_base_models_evaluation_is_one_line(tmp_path, m
     (["--seeds", "0,2147483648"], "--seeds: must be below 2**31, got 2147483648"),
 ])
 def test_what_the_runner_passes_on_is_checked_before_the_first_run(tmp_path, capsys, argv, message):
-    from cory.lab import experiments
+    from lab import experiments
 
     out = tmp_path / "exp"
     with pytest.raises(SystemExit) as e:

@@ -75,9 +75,9 @@ def test_the_runner_evaluates_a_stale_evaluation_again(tmp_path):
 
 
 def test_an_evaluation_whose_models_are_replaced_meanwhile_writes_nothing(finished, tmp_path, monkeypatch, capsys):
-    """``--resume`` replaces final/ while ``cory.lab.evaluate`` scores it: the results are of weights that are gone,
+    """``--resume`` replaces final/ while ``lab.evaluate`` scores it: the results are of weights that are gone,
     so nothing is written (exit 1, one line), rather than an evaluation that reads as the new models'."""
-    from cory.lab import evaluate
+    from lab import evaluate
 
     run = tmp_path / "ppo"
     shutil.copytree(finished / "ppo", run)

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from conftest import trained
-from cory.lab.report import build_report
-from cory.lab.results import load_experiment
-from cory.lab.transfer import heldout_rows, training_windows, transfer_section
-from cory.lab.transfer_check import main as transfer_check, rates, wilson
+from lab.report import build_report
+from lab.results import load_experiment
+from lab.transfer import heldout_rows, training_windows, transfer_section
+from lab.transfer_check import main as transfer_check, rates, wilson
 from cory.metrics import TRANSFER_KEYS, knowledge_transfer
 from cory.outputs import read_jsonl
 from cory.tasks.arithmetic import ArithmeticTask, build_observer_prompt, first_line
@@ -181,7 +181,7 @@ def test_the_check_runs_on_the_tiny_model(tmp_path):
                           "--max_new_tokens", "4", "--json", str(tmp_path / "t.json")])
     written = json.loads((tmp_path / "t.json").read_text())
     assert written["n"] == doc["n"] == 12 and set(written["observer"]) == {"greedy", "sampled"}
-    assert written["command"].startswith("python -m cory.lab.transfer_check --task arithmetic")
+    assert written["command"].startswith("python -m lab.transfer_check --task arithmetic")
     for r in written["observer"].values():
         assert r["copy_n"] + r["correction_n"] == 12
     assert "\nReference: " in written["example_observer_prompt"]

@@ -239,7 +239,7 @@ def test_bad_gsm8k_files_name_file_and_line(tmp_path, case):
         line = rejected("gsm8k", "ppo", ["--config", "configs/gsm8k/ppo_tiny.yaml", "--dataset", dataset,
                                          "--dataset_path", data, "--output_dir", tmp_path / "r"])
         assert "train.jsonl" in line and ("line 2" in line or "no records" in line)
-    from cory.lab.evaluate import main as evaluate
+    from lab.evaluate import main as evaluate
     err = io.StringIO()
     with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as e:
         evaluate(["--task", "gsm8k", "--model", "tiny", "--dataset_path", str(data), "--n", "1", "--k", "1"])
@@ -248,7 +248,7 @@ def test_bad_gsm8k_files_name_file_and_line(tmp_path, case):
 
 
 def evaluate_rejects(argv) -> str:
-    from cory.lab.evaluate import main as evaluate
+    from lab.evaluate import main as evaluate
     err, out = io.StringIO(), io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out), pytest.raises(SystemExit) as e:
         evaluate([str(a) for a in argv])
@@ -274,7 +274,7 @@ def test_evaluate_reads_only_the_test_split(tmp_path):
     data = tmp_path / "gsm8k"
     data.mkdir()
     (data / "test.jsonl").write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n")
-    from cory.lab.evaluate import main as evaluate
+    from lab.evaluate import main as evaluate
     doc = evaluate(["--task", "gsm8k", "--model", "tiny", "--dataset_path", str(data), "--n", "1", "--k", "1",
                     "--max_new_tokens", "4", "--no_base", "--json", str(tmp_path / "e.json")])
     assert doc["results"][0]["n_questions"] == 1

@@ -6,11 +6,11 @@ import math
 import numpy as np
 import pytest
 
-from cory.lab import results
-from cory.lab.report import build_report
-from cory.lab.results import load_experiment
-from cory.lab.stats import ALPHA, difference, holm, min_detectable, p_value, power
-from cory.lab.verdict import Comparison, Margin, Pairing, decide, verdict
+from lab import results
+from lab.report import build_report
+from lab.results import load_experiment
+from lab.stats import ALPHA, difference, holm, min_detectable, p_value, power
+from lab.verdict import Comparison, Margin, Pairing, decide, verdict
 from test_report import cory_rows, ppo_rows, write_run
 
 STEPS = 12  # the final window is iterations 2-11
@@ -148,7 +148,7 @@ def test_power_and_minimum_detectable_difference():
 
 
 def results_diff(se, df):
-    from cory.lab.stats import Diff
+    from lab.stats import Diff
     return Diff(True, 0.0, se, float(df), int(df) + 1)
 
 
@@ -237,7 +237,7 @@ def test_the_base_models_own_sampling_error_counts(tmp_path):
 
 
 def test_whether_one_seed_learned_cannot_be_told():
-    from cory.lab.learning import baseline_learned
+    from lab.learning import baseline_learned
 
     import tempfile
     from pathlib import Path

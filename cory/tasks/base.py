@@ -143,7 +143,7 @@ def check_examples(examples, *, task: str, what: str, vocab_size: int | None = N
 
 @dataclass(frozen=True)
 class SamplingProtocol:
-    """How an evaluation samples and reads answers (``cory.lab.evaluate --protocol NAME``).
+    """How an evaluation samples and reads answers (``lab.evaluate --protocol NAME``).
 
     ``sampling``: top_k, top_p, temperature and repetition_penalty; ``stop_early``: an answer may end at EOS or
     the task's stop string (False: every answer runs to the token limit); ``prompt``: ``(example) -> str``, the
@@ -171,7 +171,7 @@ PASS_AT_K = "pass@k"       # objective tasks (a 0/1 reward): pass@k from n sampl
 
 @dataclass(frozen=True)
 class Evaluation:
-    """How ``python -m cory.lab.evaluate`` scores a task's held-out examples, declared where the task is registered.
+    """How ``python -m lab.evaluate`` scores a task's held-out examples, declared where the task is registered.
 
     ``metrics``: ``REWARD_METRICS`` or ``PASS_AT_K``; ``answer_tokens``: the default ``--max_new_tokens``;
     ``limit``: the default number of held-out examples (None: all); ``reward``: the reward to score with when

@@ -1,5 +1,5 @@
 """The registry of tasks: ``register_task(name, make, ...)`` makes ``task: name`` mean a ``Task``; training, the
-checks before a run, ``cory.lab.evaluate`` and the experiment runner ask it, and know no task by name."""
+checks before a run, ``lab.evaluate`` and the experiment runner ask it, and know no task by name."""
 from __future__ import annotations
 
 import os
@@ -38,7 +38,7 @@ def register_task(name: str, make: Callable, *, datasets=("auto",), rewards=(), 
                   evaluation: Evaluation | None = None) -> None:
     """Make ``task: name`` mean ``make(cfg, tokenizer, seed)``, a ``Task``; ``datasets`` and ``rewards`` are the
     values the config's ``dataset`` and ``reward_model`` may take (no ``rewards``: any); ``prompt_tokens``: the
-    room its prompts need beside an answer; ``evaluation``: how ``cory.lab.evaluate`` scores it (default: mean
+    room its prompts need beside an answer; ``evaluation``: how ``lab.evaluate`` scores it (default: mean
     reward, KL and distinct-n of 15-token answers). A name is registered once: a second registration from another
     place (another task file, or one that shadows a built-in task) is a ConfigError naming both places; the same
     call run again (a module imported twice) replaces its own."""

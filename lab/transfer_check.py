@@ -1,7 +1,7 @@
 """The transfer check: does a base model, as CORY's observer, use the pioneer's answer? No training, minutes on a CPU.
 
-    python -m cory.lab.transfer_check --task arithmetic                       # the embedded SmolLM2, 400 training draws
-    python -m cory.lab.transfer_check --task arithmetic --dataset sums_2x1 --n 800 --json results/transfer/x.json
+    python -m lab.transfer_check --task arithmetic                       # the embedded SmolLM2, 400 training draws
+    python -m lab.transfer_check --task arithmetic --dataset sums_2x1 --n 800 --json results/transfer/x.json
 
 The paper's mechanism presumes the observer can copy a correct answer (or correct a wrong one); the collective
 reward then pays both agents. Here the base model answers ``n`` training questions as the pioneer (sampled as in
@@ -28,15 +28,15 @@ from tqdm.auto import tqdm
 from cory.assets import SMOLLM2_SPEC, locate
 from cory.errors import AssetError, ConfigError, EvalError, OneLineParser, RunError, file_fault
 from cory.heldout import BATCH_SIZE, sample
-from cory.lab.figures import write_atomically
-from cory.lab.runs import git_state
+from lab.figures import write_atomically
+from lab.runs import git_state
 from cory.models import load_causal_lm, load_tokenizer
 from cory.outputs import check_output_json, json_safe
 from cory.rollout import checked_scores, stop_at, tokenize_prompts
 from cory.tasks import check_examples, make_task, registered, task_spec
 from cory.tasks.base import zero_one_reward
 
-PROGRAM = "cory.lab.transfer_check"
+PROGRAM = "lab.transfer_check"
 Z95 = 1.959963984540054
 
 

@@ -1,5 +1,5 @@
 """The runner's held-out evaluations: every finished run's final model(s), and the base model once per experiment
-folder, scored by ``python -m cory.lab.evaluate`` on the task's held-out prompts (issue 25: a comparison reads
+folder, scored by ``python -m lab.evaluate`` on the task's held-out prompts (issue 25: a comparison reads
 "did the methods learn" and "similar reward" from models answering prompts they never trained on).
 
 Each evaluation is a process of its own, like the training runs, with its output in ``OUT/logs/eval/``; a run
@@ -52,7 +52,7 @@ def commands(task: str, runs: list[tuple[str, Path]], out: Path, eval_args: list
     """(name, command, result file) of each evaluation still to do: ``runs`` are (key, folder) of the runs; those
     with whole final models are evaluated, unless their evaluation is there and still theirs. ``rel(path)`` writes
     a path as the command shows it (from the repository)."""
-    evaluate = [sys.executable, "-m", "cory.lab.evaluate", "--task", task]
+    evaluate = [sys.executable, "-m", "lab.evaluate", "--task", task]
     if task_file is not None:
         evaluate += ["--task_file", task_file]
     todo = []
@@ -70,7 +70,7 @@ def commands(task: str, runs: list[tuple[str, Path]], out: Path, eval_args: list
 
 
 def base_flags(task: str, cfg: dict) -> list[str]:
-    """cory.lab.evaluate's flags for the base model of runs with config ``cfg``: its model, data and scored reward,
+    """lab.evaluate's flags for the base model of runs with config ``cfg``: its model, data and scored reward,
     as the runs read them."""
     spec = registered()[task]
     reward = spec.evaluation.scored_reward(cfg.get("reward_model"))
@@ -89,12 +89,12 @@ RUNNER_FLAGS = ("--task", "--task_file", "--model", "--no_base", "--json")
 
 
 def check_eval_args(task: str, cfg: dict, eval_args: list[str]) -> str | None:
-    """Why ``python -m cory.lab.evaluate`` would refuse ``eval_args`` (one line), or None: checked before the first
+    """Why ``python -m lab.evaluate`` would refuse ``eval_args`` (one line), or None: checked before the first
     run, as the base model's evaluation will run them (after training would be hours too late)."""
     own = next((a for a in eval_args if a.split("=")[0] in RUNNER_FLAGS), None)
     if own is not None:
         return f"{own.split('=')[0]} is set by the runner itself"
-    from cory.lab import evaluate  # torch: only when there are evaluations to check
+    from lab import evaluate  # torch: only when there are evaluations to check
 
     try:  # (a task file's task is not evaluated by the runner: see wanted)
         evaluate.plan(["--task", task, *base_flags(task, cfg), *eval_args])

@@ -2,8 +2,8 @@
 
 ``plot_metric`` draws one metric per iteration, mean line and ±std band over seeds for each (group, agent), with
 other runs as thin reference lines; ``plot_sweep`` draws the final task reward against the final KL over the KL
-coefficient eta (the points come from ``cory.lab.results.sweep_points``). One colour per method in every figure, LLM2
-dashed. Apart from cory.lab.report so that the markdown and the plotting each stay one level, and so that matplotlib
+coefficient eta (the points come from ``lab.results.sweep_points``). One colour per method in every figure, LLM2
+dashed. Apart from lab.report so that the markdown and the plotting each stay one level, and so that matplotlib
 is imported only when a figure is drawn.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from cory.errors import ConfigError, ReportError
-from cory.lab.results import (AGENT_NAMES, LLM1, LLM2, METHOD_NAMES, POLICY, REWARD_RANGES, curve, Experiment, Group,
+from lab.results import (AGENT_NAMES, LLM1, LLM2, METHOD_NAMES, POLICY, REWARD_RANGES, curve, Experiment, Group,
                               heldout_curve, heldout_value, setting_name)
 from cory.targets import target_refusal, text_refusal, write_whole
 

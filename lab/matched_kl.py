@@ -9,7 +9,7 @@ path of (held-out KL, held-out reward) points in iteration order. A path's rewar
 interpolation between the first two consecutive points whose KL brackets k (the first time the run reaches k).
 Per seed and CORY agent, the endpoint is the agent's reward minus PPO's at the grid's KL values, averaged over the
 grid points both paths reached. The design (grid, margin, level) is read from ``design.yaml`` in the experiment
-folder, written before its runs; a folder without one gets ``cory.lab.design.Design()`` and the verdict says so.
+folder, written before its runs; a folder without one gets ``lab.design.Design()`` and the verdict says so.
 """
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cory.lab.design import Design, load_design
-from cory.lab.learning import Learning, base_error, baseline_learned, judge_gains
-from cory.lab.results import METHOD_NAMES, POLICY, Experiment, Group, fmt, heldout_value
-from cory.lab.stats import Diff, holm, min_detectable, p_two_sided, p_value
+from lab.design import Design, load_design
+from lab.learning import Learning, base_error, baseline_learned, judge_gains
+from lab.results import METHOD_NAMES, POLICY, Experiment, Group, fmt, heldout_value
+from lab.stats import Diff, holm, min_detectable, p_two_sided, p_value
 
 
 SECONDARY_KL = (8.0, 12.0)  # also read (shown, not tested) where both paths reached them
@@ -184,7 +184,7 @@ class MatchedKL:
 
 
 RULE = (
-    "**The claim at matched KL** (primary; `cory.lab.matched_kl`). The paper claims similar reward at lower KL: "
+    "**The claim at matched KL** (primary; `lab.matched_kl`). The paper claims similar reward at lower KL: "
     "CORY's reward-vs-KL curve above PPO's. Each run's held-out evaluations (every `eval_every` iterations, the base "
     "model at iteration 0) form a path of (held-out KL, held-out reward); a path's reward at KL k is interpolated "
     "linearly where the run first reaches k. Per seed and CORY agent, the endpoint is the agent's reward minus PPO's "

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cory.lab.collapse import markdown_table
-from cory.lab.results import Experiment, Group, finite, fmt
+from lab.collapse import markdown_table
+from lab.results import Experiment, Group, finite, fmt
 from cory.metrics import TRANSFER_KEYS
 
 NAMES = {"transfer/observer_minus_pioneer": "observer − pioneer", "transfer/copy_rate": "copy rate",
@@ -114,7 +114,7 @@ def plot_transfer(exp: Experiment, path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from cory.lab.figures import LINESTYLES, colour, save_figure
+    from lab.figures import LINESTYLES, colour, save_figure
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for ax, key in zip(axes, TRANSFER_KEYS):

@@ -10,7 +10,7 @@ collapse and nothing is tested.
 Beside the test, a descriptive reading (``at_matched_kl``, added after the collapse folder's test was decided): a
 final model of a method that learns slower has moved less far from the base model, so it always looks less collapsed
 at the last iteration. Distinct-2 and the gibberish-robust measures eval.jsonl records are read along each run's
-held-out path at matched held-out KL (``cory.lab.matched_kl.value_at``), each CORY agent minus PPO, paired by seed.
+held-out path at matched held-out KL (``lab.matched_kl.value_at``), each CORY agent minus PPO, paired by seed.
 """
 from __future__ import annotations
 
@@ -19,16 +19,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cory.lab.design import Design, load_design
-from cory.lab.matched_kl import SECONDARY_KL, HeldoutPath, heldout_path, paired_diff, value_at
-from cory.lab.results import POLICY, Experiment, Group, finite, fmt, heldout_value
-from cory.lab.stats import holm, p_two_sided
+from lab.design import Design, load_design
+from lab.matched_kl import SECONDARY_KL, HeldoutPath, heldout_path, paired_diff, value_at
+from lab.results import POLICY, Experiment, Group, finite, fmt, heldout_value
+from lab.stats import holm, p_two_sided
 
 YES, NO, COULD_NOT_TELL = "yes", "no", "could not tell"
 PPO_DID_NOT_COLLAPSE, NOT_DECIDED = "not tested (PPO did not collapse)", "not decided"
 
 RULE = (
-    "**The collapse test** (`cory.lab.collapse`). The paper's second claim: where PPO's answers degenerate, CORY's do "
+    "**The collapse test** (`lab.collapse`). The paper's second claim: where PPO's answers degenerate, CORY's do "
     "not. A final model has _collapsed_ when its held-out distinct-2 is under the design's share of the base model's. "
     "Paired by seed, each CORY agent against PPO: the seeds where exactly one of the two collapsed decide an exact "
     "one-sided sign test (McNemar's), Holm over the two agents at the design's α. Per agent: _yes_ — PPO collapsed in "
@@ -189,7 +189,7 @@ MATCHED_RULE = (
     "from it and its p values are not corrected for the many readings). At the last iteration a method that learns "
     "slower has moved less far from the base model, so it always looks less collapsed. Here each run's held-out "
     "evaluations form a path of (held-out KL, measure), read where the run first reaches each KL as the claim's "
-    "reward is (`cory.lab.matched_kl.value_at`), each CORY agent minus PPO paired by seed: mean ± SE over the seeds "
+    "reward is (`lab.matched_kl.value_at`), each CORY agent minus PPO paired by seed: mean ± SE over the seeds "
     "whose two paths reached that KL, and a two-sided paired t-test's p; beside it, the same seeds' difference at the "
     "last iteration both paths evaluated (the final one, for runs that finished). Distinct-2 counts gibberish (digit "
     "strings, emoji, token salad) as diverse; the base model's log-likelihood of the answers (`base_logprob`) and, for "

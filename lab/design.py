@@ -1,7 +1,7 @@
 """An experiment folder's design, fixed before its runs: ``design.yaml`` beside its DESIGN.md, read by the report.
 
-``endpoint`` names the primary test: ``reward_at_matched_kl`` (``cory.lab.matched_kl``: CORY's held-out reward
-against PPO's at the same held-out KL) or ``collapse`` (``cory.lab.collapse``: do the final models' answers
+``endpoint`` names the primary test: ``reward_at_matched_kl`` (``lab.matched_kl``: CORY's held-out reward
+against PPO's at the same held-out KL) or ``collapse`` (``lab.collapse``: do the final models' answers
 degenerate?). A folder without the file, such as a user's own experiment, gets ``Design()``'s values and the report
 says it used them.
 """
@@ -46,7 +46,7 @@ class Design:
     learned_at: str = "final"
     agents_tested: str = "learned"
     # independent sampled draws of the base model's held-out reward the learning checks read (their mean, and its
-    # error): the runner's evaluation, and base_draws/*.json beside it for the rest (cory.lab.evaluate --seed S)
+    # error): the runner's evaluation, and base_draws/*.json beside it for the rest (lab.evaluate --seed S)
     base_draws: int = 1
     source: str = DEFAULTS
 

@@ -1,6 +1,6 @@
 """The statistics behind the report's verdicts: one-sided t-tests of a difference of per-seed final values (paired
 or Welch), their power and smallest detectable difference (noncentral t), Holm's correction, and a seed's trend.
-Apart from ``cory.lab.verdict`` so that the rules there read as rules."""
+Apart from ``lab.verdict`` so that the rules there read as rules."""
 from __future__ import annotations
 
 import math
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cory.lab.results import Final, Group, curve
+from lab.results import Final, Group, curve
 
 ALPHA = 0.05         # family-wise level of each verdict
 POWER_TARGET = 0.8   # a negative result with less power than this reads "could not tell"

@@ -1,11 +1,11 @@
 """Loading an experiment folder and the statistics the report is built on.
 
-An experiment folder, as ``python -m cory.lab.experiments`` writes it, holds
+An experiment folder, as ``python -m lab.experiments`` writes it, holds
 ``runs/<method>[_kl<eta>]/seed_<s>/{metrics.jsonl,samples.jsonl,config.yaml}`` and maybe ``runs.json``.
 ``load_experiment`` reads it into an ``Experiment`` of ``Group``s (one per folder under runs/) of ``SeedRun``s;
 ``curve`` aligns one metric of one agent over the seeds of a group, ``final_value`` takes each seed's mean over the
 last ``LAST_N`` aligned iterations. The method names and the number formats that the report, the verdict and the
-figures share live here too: cory.lab.report, cory.lab.verdict and cory.lab.figures import this module, and it imports none of
+figures share live here too: lab.report, lab.verdict and lab.figures import this module, and it imports none of
 them.
 
 Conventions:
@@ -47,7 +47,7 @@ METHOD_NAMES = {
     "cory_norm": "CORY with score normalisation",
 }
 MAIN_METHODS = ("ppo", "cory")
-# the differences between the authors' runs and a like-for-like comparison (see cory.lab.experiments)
+# the differences between the authors' runs and a like-for-like comparison (see lab.experiments)
 CONFOUND_METHODS = ("ppo_norm", "cory_norm", "cory_authors")
 ABLATION_METHODS = ("cory_no_kt", "cory_no_swap", "ppo_2x")
 _LABEL = re.compile(r"^(?P<method>.+?)(?:_kl(?P<kl>[0-9.eE+-]+))?$")
@@ -80,7 +80,7 @@ class SeedRun:
     rows: list[dict]
     config: dict
     heldout: list[dict] = field(default_factory=list)  # eval.jsonl: the run's own held-out evaluations
-    evaluations: list[dict] = field(default_factory=list)  # cory.lab.evaluate's eval_*.json beside it, readable
+    evaluations: list[dict] = field(default_factory=list)  # lab.evaluate's eval_*.json beside it, readable
     # and of its current final models (see load_experiment)
 
     def heldout_series(self, agent: str, metric: str) -> dict[int, float]:
@@ -93,7 +93,7 @@ class SeedRun:
         return out
 
     def final_evaluation(self, agent: str) -> dict | None:
-        """The held-out result of the run's final ``agent`` model: ``cory.lab.evaluate``'s eval_<task>.json
+        """The held-out result of the run's final ``agent`` model: ``lab.evaluate``'s eval_<task>.json
         beside the run (training protocol), else the last row of its own eval.jsonl when that is at its end."""
         for doc in self.evaluations:
             if (doc.get("settings") or {}).get("protocol", "training") != "training":
@@ -213,7 +213,7 @@ class Experiment:
     notes: list[str]
     base_evaluations: list[dict] = field(default_factory=list)  # the readable eval_*.json in the folder itself
     # more sampled draws of the base model's held-out evaluation (base_draws/eval_*.json, other seeds): a design's
-    # ``base_draws`` reads the base model's reward as their mean with the runner's (cory.lab.design)
+    # ``base_draws`` reads the base model's reward as their mean with the runner's (lab.design)
     base_draw_evaluations: list[dict] = field(default_factory=list)
 
     def main_group(self, method: str) -> Group | None:
@@ -278,7 +278,7 @@ def load_experiment(path: str | Path) -> Experiment:
         raise ReportError(f"{path}: folder not found")
     runs_root = root / "runs"
     if not runs_root.is_dir():
-        raise ReportError(f"{path}: no runs/ folder; is it an experiment folder written by cory.lab.experiments?")
+        raise ReportError(f"{path}: no runs/ folder; is it an experiment folder written by lab.experiments?")
     notes = []
     groups: dict[str, Group] = {}
     for label_dir in sorted(p for p in runs_root.iterdir() if p.is_dir()):
@@ -373,7 +373,7 @@ def _load_seed(seed: int, seed_dir: Path, where: str, notes: list[str]) -> SeedR
 
 
 def _evaluations(folder: Path, where: str, notes: list[str], run: bool = False) -> list[dict]:
-    """cory.lab.evaluate's results in ``folder`` (``eval_*.json``, in name order): a file that cannot be read, or
+    """lab.evaluate's results in ``folder`` (``eval_*.json``, in name order): a file that cannot be read, or
     (``run``: beside a run) one that scored other final weights than the run's final/ holds now, is named in
     ``notes`` and left out."""
     docs = []

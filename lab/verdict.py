@@ -1,4 +1,4 @@
-"""The matched-iterations verdict of REPORT.md (secondary since the claim is read at matched KL, ``cory.lab.matched_kl``):
+"""The matched-iterations verdict of REPORT.md (secondary since the claim is read at matched KL, ``lab.matched_kl``):
 does CORY reach similar task reward at lower KL than PPO at the same iteration? (Ma et al., NeurIPS 2024, Fig. 3.)
 
 The rule is spelled out in ``VERDICT_RULE``, which the report prints
@@ -12,7 +12,7 @@ states its power to detect the paper's own effect (PPO's final KL twice CORY's a
 80% power reads "could not tell (power N%)", never a plain "no".
 
 A module of its own because the tests and their wording are the report's one judgement, easier to review apart
-from the loading (``cory.lab.results``) and the markdown (``cory.lab.report``).
+from the loading (``lab.results``) and the markdown (``lab.report``).
 """
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from cory.lab.learning import baseline_learned
-from cory.lab.results import (LAST_N, METHOD_NAMES, POLICY, REWARD_RANGES, curve, Experiment, Final, final_value, fmt,
+from lab.learning import baseline_learned
+from lab.results import (LAST_N, METHOD_NAMES, POLICY, REWARD_RANGES, curve, Experiment, Final, final_value, fmt,
                               fmt_final, Group, heldout_final, heldout_value)
-from cory.lab.stats import (ALPHA, POWER_TARGET, Diff, difference, holm, holm_adjusted, min_detectable, p_two_sided,
+from lab.stats import (ALPHA, POWER_TARGET, Diff, difference, holm, holm_adjusted, min_detectable, p_two_sided,
                             p_value, pct, power, trend)
 from cory.tasks import registered
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from cory.lab.collapse import markdown_table
-from cory.lab.design import load_design
-from cory.lab.matched_kl import HeldoutPath, heldout_path, paired_diff, value_at
-from cory.lab.results import POLICY, Experiment, Group, fmt
-from cory.lab.stats import Diff, p_two_sided
+from lab.collapse import markdown_table
+from lab.design import load_design
+from lab.matched_kl import HeldoutPath, heldout_path, paired_diff, value_at
+from lab.results import POLICY, Experiment, Group, fmt
+from lab.stats import Diff, p_two_sided
 
 MEASURES = (("task_reward", "accuracy (sampled)"), ("greedy_reward", "greedy accuracy"), ("kl", "held-out KL"))
 

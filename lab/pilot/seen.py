@@ -1,8 +1,8 @@
 """Problems a run trained on against problems it never saw, by stratum (DESIGN.md, "Stage 3: seen and unseen
 problems"). Descriptive.
 
-    python results/arithmetic_cpu_pilot/seen.py base --json results/arithmetic_cpu_pilot/seen_base.json
-    python results/arithmetic_cpu_pilot/seen.py RUN/final/policy --json results/arithmetic_cpu_pilot/seen_X.json
+    python -m lab.pilot.seen base --json results/arithmetic_cpu_pilot/seen_base.json
+    python -m lab.pilot.seen RUN/final/policy --json results/arithmetic_cpu_pilot/seen_X.json
 
 Seen: the training draws of a seed-0 run's iterations 20-29 (draws 640-959 of the seed-0 stream, 32 per iteration,
 repeats kept), which it answered and was updated on. Unseen: the task's 200 held-out problems (never drawn in
@@ -13,15 +13,13 @@ import argparse
 import collections
 import json
 import math
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from cory import models  # noqa: E402
-from cory.assets import locate, model_spec  # noqa: E402
-from cory.tasks.arithmetic import ArithmeticTask  # noqa: E402
-from strata import score_stratum  # noqa: E402  (this folder, first on sys.path for a script run from it)
+from cory import models
+from cory.assets import locate, model_spec
+from cory.tasks.arithmetic import ArithmeticTask
+from lab.pilot.strata import score_stratum
 
 BATCH, FIRST, LAST = 32, 20, 29  # the iterations whose draws are "seen"
 
@@ -40,7 +38,7 @@ def main() -> None:
     seen = draws[BATCH * FIRST:]
     times = collections.Counter(ex.query for ex in draws)  # how often each seen problem was drawn in iterations 0-29
     sets = {"seen": seen, "unseen": task.eval_examples()}
-    out = {"command": f"python results/arithmetic_cpu_pilot/seen.py {args.model} --json {args.json}",
+    out = {"command": f"python -m lab.pilot.seen {args.model} --json {args.json}",
            "model": args.model, "seen": f"seed-0 training draws of iterations {FIRST}-{LAST}", "sets": {}}
     for name, examples in sets.items():
         out["sets"][name] = {}

@@ -4,16 +4,16 @@ Per method, agent and seed, the final models of the η values both methods ran f
 points sorted by KL. Both come from the held-out evaluations of the final models where every run of the sweep has
 one, else from the training window's final values. At each of PPO's own frontier points that lies inside the
 agent's KL range, the agent's reward (interpolated along its frontier) minus PPO's; a seed's endpoint is their
-mean. Tested as the claim at matched KL (``cory.lab.matched_kl.judge``): one-sided t-tests over seeds, Holm over
+mean. Tested as the claim at matched KL (``lab.matched_kl.judge``): one-sided t-tests over seeds, Holm over
 the agents, the design's margin.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from cory.lab.design import load_design
-from cory.lab.matched_kl import AgentReading, HeldoutPath, MatchedKL, SeedReading, judge, reward_at
-from cory.lab.results import POLICY, Experiment, Group, final_value, finite, heldout_value
+from lab.design import load_design
+from lab.matched_kl import AgentReading, HeldoutPath, MatchedKL, SeedReading, judge, reward_at
+from lab.results import POLICY, Experiment, Group, final_value, finite, heldout_value
 
 RULE = (
     "**The η frontier at matched KL** (paper Fig. 2c). Per method, agent and seed, the final models of the η values "

@@ -1,7 +1,7 @@
 """The base model's accuracy on training draws through the training path and through the evaluation path (DESIGN.md,
 "Stage 3, first: the path check"). Descriptive.
 
-    python results/arithmetic_cpu_pilot/paths.py --json results/arithmetic_cpu_pilot/paths.json
+    python -m lab.pilot.paths --json results/arithmetic_cpu_pilot/paths.json
 
 The first ``--n`` training problems of seed 0 (what a seed-0 run draws at its first iterations), answered by the
 embedded SmolLM2-135M before any update:
@@ -14,22 +14,21 @@ Each by stratum (one-digit sums, two-digit sums). The held-out set's strata thro
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from arithmetic_train.ppo import Hyperparameters  # noqa: E402
-from cory import models  # noqa: E402
-from cory.agent import make_agents  # noqa: E402
-from cory.assets import locate  # noqa: E402
-from cory.config import build  # noqa: E402
-from cory.rollout import Rollout  # noqa: E402
-from cory.tasks import make_task  # noqa: E402
-from strata import score_stratum, stratum  # noqa: E402  (this folder, first on sys.path for a script run from it)
+from arithmetic_train.ppo import Hyperparameters
+from cory import models
+from cory.agent import make_agents
+from cory.assets import locate
+from cory.config import build
+from cory.rollout import Rollout
+from cory.tasks import make_task
+from lab.pilot.strata import score_stratum, stratum
 
 
 def by_stratum(examples, rewards) -> dict:
@@ -77,7 +76,7 @@ def main() -> None:
         """(sampled, greedy) accuracy by stratum: ``evaluate_reward`` on each stratum's problems, as strata.py."""
         sampled, greedy = {}, {}
         for name in ("one_digit", "two_digit"):
-            part, res = score_stratum(model, reference.pretrained_model, tokenizer, task, subset, name,
+            part, res = score_stratum(model, cast(Any, reference).pretrained_model, tokenizer, task, subset, name,
                                       label=f"{label} {name}")
             for row, key in ((sampled, "task_reward"), (greedy, "greedy_reward")):
                 row[name] = {"n": len(part), "accuracy": res[key],
@@ -92,7 +91,7 @@ def main() -> None:
     show("training_path", training_path)
     ev_sampled, ev_greedy = evaluation_path(examples, "training draws")
     out = {
-        "command": "python results/arithmetic_cpu_pilot/paths.py --n %d --json %s" % (args.n, args.json),
+        "command": "python -m lab.pilot.paths --n %d --json %s" % (args.n, args.json),
         "model": cfg.model_name, "training_draws": f"seed 0, the first {args.n}",
         "one_digit_share_of_training_draws": sum(stratum(ex.query) == "one_digit" for ex in examples) / len(examples),
         "training_path": training_path,

@@ -1,6 +1,6 @@
 """One run of an experiment: what its folder already holds (``pair_state``), the command that trains it, the
 process that runs it (``execute``, with ``Children`` passing a stop signal on), and ``runs.json``'s record of it
-(``Record``). ``cory.lab.experiments`` plans the runs and drives them through these."""
+(``Record``). ``lab.experiments`` plans the runs and drives them through these."""
 from __future__ import annotations
 
 import contextlib
@@ -20,11 +20,11 @@ from pathlib import Path
 from cory.config import load_yaml
 from cory.errors import ConfigError
 from cory.final import final_complete
-from cory.lab.design import DESIGN_DIGEST, design_digest
+from lab.design import DESIGN_DIGEST, design_digest
 from cory.outputs import (LOCK, MANIFEST, RUNNER_PID, check_output_dir, copied_run, evaluation_refusal,
                           latest_checkpoint, read_jsonl, read_manifest, restart_refusal, run_finished)
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass

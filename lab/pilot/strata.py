@@ -3,8 +3,8 @@ two-digit numbers in the task's held-out set as the checkout builds it (27 and 1
 set, 84 and 116 since), for the base model and for a run's checkpoint, and both weighted to the training mix (51%
 one-digit). Descriptive.
 
-    python results/arithmetic_cpu_pilot/strata.py base --json results/arithmetic_cpu_pilot/strata_base.json
-    python results/arithmetic_cpu_pilot/strata.py RUN_DIR/checkpoint-N --json results/arithmetic_cpu_pilot/strata_X.json
+    python -m lab.pilot.strata base --json results/arithmetic_cpu_pilot/strata_base.json
+    python -m lab.pilot.strata RUN_DIR/checkpoint-N --json results/arithmetic_cpu_pilot/strata_X.json
 
 Each stratum is scored as a run's held-out evaluation scores it (``cory.heldout.evaluate_reward``: sampled at T = 1
 as in training, and greedy; 20-token answers; seed 0), on the stratum's problems alone.
@@ -12,18 +12,16 @@ as in training, and greedy; 20-token answers; seed 0), on the stratum's problems
 import argparse
 import json
 import re
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from cory import models  # noqa: E402
-from cory.assets import locate  # noqa: E402
-from cory.heldout import evaluate_reward  # noqa: E402
-from cory.outputs import load_checkpoint_file  # noqa: E402
-from cory.tasks.arithmetic import ArithmeticTask  # noqa: E402
+from cory import models
+from cory.assets import locate
+from cory.heldout import evaluate_reward
+from cory.outputs import load_checkpoint_file
+from cory.tasks.arithmetic import ArithmeticTask
 
 TRAINING_ONE_DIGIT_SHARE = 0.51  # measured: 2,000 training draws of sums_2x12 (DESIGN.md)
 

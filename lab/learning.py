@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cory.lab.results import POLICY, LAST_N, Experiment, Group, curve, fmt, heldout_value
+from lab.results import POLICY, LAST_N, Experiment, Group, curve, fmt, heldout_value
 
 ALPHA = 0.05
 
