@@ -15,48 +15,14 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from cory.metrics import degeneration
-# prompts that all begin with MIN_SHARED_PREFIX or more equal tokens (a one-shot example) read them once per batch
-from cory.packing import MIN_SHARED_PREFIX, shared_prefix_length
+# prompts that begin alike (a one-shot example) read that beginning once per batch
+from cory.generation import left_pad as _left_pad
+from cory.generation import positions as _positions
+from cory.generation import with_shared_prefix as _with_shared_prefix
 from cory.rollout import checked_scores, stop_at, tokenize_prompts
 from cory.tasks.base import TRAINING_SAMPLING, check_examples
 
 BATCH_SIZE = 32  # sequences per generate() call, unless told otherwise
-
-
-def _left_pad(seqs: Sequence[Sequence[int]], pad_id: int):
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if s:
-            ids[i, width - len(s):] = torch.tensor(list(s), dtype=torch.long)
-            mask[i, width - len(s):] = 1
-    return ids, mask
-
-
-def _positions(mask):
-    # Left padding shifts every sequence: position ids must count real tokens only, as generate() does.
-    return (mask.cumsum(-1) - 1).clamp(min=0)
-
-
-def _with_shared_prefix(model, prompts: Sequence[Sequence[int]], tails: Sequence[Sequence[int]], pad_id: int):
-    """The batch of ``prompts`` (each followed by its ``tails`` entry) for a forward pass or generate(): the
-    prompts' shared prefix read once and its cache repeated per row, then each row's rest left-padded behind it
-    (padding in the middle, masked; positions count real tokens only, so every row sees the positions it would
-    see unpadded). Returns (ids, mask, positions, cache) where ids and positions cover the rest only and mask the
-    prefix too; cache is None (ids the whole left-padded rows) when the prompts share too little."""
-    n = shared_prefix_length(prompts)
-    device = next(model.parameters()).device
-    if n < MIN_SHARED_PREFIX:
-        ids, mask = _left_pad([list(p) + list(t) for p, t in zip(prompts, tails)], pad_id)
-        return ids.to(device), mask.to(device), _positions(mask).to(device), None
-    ids, rest_mask = _left_pad([list(p[n:]) + list(t) for p, t in zip(prompts, tails)], pad_id)
-    mask = torch.cat([torch.ones((len(prompts), n), dtype=torch.long), rest_mask], dim=1)
-    positions = _positions(mask)[:, n:]
-    with torch.inference_mode():
-        cache = model(input_ids=torch.tensor([list(prompts[0][:n])], device=device), use_cache=True).past_key_values
-    cache.batch_repeat_interleave(len(prompts))
-    return ids.to(device), mask.to(device), positions.to(device), cache
 
 
 def sequence_kl(model, reference, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],

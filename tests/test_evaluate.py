@@ -236,7 +236,7 @@ def test_shared_prompt_cache_gives_the_same_answers(spec):
 
 
 def test_shared_prefix_length_hand_examples():
-    from cory.heldout import shared_prefix_length
+    from cory.generation import shared_prefix_length
 
     assert shared_prefix_length([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 9]]) == 2
     assert shared_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2      # each prompt keeps a token of its own
@@ -248,7 +248,7 @@ def test_shared_prefix_length_hand_examples():
 def test_shared_prefix_read_once_changes_nothing(spec, monkeypatch):
     """Prompts beginning with the same one-shot example read it once (batch 1) and share its keys and values: the
     sampled draws, the greedy answers and the KL are those of the plain left-padded batch (GPT-2 and Llama)."""
-    from cory import heldout
+    from cory import generation, heldout
     from cory.lab.evaluate import load_model
 
     tok = models.load_tokenizer(locate(spec))
@@ -259,10 +259,10 @@ def test_shared_prefix_read_once_changes_nothing(spec, monkeypatch):
             p.add_(0.05 * torch.randn(p.shape, generator=gen))
     shot = "Question: What is 12 + 7?\nAnswer: 12 + 7 = 19. The answer is 19.\n\nQuestion: What is "
     prompts = [tok(shot + q + "?\nAnswer:")["input_ids"] for q in ("4 - 9", "13 + 28", "7 + 1", "60 - 3")]
-    assert heldout.shared_prefix_length(prompts) >= heldout.MIN_SHARED_PREFIX
+    assert generation.shared_prefix_length(prompts) >= generation.MIN_SHARED_PREFIX
 
     def read(min_shared):
-        monkeypatch.setattr(heldout, "MIN_SHARED_PREFIX", min_shared)
+        monkeypatch.setattr(generation, "MIN_SHARED_PREFIX", min_shared)
         torch.manual_seed(0)
         sampled = heldout.sample(model, tok, prompts, 8)
         greedy = heldout.sample(model, tok, prompts, 8, greedy=True)
