@@ -7,6 +7,7 @@ Used by ``python -m cory.lab.evaluate`` on saved models and by a training run's 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import sys
 from typing import Sequence
 
@@ -50,19 +51,26 @@ def sequence_kl_and_base_logprob(model, reference, prompts: Sequence[Sequence[in
         return [], []
 
     def next_token_logprobs(m):
-        # logits at position t predict token t+1; the response sits at the right end of every row
+        # logits at position t predict token t+1; the response sits at the right end of every row, so only the
+        # last (longest response + 1) positions reach the vocabulary projection, where the model allows
         ids, mask, positions, cache = _with_shared_prefix(m, prompts, responses, pad_id)
         width = ids.shape[1]
         is_response = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
         for i, r in enumerate(responses):
             if len(r):
                 is_response[i, width - len(r):] = True
-        logits = m(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache).logits
+        kept = min(width, max(len(r) for r in responses) + 1)
+        window = {"logits_to_keep": kept} if _keeps_logits(m) else {}
+        logits = m(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                   **window).logits[:, -kept:]
+        is_response, ids = is_response[:, width - kept:], ids[:, width - kept:]
         return F.log_softmax(logits[:, :-1][is_response[:, 1:]].float(), dim=-1), ids[:, 1:][is_response[:, 1:]]
 
     with torch.inference_mode():
-        logp = next_token_logprobs(model)[0] if policy_logprobs is None else policy_logprobs
         logq, tokens = next_token_logprobs(reference)
+        # the reference's own weights (the base model before training) read once: their KL is 0 exactly
+        logp = (logq if model is reference else next_token_logprobs(model)[0]) if policy_logprobs is None \
+            else policy_logprobs
         per_token = (logp.exp() * (logp - logq.to(logp.device))).sum(-1).cpu()
         base_logprob = logq.gather(-1, tokens[:, None])[:, 0].cpu()
     kls, logprobs, start = [], [], 0
@@ -71,6 +79,11 @@ def sequence_kl_and_base_logprob(model, reference, prompts: Sequence[Sequence[in
         logprobs.append(float(base_logprob[start:start + len(r)].mean()) if len(r) else 0.0)
         start += len(r)
     return kls, logprobs
+
+
+def _keeps_logits(model) -> bool:
+    """Whether ``model``'s forward projects only its last positions onto the vocabulary when asked."""
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
 def _response_ids(row: list[int], eos_id: int | None, pad_id: int | None) -> list[int]:
@@ -153,7 +166,7 @@ def evaluate_reward(model, reference, tokenizer, task, examples, *, max_new_toke
     the pioneer's prompt alone. ``greedy``: also the reward of greedy answers (``greedy_reward``); a task with a
     ``parseable(answer)`` test also gets the share of sampled answers it holds for (``parseable_share``)."""
     torch.manual_seed(seed)
-    texts, tokens, rewards, kls, logprobs, greedy_rewards = [], [], [], [], [], []
+    texts, tokens, rewards, kls, logprobs, greedy_rewards, all_prompts = [], [], [], [], [], [], []
     # the base model against itself reads both sides the same way: its KL is 0 exactly, not float noise
     from_sampling = model is not reference and not same_weights(model, reference)
     stop = stop_at(tokenizer, task.stop)
@@ -172,18 +185,20 @@ def evaluate_reward(model, reference, tokenizer, task, examples, *, max_new_toke
                 responses, policy_logprobs = sample(model, tokenizer, prompts, max_new_tokens, extra), None
             answers = [task.clean_response(tokenizer.decode(r, skip_special_tokens=True)) for r in responses]
             rewards += checked_scores(task, chunk, answers, reward_name)
-            chunk_kls, chunk_logprobs = sequence_kl_and_base_logprob(model, reference, prompts, responses,
+            # equal weights: the reference's reading serves both sides
+            chunk_kls, chunk_logprobs = sequence_kl_and_base_logprob(model if from_sampling else reference,
+                                                                     reference, prompts, responses,
                                                                      tokenizer.pad_token_id, policy_logprobs)
             del policy_logprobs
             kls += chunk_kls
             logprobs += chunk_logprobs
-            if greedy:  # after the sampled answers, so that they draw what they would without this reading
-                greedy_answers = [task.clean_response(tokenizer.decode(r, skip_special_tokens=True))
-                                  for r in sample(model, tokenizer, prompts, max_new_tokens, extra, greedy=True)]
-                greedy_rewards += checked_scores(task, chunk, greedy_answers, reward_name)
+            all_prompts += prompts
             texts += answers
             tokens += responses
             bar.update(len(chunk))
+    if greedy:  # after the sampled answers, so that they draw what they would without this reading
+        greedy_rewards = _greedy_rewards(model, tokenizer, task, examples, all_prompts, max_new_tokens, extra,
+                                         batch_size, reward_name)
     return {
         "task_reward": float(sum(rewards) / len(rewards)),
         # the spread of one answer's reward: the mean's sampling error is reward_sd / sqrt(n_prompts)
@@ -198,6 +213,27 @@ def evaluate_reward(model, reference, tokenizer, task, examples, *, max_new_toke
         "samples": [{"query": ex.query, "response": t, "reward": r}
                     for ex, t, r in list(zip(examples, texts, rewards))[:5]],
     }
+
+
+# On a CPU a decoding step's matrix products run at about half speed at 32 rows (the vocabulary projection, the
+# largest, at 15-18 GFLOP/s against 27-37 at 200-1000 rows, one AVX2 core): greedy answers, which draw nothing, are
+# taken for many prompts at once, up to this many tokens of prompt and answer per call
+GREEDY_CPU_TOKENS = 16384
+
+
+def _greedy_rewards(model, tokenizer, task, examples, prompts, max_new_tokens, extra, batch_size, reward_name):
+    """The task reward of ``model``'s greedy answers to ``prompts``: on a CPU in calls of up to
+    ``GREEDY_CPU_TOKENS`` tokens, else of ``batch_size`` prompts. Each answer is its row's own argmax path
+    whatever the batch (up to float rounding: tests/test_evaluate.py)."""
+    rows = batch_size
+    if next(model.parameters()).device.type == "cpu":
+        rows = max(batch_size, GREEDY_CPU_TOKENS // (max(map(len, prompts)) + max_new_tokens))
+    rewards = []
+    for start in range(0, len(prompts), rows):
+        answers = [task.clean_response(tokenizer.decode(r, skip_special_tokens=True)) for r in
+                   sample(model, tokenizer, prompts[start:start + rows], max_new_tokens, extra, greedy=True)]
+        rewards += checked_scores(task, examples[start:start + rows], answers, reward_name)
+    return rewards
 
 
 class PeriodicEvaluation:

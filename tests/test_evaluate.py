@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 from conftest import REPO
 from cory import assets, models
 from cory.assets import locate
-from cory.heldout import sequence_kl
+from cory.heldout import evaluate_reward, sequence_kl
 from cory.lab.evaluate import main
 from cory.metrics import distinct_n
 
@@ -307,6 +307,48 @@ def test_kl_from_the_sampling_logits_is_the_second_pass_kl(spec, shot):
     assert one_pass[0] == pytest.approx(two_pass[0], rel=1e-4, abs=1e-5)
     assert one_pass[1] == two_pass[1]  # the reference's side is read as before
     assert min(two_pass[0]) > 0
+
+
+@pytest.mark.parametrize("spec", ["tiny", "random:llama-tiny"])
+def test_evaluation_shortcuts_give_the_plain_numbers(spec, monkeypatch):
+    """What a held-out evaluation skips or batches differently for speed gives the plain reading's numbers (GPT-2
+    and Llama): greedy answers for every prompt in one call (on a CPU) are the batch-by-batch ones; the KL pass
+    projects only the answers' positions onto the vocabulary; the base model (equal weights) is read once for
+    both sides of its KL, which stays 0, with the base log-likelihood of two readings."""
+    from cory import heldout
+    from cory.lab.evaluate import load_model
+    from cory.tasks.arithmetic import ArithmeticTask
+
+    tok = models.load_tokenizer(locate(spec))
+    model, reference, base = load_model(spec), load_model(spec), load_model(spec)
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    task = ArithmeticTask("sums_2x12")
+    examples = task.eval_examples(7)
+
+    def evaluate(m):
+        return evaluate_reward(m, reference, tok, task, examples, max_new_tokens=8, batch_size=3, seed=0,
+                               reward_name="correctness", allow_early_eos=True, progress=False, greedy=True)
+
+    together = evaluate(model)
+    monkeypatch.setattr(heldout, "GREEDY_CPU_TOKENS", 0)  # one call per batch of 3, as before
+    assert evaluate(model) == together
+
+    prompts = [tok(ex.prompt)["input_ids"] for ex in examples]
+    torch.manual_seed(0)
+    drawn = heldout.sample(model, tok, prompts, 8)
+    window = heldout.sequence_kl_and_base_logprob(model, reference, prompts, drawn, tok.pad_token_id)
+    monkeypatch.setattr(heldout, "_keeps_logits", lambda m: False)
+    whole = heldout.sequence_kl_and_base_logprob(model, reference, prompts, drawn, tok.pad_token_id)
+    assert window[0] == pytest.approx(whole[0], rel=1e-5, abs=1e-6)
+    assert window[1] == pytest.approx(whole[1], rel=1e-6, abs=1e-6)
+
+    once = heldout.sequence_kl_and_base_logprob(reference, reference, prompts, drawn, tok.pad_token_id)
+    twice = heldout.sequence_kl_and_base_logprob(base, reference, prompts, drawn, tok.pad_token_id)
+    assert once == twice and set(once[0]) == {0.0}
+    assert evaluate(base)["kl"] == 0.0
 
 
 def test_periodic_evaluation_reads_agents_with_equal_weights_once(monkeypatch):
