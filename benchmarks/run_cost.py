@@ -53,6 +53,77 @@ def child(tree: str, method: str, timings: str, argv: list[str]) -> None:
     runpy.run_path(f"arithmetic_train/{method}.py", run_name="__main__")
 
 
+def phases(tree: str, preset: str, problems: int, out: str) -> None:
+    """In ``tree``: the parts of a PPO run at the arithmetic ``preset`` that changed, timed one by one, into
+    ``out`` (JSON): one training generation (a batch of the preset's prompts), the held-out evaluation of the base
+    model (iteration 0) and of a trained-like policy (2% noise on its weights, fixed seed) on the first
+    ``problems`` held-out problems. The PPO step is the same code at both commits and is not run."""
+    sys.path.insert(0, tree)
+    os.chdir(tree)
+    import torch
+
+    import arithmetic_train.ppo as script
+    from cory.config import build, load_yaml
+    from cory.train import prepare_run
+
+    settings = load_yaml(Path(tree) / "configs" / "arithmetic" / f"ppo_{preset}.yaml")
+    settings.update(output_dir=tempfile.mkdtemp(prefix="run_cost_phases_"), seed=6, steps=1, eval_every=1)
+    t0 = time.perf_counter()
+    run = prepare_run(build(script.Hyperparameters, settings))
+    doc = {"tree": tree, "load_s": time.perf_counter() - t0}
+    run.run_dir.start({}, resume_step=None, overwrite=True, method="ppo")
+    evaluation = run.heldout_evaluation()
+    evaluation.examples = evaluation.examples[:problems]
+    (name, agent), = run.agents.items()
+    model = agent.policy.pretrained_model
+
+    def timed(key, fn):
+        t = time.perf_counter()
+        result = fn()
+        doc[f"{key}_s"] = time.perf_counter() - t
+        return result
+
+    doc["base_eval"] = timed("base_eval", lambda: evaluation({name: model}, 0))
+    batch = run.task.sample(run.cfg.batch_size)
+    prompts = run.rollout.prompts(batch)
+    torch.manual_seed(0)
+    answers = timed("generation", lambda: run.rollout.answer(agent, prompts))
+    doc["generation_answers"] = [a.tolist() for a in answers.ids]
+    noise = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for w in model.parameters():
+            if w.dim() > 1:
+                w.add_(0.02 * w.std() * torch.randn(w.shape, generator=noise))
+    doc["trained_eval"] = timed("trained_eval", lambda: evaluation({name: model}, 1))
+    Path(out).write_text(json.dumps(doc))
+
+
+def one_phases(tree: Path, args, out: Path) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--phases", str(tree), args.preset, str(args.problems),
+           str(out)]
+    if args.cpu is not None:
+        cmd = ["taskset", "-c", str(args.cpu), *cmd]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(tree))
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if p.returncode:
+        raise SystemExit(f"error: the phases in {tree} failed ({p.returncode}): {p.stderr.strip()[-2000:]}")
+    doc = json.loads(out.read_text())
+    doc.update(wall_s=time.perf_counter() - t0, commit=_commit(tree))
+    return doc
+
+
+def phases_agree(a: dict, b: dict) -> dict:
+    worst = 0.0
+    for key in ("base_eval", "trained_eval"):
+        for ra, rb in zip(a[key], b[key]):
+            for k in NUMBERS:
+                if k in ra:
+                    worst = max(worst, abs(ra[k] - rb[k]) / max(abs(ra[k]), 1e-6))
+    return {"same_training_answers": a["generation_answers"] == b["generation_answers"],
+            "largest_relative_difference": worst}
+
+
 def one_run(tree: Path, args, out: Path) -> dict:
     timings = out / "eval_seconds.jsonl"
     argv = ["--config", f"configs/arithmetic/{args.method}_{args.preset}.yaml", "--seed", str(args.seed), "--steps",
@@ -122,7 +193,11 @@ def main(argv=None) -> None:
     p.add_argument("--pairs", type=int, default=1)
     p.add_argument("--cpu", type=int, default=None, help="pin every run to this core (taskset)")
     p.add_argument("--json", required=True)
+    p.add_argument("--problems", type=int, default=0, help="instead of whole runs, the changed parts alone "
+                   "(generation, base and trained evaluation on this many held-out problems; phases())")
     args = p.parse_args(argv)
+    if args.problems:
+        return main_phases(args, argv)
     doc = {"command": " ".join([PROGRAM, *(argv or sys.argv[1:])]), "cpu": _cpu(), "method": args.method,
            "steps": args.steps, "eval_every": args.eval_every, "seed": args.seed, "pairs": []}
     with tempfile.TemporaryDirectory(prefix="run_cost_") as tmp:
@@ -145,7 +220,30 @@ def main(argv=None) -> None:
                   f"{pair['agreement']}", flush=True)
 
 
+def main_phases(args, argv) -> None:
+    doc = {"command": " ".join([PROGRAM, *(argv or sys.argv[1:])]), "cpu": _cpu(), "problems": args.problems,
+           "pairs": []}
+    with tempfile.TemporaryDirectory(prefix="run_cost_") as tmp:
+        for i in range(args.pairs):
+            order = ("before", "after") if i % 2 == 0 else ("after", "before")
+            pair = {side: None for side in order}
+            for side in order:
+                pair[side] = one_phases(Path(getattr(args, side)).resolve(), args, Path(tmp) / f"{i}_{side}.json")
+                print(f"pair {i} {side}: " + ", ".join(f"{k} {v:.1f}" for k, v in pair[side].items()
+                                                       if k.endswith("_s")), flush=True)
+            pair["agreement"] = phases_agree(pair["before"], pair["after"])
+            pair["ratios"] = {k: pair["before"][k] / pair["after"][k] for k in
+                              ("generation_s", "base_eval_s", "trained_eval_s")}
+            doc["pairs"].append(pair)
+            doc["cpu"]["load_after"] = os.getloadavg()
+            Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+            print(f"pair {i}: {pair['ratios']}, {pair['agreement']}", flush=True)
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--phases":
+        phases(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+        raise SystemExit(0)
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:])
     else:
