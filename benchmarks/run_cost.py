@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import runpy
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -96,6 +97,7 @@ def phases(tree: str, preset: str, problems: int, out: str) -> None:
                 w.add_(0.02 * w.std() * torch.randn(w.shape, generator=noise))
     doc["trained_eval"] = timed("trained_eval", lambda: evaluation({name: model}, 1))
     Path(out).write_text(json.dumps(doc))
+    shutil.rmtree(settings["output_dir"], ignore_errors=True)
 
 
 def one_phases(tree: Path, args, out: Path) -> dict:
@@ -226,7 +228,7 @@ def main_phases(args, argv) -> None:
     with tempfile.TemporaryDirectory(prefix="run_cost_") as tmp:
         for i in range(args.pairs):
             order = ("before", "after") if i % 2 == 0 else ("after", "before")
-            pair = {side: None for side in order}
+            pair: dict = {}
             for side in order:
                 pair[side] = one_phases(Path(getattr(args, side)).resolve(), args, Path(tmp) / f"{i}_{side}.json")
                 print(f"pair {i} {side}: " + ", ".join(f"{k} {v:.1f}" for k, v in pair[side].items()
