@@ -14,7 +14,7 @@ import generation  # noqa: E402
 
 
 @pytest.mark.parametrize("flag,value,says", [
-    ("--variants", "dynamic,paged", "'paged' is not one of dynamic, static, static_compile"),
+    ("--variants", "dynamic,paged", "'paged' is not one of dynamic, shared_prefix, static, static_compile"),
     ("--new_tokens", "9,3", "must be N or MIN,MAX with 1 <= MIN <= MAX"),
     ("--prompt_tokens", "ten", "is not N or MIN,MAX"),
     ("--device", "tpu", "'tpu' is not one of cpu, cuda"),
