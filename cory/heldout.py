@@ -7,6 +7,7 @@ Used by ``python -m lab.evaluate`` on saved models and by a training run's own p
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import sys
 from typing import Sequence
 
@@ -15,48 +16,14 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from cory.metrics import degeneration, knowledge_transfer
-# prompts that all begin with MIN_SHARED_PREFIX or more equal tokens (a one-shot example) read them once per batch
-from cory.packing import MIN_SHARED_PREFIX, shared_prefix_length
+# prompts that begin alike (a one-shot example) read that beginning once per batch
+from cory.generation import left_pad as _left_pad
+from cory.generation import positions as _positions
+from cory.generation import with_shared_prefix as _with_shared_prefix
 from cory.rollout import checked_scores, stop_at, tokenize_prompts
 from cory.tasks.base import TRAINING_SAMPLING, check_examples, zero_one_reward
 
 BATCH_SIZE = 32  # sequences per generate() call, unless told otherwise
-
-
-def _left_pad(seqs: Sequence[Sequence[int]], pad_id: int):
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if s:
-            ids[i, width - len(s):] = torch.tensor(list(s), dtype=torch.long)
-            mask[i, width - len(s):] = 1
-    return ids, mask
-
-
-def _positions(mask):
-    # Left padding shifts every sequence: position ids must count real tokens only, as generate() does.
-    return (mask.cumsum(-1) - 1).clamp(min=0)
-
-
-def _with_shared_prefix(model, prompts: Sequence[Sequence[int]], tails: Sequence[Sequence[int]], pad_id: int):
-    """The batch of ``prompts`` (each followed by its ``tails`` entry) for a forward pass or generate(): the
-    prompts' shared prefix read once and its cache repeated per row, then each row's rest left-padded behind it
-    (padding in the middle, masked; positions count real tokens only, so every row sees the positions it would
-    see unpadded). Returns (ids, mask, positions, cache) where ids and positions cover the rest only and mask the
-    prefix too; cache is None (ids the whole left-padded rows) when the prompts share too little."""
-    n = shared_prefix_length(prompts)
-    device = next(model.parameters()).device
-    if n < MIN_SHARED_PREFIX:
-        ids, mask = _left_pad([list(p) + list(t) for p, t in zip(prompts, tails)], pad_id)
-        return ids.to(device), mask.to(device), _positions(mask).to(device), None
-    ids, rest_mask = _left_pad([list(p[n:]) + list(t) for p, t in zip(prompts, tails)], pad_id)
-    mask = torch.cat([torch.ones((len(prompts), n), dtype=torch.long), rest_mask], dim=1)
-    positions = _positions(mask)[:, n:]
-    with torch.inference_mode():
-        cache = model(input_ids=torch.tensor([list(prompts[0][:n])], device=device), use_cache=True).past_key_values
-    cache.batch_repeat_interleave(len(prompts))
-    return ids.to(device), mask.to(device), positions.to(device), cache
 
 
 def sequence_kl(model, reference, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
@@ -84,19 +51,26 @@ def sequence_kl_and_base_logprob(model, reference, prompts: Sequence[Sequence[in
         return [], []
 
     def next_token_logprobs(m):
-        # logits at position t predict token t+1; the response sits at the right end of every row
+        # logits at position t predict token t+1; the response sits at the right end of every row, so only the
+        # last (longest response + 1) positions reach the vocabulary projection, where the model allows
         ids, mask, positions, cache = _with_shared_prefix(m, prompts, responses, pad_id)
         width = ids.shape[1]
         is_response = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
         for i, r in enumerate(responses):
             if len(r):
                 is_response[i, width - len(r):] = True
-        logits = m(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache).logits
+        kept = min(width, max(len(r) for r in responses) + 1)
+        window = {"logits_to_keep": kept} if _keeps_logits(m) else {}
+        logits = m(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                   **window).logits[:, -kept:]
+        is_response, ids = is_response[:, width - kept:], ids[:, width - kept:]
         return F.log_softmax(logits[:, :-1][is_response[:, 1:]].float(), dim=-1), ids[:, 1:][is_response[:, 1:]]
 
     with torch.inference_mode():
-        logp = next_token_logprobs(model)[0] if policy_logprobs is None else policy_logprobs
         logq, tokens = next_token_logprobs(reference)
+        # the reference's own weights (the base model before training) read once: their KL is 0 exactly
+        logp = (logq if model is reference else next_token_logprobs(model)[0]) if policy_logprobs is None \
+            else policy_logprobs
         per_token = (logp.exp() * (logp - logq.to(logp.device))).sum(-1).cpu()
         base_logprob = logq.gather(-1, tokens[:, None])[:, 0].cpu()
     kls, logprobs, start = [], [], 0
@@ -105,6 +79,11 @@ def sequence_kl_and_base_logprob(model, reference, prompts: Sequence[Sequence[in
         logprobs.append(float(base_logprob[start:start + len(r)].mean()) if len(r) else 0.0)
         start += len(r)
     return kls, logprobs
+
+
+def _keeps_logits(model) -> bool:
+    """Whether ``model``'s forward projects only its last positions onto the vocabulary when asked."""
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
 def _response_ids(row: list[int], eos_id: int | None, pad_id: int | None) -> list[int]:
@@ -196,7 +175,7 @@ def evaluate_answers(model, reference, tokenizer, task, examples, *, max_new_tok
                      progress: bool = True, greedy: bool = False) -> tuple[dict, list[str], list[float]]:
     """``evaluate_reward``'s result, and every sampled answer (as the reward read it) with its reward."""
     torch.manual_seed(seed)
-    texts, tokens, rewards, kls, logprobs, greedy_rewards = [], [], [], [], [], []
+    texts, tokens, rewards, kls, logprobs, greedy_rewards, all_prompts = [], [], [], [], [], [], []
     # the base model against itself reads both sides the same way: its KL is 0 exactly, not float noise
     from_sampling = model is not reference and not same_weights(model, reference)
     stop = stop_at(tokenizer, task.stop)
@@ -215,18 +194,20 @@ def evaluate_answers(model, reference, tokenizer, task, examples, *, max_new_tok
                 responses, policy_logprobs = sample(model, tokenizer, prompts, max_new_tokens, extra), None
             answers = [task.clean_response(tokenizer.decode(r, skip_special_tokens=True)) for r in responses]
             rewards += checked_scores(task, chunk, answers, reward_name)
-            chunk_kls, chunk_logprobs = sequence_kl_and_base_logprob(model, reference, prompts, responses,
+            # equal weights: the reference's reading serves both sides
+            chunk_kls, chunk_logprobs = sequence_kl_and_base_logprob(model if from_sampling else reference,
+                                                                     reference, prompts, responses,
                                                                      tokenizer.pad_token_id, policy_logprobs)
             del policy_logprobs
             kls += chunk_kls
             logprobs += chunk_logprobs
-            if greedy:  # after the sampled answers, so that they draw what they would without this reading
-                greedy_answers = [task.clean_response(tokenizer.decode(r, skip_special_tokens=True))
-                                  for r in sample(model, tokenizer, prompts, max_new_tokens, extra, greedy=True)]
-                greedy_rewards += checked_scores(task, chunk, greedy_answers, reward_name)
+            all_prompts += prompts
             texts += answers
             tokens += responses
             bar.update(len(chunk))
+    if greedy:  # after the sampled answers, so that they draw what they would without this reading
+        greedy_rewards = _greedy_rewards(model, tokenizer, task, examples, all_prompts, max_new_tokens, extra,
+                                         batch_size, reward_name)
     return {
         "task_reward": float(sum(rewards) / len(rewards)),
         # the spread of one answer's reward: the mean's sampling error is reward_sd / sqrt(n_prompts)
@@ -261,6 +242,27 @@ def observer_transfer(model, tokenizer, task, examples, pioneer_answers: Sequenc
                    for r in sample(model, tokenizer, prompts, max_new_tokens, extra)]
         rewards += checked_scores(task, chunk, answers, reward_name)
     return knowledge_transfer(list(pioneer_rewards), rewards, zero_one_reward(task))
+
+
+# On a CPU a decoding step's matrix products run at about half speed at 32 rows (the vocabulary projection, the
+# largest, at 15-18 GFLOP/s against 27-37 at 200-1000 rows, one AVX2 core): greedy answers, which draw nothing, are
+# taken for many prompts at once, up to this many tokens of prompt and answer per call
+GREEDY_CPU_TOKENS = 16384
+
+
+def _greedy_rewards(model, tokenizer, task, examples, prompts, max_new_tokens, extra, batch_size, reward_name):
+    """The task reward of ``model``'s greedy answers to ``prompts``: on a CPU in calls of up to
+    ``GREEDY_CPU_TOKENS`` tokens, else of ``batch_size`` prompts. Each answer is its row's own argmax path
+    whatever the batch (up to float rounding: tests/test_evaluate.py)."""
+    rows = batch_size
+    if next(model.parameters()).device.type == "cpu":
+        rows = max(batch_size, GREEDY_CPU_TOKENS // (max(map(len, prompts)) + max_new_tokens))
+    rewards = []
+    for start in range(0, len(prompts), rows):
+        answers = [task.clean_response(tokenizer.decode(r, skip_special_tokens=True)) for r in
+                   sample(model, tokenizer, prompts[start:start + rows], max_new_tokens, extra, greedy=True)]
+        rewards += checked_scores(task, examples[start:start + rows], answers, reward_name)
+    return rewards
 
 
 class PeriodicEvaluation:

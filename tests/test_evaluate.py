@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 from conftest import REPO
 from cory import assets, models
 from cory.assets import locate
-from cory.heldout import sequence_kl
+from cory.heldout import evaluate_reward, sequence_kl
 from lab.evaluate import main
 from cory.metrics import distinct_n
 
@@ -236,7 +236,7 @@ def test_shared_prompt_cache_gives_the_same_answers(spec):
 
 
 def test_shared_prefix_length_hand_examples():
-    from cory.heldout import shared_prefix_length
+    from cory.generation import shared_prefix_length
 
     assert shared_prefix_length([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 9]]) == 2
     assert shared_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2      # each prompt keeps a token of its own
@@ -248,7 +248,7 @@ def test_shared_prefix_length_hand_examples():
 def test_shared_prefix_read_once_changes_nothing(spec, monkeypatch):
     """Prompts beginning with the same one-shot example read it once (batch 1) and share its keys and values: the
     sampled draws, the greedy answers and the KL are those of the plain left-padded batch (GPT-2 and Llama)."""
-    from cory import heldout
+    from cory import generation, heldout
     from lab.evaluate import load_model
 
     tok = models.load_tokenizer(locate(spec))
@@ -259,10 +259,10 @@ def test_shared_prefix_read_once_changes_nothing(spec, monkeypatch):
             p.add_(0.05 * torch.randn(p.shape, generator=gen))
     shot = "Question: What is 12 + 7?\nAnswer: 12 + 7 = 19. The answer is 19.\n\nQuestion: What is "
     prompts = [tok(shot + q + "?\nAnswer:")["input_ids"] for q in ("4 - 9", "13 + 28", "7 + 1", "60 - 3")]
-    assert heldout.shared_prefix_length(prompts) >= heldout.MIN_SHARED_PREFIX
+    assert generation.shared_prefix_length(prompts) >= generation.MIN_SHARED_PREFIX
 
     def read(min_shared):
-        monkeypatch.setattr(heldout, "MIN_SHARED_PREFIX", min_shared)
+        monkeypatch.setattr(generation, "MIN_SHARED_PREFIX", min_shared)
         torch.manual_seed(0)
         sampled = heldout.sample(model, tok, prompts, 8)
         greedy = heldout.sample(model, tok, prompts, 8, greedy=True)
@@ -307,6 +307,48 @@ def test_kl_from_the_sampling_logits_is_the_second_pass_kl(spec, shot):
     assert one_pass[0] == pytest.approx(two_pass[0], rel=1e-4, abs=1e-5)
     assert one_pass[1] == two_pass[1]  # the reference's side is read as before
     assert min(two_pass[0]) > 0
+
+
+@pytest.mark.parametrize("spec", ["tiny", "random:llama-tiny"])
+def test_evaluation_shortcuts_give_the_plain_numbers(spec, monkeypatch):
+    """What a held-out evaluation skips or batches differently for speed gives the plain reading's numbers (GPT-2
+    and Llama): greedy answers for every prompt in one call (on a CPU) are the batch-by-batch ones; the KL pass
+    projects only the answers' positions onto the vocabulary; the base model (equal weights) is read once for
+    both sides of its KL, which stays 0, with the base log-likelihood of two readings."""
+    from cory import heldout
+    from lab.evaluate import load_model
+    from cory.tasks.arithmetic import ArithmeticTask
+
+    tok = models.load_tokenizer(locate(spec))
+    model, reference, base = load_model(spec), load_model(spec), load_model(spec)
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    task = ArithmeticTask("sums_2x12")
+    examples = task.eval_examples(7)
+
+    def evaluate(m):
+        return evaluate_reward(m, reference, tok, task, examples, max_new_tokens=8, batch_size=3, seed=0,
+                               reward_name="correctness", allow_early_eos=True, progress=False, greedy=True)
+
+    together = evaluate(model)
+    monkeypatch.setattr(heldout, "GREEDY_CPU_TOKENS", 0)  # one call per batch of 3, as before
+    assert evaluate(model) == together
+
+    prompts = [tok(ex.prompt)["input_ids"] for ex in examples]
+    torch.manual_seed(0)
+    drawn = heldout.sample(model, tok, prompts, 8)
+    window = heldout.sequence_kl_and_base_logprob(model, reference, prompts, drawn, tok.pad_token_id)
+    monkeypatch.setattr(heldout, "_keeps_logits", lambda m: False)
+    whole = heldout.sequence_kl_and_base_logprob(model, reference, prompts, drawn, tok.pad_token_id)
+    assert window[0] == pytest.approx(whole[0], rel=1e-5, abs=1e-6)
+    assert window[1] == pytest.approx(whole[1], rel=1e-6, abs=1e-6)
+
+    once = heldout.sequence_kl_and_base_logprob(reference, reference, prompts, drawn, tok.pad_token_id)
+    twice = heldout.sequence_kl_and_base_logprob(base, reference, prompts, drawn, tok.pad_token_id)
+    assert once == twice and set(once[0]) == {0.0}
+    assert evaluate(base)["kl"] == 0.0
 
 
 def test_periodic_evaluation_reads_agents_with_equal_weights_once(monkeypatch):

@@ -14,7 +14,7 @@ import generation  # noqa: E402
 
 
 @pytest.mark.parametrize("flag,value,says", [
-    ("--variants", "dynamic,paged", "'paged' is not one of dynamic, static, static_compile"),
+    ("--variants", "dynamic,paged", "'paged' is not one of dynamic, shared_prefix, static, static_compile"),
     ("--new_tokens", "9,3", "must be N or MIN,MAX with 1 <= MIN <= MAX"),
     ("--prompt_tokens", "ten", "is not N or MIN,MAX"),
     ("--device", "tpu", "'tpu' is not one of cpu, cuda"),
@@ -55,7 +55,23 @@ def test_static_cache_samples_as_the_dynamic_cache(tmp_path):
         assert r["greedy_equal_to_dynamic"] == 1.0
 
 
-@pytest.mark.parametrize("part", ["1", "2", "3", "results", "results_scaled"])
+def test_the_shared_prefix_variant_answers_as_the_left_padded_batch(tmp_path):
+    """Issue 60's GPU call times the left-padded batch (ef285e3's training path) against the shared beginning read
+    once: the same greedy tokens, and a time per new token for each."""
+    out = tmp_path / "gen.json"
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "generation.py"), "--model", "tiny",
+                        "--batch_size", "4", "--prompt_tokens", "12,16", "--shared_tokens", "10", "--new_tokens", "6",
+                        "--calls", "2", "--variants", "dynamic,shared_prefix", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["shared_tokens"] == 10
+    for variant in ("dynamic", "shared_prefix"):
+        r = result["variants"][variant]
+        assert r["greedy_equal_to_dynamic"] == 1.0 and r["ms_per_new_token"] > 0
+
+
+@pytest.mark.parametrize("part", ["1", "2", "3", "gen", "results", "results_scaled"])
 def test_gpu_session_commands_pass_their_benchmarks_checks(part, tmp_path, monkeypatch):
     """The commands benchmarks/gpu_session.sh sends to a lent GPU (few, 10-minute calls) must not fail on a
     flag there: each one's arguments go through its benchmark's own parser, with CUDA stubbed as present."""
