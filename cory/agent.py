@@ -7,6 +7,7 @@ model, so nothing but the role changes at an exchange.
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 
 import torch
@@ -159,9 +160,22 @@ def native_bf16_cpu() -> bool:
     return cpu_bf16_kernels() != "emulated"
 
 
-def cpu_bf16_kernels() -> str:
-    """Which bfloat16 kernels this CPU runs: "amx" (AMX tiles), "avx512_bf16", or "emulated" (neither)."""
-    if torch.cpu._is_amx_tile_supported():
+# oneDNN's instruction sets (ONEDNN_MAX_CPU_ISA) that hold native bfloat16 instructions, and those with AMX tiles
+_ONEDNN_BF16 = ("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX10")
+_ONEDNN_AMX = ("AVX512_CORE_AMX", "AVX10_1_512_AMX", "AVX10_2_512_AMX")
+
+
+def cpu_bf16_kernels(capability: str | None = None, onednn_isa: str | None = None) -> str:
+    """Which bfloat16 kernels this CPU's math library will run: "amx" (AMX tiles), "avx512_bf16", or "emulated".
+    The CPU's flags, as far as the library uses them: ATen's kernels (``torch.backends.cpu.get_cpu_capability``,
+    lowered by ATEN_CPU_CAPABILITY) below AVX-512, or oneDNN capped (ONEDNN_MAX_CPU_ISA) below AVX512_CORE_BF16,
+    leave bfloat16 emulated whatever the CPU holds. ``capability`` and ``onednn_isa`` (tests): else asked."""
+    capability = torch.backends.cpu.get_cpu_capability() if capability is None else capability
+    isa = (os.environ.get("ONEDNN_MAX_CPU_ISA", "") if onednn_isa is None else onednn_isa).strip().upper()
+    capped = isa not in ("", "ALL", "DEFAULT")
+    if "AVX512" not in capability.upper() or (capped and not isa.startswith(_ONEDNN_BF16)):
+        return "emulated"
+    if torch.cpu._is_amx_tile_supported() and (not capped or isa.startswith(_ONEDNN_AMX)):
         return "amx"
     return "avx512_bf16" if torch.cpu._is_avx512_bf16_supported() else "emulated"
 

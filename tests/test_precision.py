@@ -81,6 +81,24 @@ def test_auto_is_the_default_and_follows_the_hardware_not_this_machine():
     assert "measured" in resolve_precision("auto", "cpu", kernels="avx512_bf16")[1]
 
 
+def test_auto_asks_what_the_math_library_will_run(monkeypatch):
+    """A CPU with AVX-512 BF16 whose library is held below it (ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2)
+    emulates bfloat16: auto must not pick it there for a speed-up measured on native kernels."""
+    from cory.agent import cpu_bf16_kernels
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert cpu_bf16_kernels("AVX512", "") == "avx512_bf16"
+    assert cpu_bf16_kernels("AVX2", "") == "emulated"                       # ATen's kernels held at AVX2
+    assert cpu_bf16_kernels("AVX512", "AVX2") == "emulated"                 # oneDNN capped below bf16
+    assert cpu_bf16_kernels("AVX512", "avx512_core_bf16") == "avx512_bf16"
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert cpu_bf16_kernels("AVX512", "") == "amx"
+    assert cpu_bf16_kernels("AVX512", "AVX512_CORE_BF16") == "avx512_bf16"  # AMX capped away, bf16 kept
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert cpu_bf16_kernels("AVX512") == "emulated" and resolve_precision("auto", "cpu")[0] == "fp32"
+
+
 def test_an_agent_computes_in_the_resolved_precision(setup, tmp_path, monkeypatch):
     tok, reference, policy, _, _ = setup
     cfg = build(IMDB_PPO, {"model_name": "tiny", "reward_model": "vader", "batch_size": 4, "mini_batch_size": 4,
