@@ -215,6 +215,13 @@ def check_one_checkpoint(checkpoint: Path, state: dict, agents) -> None:
         raise ConfigError(f"resume: {checkpoint / 'state.pt'} is the state after {state['step']} iterations, not "
                           f"after {folder_step} as its folder {checkpoint.name} says: it is not that checkpoint's "
                           f"own; {aside}")
+    rng = state.get("rng")
+    lacking = next((key for key in ("task", "rng") if key not in state), None) or next(
+        (f"rng.{key}" for key in ("torch", "numpy", "python", "length") if not isinstance(rng, dict) or key not in rng),
+        None)
+    if lacking:  # restore() would stop on it with a traceback, after the models have loaded
+        raise ConfigError(f"resume: {checkpoint / 'state.pt'} holds no {lacking!r} (damaged, or edited by hand), so "
+                          f"the run cannot be restored from it; {aside}")
     recorded = state.get("files")
     if not isinstance(recorded, dict):
         warnings.warn(f"resume: {checkpoint / 'state.pt'} records no digest of its agent files (saved before they "

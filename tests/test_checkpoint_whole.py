@@ -58,6 +58,24 @@ def test_an_agent_file_of_another_method_is_refused(finished, tmp_path):
     assert f"{checkpoint / 'policy.pt'} is not the file" in line and "sha256 differs" in line
 
 
+@pytest.mark.parametrize("drop", ["rng", "task", "rng.numpy"])
+def test_a_state_missing_what_restores_the_run_is_refused(finished, tmp_path, drop):
+    """A state.pt edited by hand (or damaged) without its random streams or data sampler: one line before any model
+    loads, where restore() raised a KeyError after they had."""
+    import torch
+
+    run = copy_run(finished, tmp_path, "ppo")
+    checkpoint = latest_checkpoint(run)
+    state = load_checkpoint_file(checkpoint / "state.pt")
+    if "." in drop:
+        del state["rng"][drop.split(".")[1]]
+    else:
+        del state[drop]
+    torch.save(state, checkpoint / "state.pt")
+    line = rejected("imdb", "ppo", ["--resume", run, "--steps", "3"])
+    assert f"{checkpoint / 'state.pt'} holds no {drop!r}" in line and f"move {checkpoint} aside" in line
+
+
 def test_a_checkpoint_saved_before_digests_resumes_with_a_warning(finished, tmp_path):
     """Older checkpoints recorded no digest: accepted (they were whole when saved), said once, step still checked."""
     run = copy_run(finished, tmp_path, "ppo")
