@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -200,7 +201,8 @@ def prepare_run(cfg: PPOArgs) -> Run | None:
     if plan is None:
         return None
     cuda_allocator_segments()
-    cuda_share()  # a bad share of the GPU fails here, before any model loads
+    if torch.cuda.is_available():  # a bad share of the GPU fails here, before any model loads; on a CPU it means nothing
+        cuda_share()
     rank, world = parallel.setup()
     lock = RunLock(cfg.output_dir).acquire() if rank == 0 else None
     try:
@@ -280,6 +282,10 @@ class _StopSignals:
         # mistakes the runner for its own parent
         self.runner = os.environ.pop(RUNNER_PID, None)
         self.runner_gone = False
+        if self.runner is not None and str(os.getppid()) != self.runner:
+            # not the runner's child (a variable exported in a shell, or inherited): it would read as the runner gone
+            warnings.warn(f"{RUNNER_PID}={self.runner} is not this run's parent process (pid {os.getppid()}): ignored")
+            self.runner = None
 
     @property
     def requested(self) -> bool:

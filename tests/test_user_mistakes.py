@@ -523,3 +523,18 @@ def test_yaml_anchors_aliases_and_merge_keys_are_yaml(tmp_path, text, expected):
         assert {k: data[k] for k in expected} == expected
     else:
         assert data["learning_rate"] == {"learning_rate": 1e-4, "batch_size": 4}
+
+
+def test_the_projects_environment_variables_act_only_where_they_mean_something(tmp_path):
+    """CORY_RUNNER_PID exported in a shell (not the run's parent) read as "the runner is gone" and stopped the run
+    after its first iteration; CORY_CUDA_SHARE, a share of a GPU, refused a CPU run over a bad value. Both are ignored
+    where they mean nothing: the run trains all its iterations."""
+    from conftest import run_script
+    from cory.outputs import read_jsonl
+
+    out = tmp_path / "run"
+    p = run_script("imdb_train/ppo.py", "--config", "configs/imdb/ppo_tiny.yaml", "--steps", "2", "--output_dir", out,
+                   env={"CORY_RUNNER_PID": "1", "CORY_CUDA_SHARE": "half", "CUDA_VISIBLE_DEVICES": ""})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [0, 1] and (out / "final").is_dir()
+    assert "CORY_RUNNER_PID=1 is not this run's parent process" in p.stderr and "gone" not in p.stderr
