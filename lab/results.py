@@ -326,8 +326,8 @@ def _misplaced(run: SeedRun, method: str, seed: int) -> str | None:
 
 
 def _other_tasks(root: Path, groups: dict[str, Group], notes: list[str]) -> None:
-    """Leave out, named with their task, the runs of another task than the folder's (runs.json's, else the task
-    most of its runs have): a run copied from another experiment."""
+    """Leave out, named with their task, the runs of another task than the folder's (runs.json's where some of its
+    runs are of it, else the task most of its runs have): a run copied from another experiment."""
     tasks = {(label, seed): _task_of(r) for label, g in groups.items() for seed, r in g.runs.items()}
     counts: dict[str, int] = {}
     for task in tasks.values():
@@ -337,7 +337,10 @@ def _other_tasks(root: Path, groups: dict[str, Group], notes: list[str]) -> None
         recorded = json.loads((root / "runs.json").read_text()).get("task")
     except (OSError, ValueError, AttributeError):
         recorded = None
-    expected = str(recorded) if recorded else max(sorted(counts), key=lambda t: counts[t], default=None)
+    # runs.json's task, where some runs are of it; a runs.json of another task than every run is the copied one, named
+    # by _runs_json and not used
+    expected = (str(recorded) if recorded and str(recorded) in counts
+                else max(sorted(counts), key=lambda t: counts[t], default=None))
     for (label, seed), task in tasks.items():
         if expected is not None and task is not None and task != expected:
             del groups[label].runs[seed]
