@@ -224,6 +224,27 @@ def evaluate_answers(model, reference, tokenizer, task, examples, *, max_new_tok
     }, texts, rewards
 
 
+def answers_and_rewards(model, tokenizer, task, examples, texts: Sequence[str] | None = None, *, max_new_tokens: int,
+                        batch_size: int, reward_name: str, extra: dict, greedy: bool = False,
+                        on_batch=None) -> tuple[list[str], list[float]]:
+    """``model``'s answers to ``examples`` as the reward reads them, and their rewards, ``batch_size`` prompts per
+    call: from ``texts`` (the observer's prompts), else each example's own prompt. ``on_batch(n)`` after each call
+    (a progress bar)."""
+    answers: list[str] = []
+    rewards: list[float] = []
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start:start + batch_size]
+        prompts = [ids.tolist() for ids in tokenize_prompts(
+            tokenizer, chunk, None if texts is None else list(texts[start:start + batch_size]))]
+        batch = [task.clean_response(tokenizer.decode(r, skip_special_tokens=True))
+                 for r in sample(model, tokenizer, prompts, max_new_tokens, extra, greedy=greedy)]
+        rewards += checked_scores(task, chunk, batch, reward_name)
+        answers += batch
+        if on_batch is not None:
+            on_batch(len(chunk))
+    return answers, rewards
+
+
 def observer_transfer(model, tokenizer, task, examples, pioneer_answers: Sequence[str],
                       pioneer_rewards: Sequence[float], *, max_new_tokens: int, batch_size: int, seed: int,
                       reward_name: str, allow_early_eos: bool = False) -> dict[str, float]:
@@ -231,16 +252,10 @@ def observer_transfer(model, tokenizer, task, examples, pioneer_answers: Sequenc
     answers each of ``examples`` from the observer's prompt with ``pioneer_answers[i]`` as its reference, sampled as
     in training; its rewards are read against the pioneer's (``pioneer_rewards``) on the same questions."""
     torch.manual_seed(seed)
-    stop = stop_at(tokenizer, task.stop)
-    extra = stop if allow_early_eos else {"min_new_tokens": max_new_tokens}
-    rewards: list[float] = []
-    for start in range(0, len(examples), batch_size):
-        chunk = examples[start:start + batch_size]
-        texts = [task.observer_prompt(ex, answer) for ex, answer in zip(chunk, pioneer_answers[start:])]
-        prompts = [ids.tolist() for ids in tokenize_prompts(tokenizer, chunk, texts)]
-        answers = [task.clean_response(tokenizer.decode(r, skip_special_tokens=True))
-                   for r in sample(model, tokenizer, prompts, max_new_tokens, extra)]
-        rewards += checked_scores(task, chunk, answers, reward_name)
+    extra = stop_at(tokenizer, task.stop) if allow_early_eos else {"min_new_tokens": max_new_tokens}
+    texts = [task.observer_prompt(ex, answer) for ex, answer in zip(examples, pioneer_answers)]
+    _, rewards = answers_and_rewards(model, tokenizer, task, examples, texts, max_new_tokens=max_new_tokens,
+                                     batch_size=batch_size, reward_name=reward_name, extra=extra)
     return knowledge_transfer(list(pioneer_rewards), rewards, zero_one_reward(task))
 
 

@@ -27,12 +27,12 @@ from tqdm.auto import tqdm
 
 from cory.assets import SMOLLM2_SPEC, locate
 from cory.errors import AssetError, ConfigError, EvalError, OneLineParser, RunError, file_fault
-from cory.heldout import BATCH_SIZE, sample
+from cory.heldout import BATCH_SIZE, answers_and_rewards
 from lab.figures import write_atomically
 from lab.runs import git_state
 from cory.models import load_causal_lm, load_tokenizer
 from cory.outputs import check_output_json, json_safe
-from cory.rollout import checked_scores, stop_at, tokenize_prompts
+from cory.rollout import stop_at
 from cory.tasks import check_examples, make_task, registered, task_spec
 from cory.tasks.base import zero_one_reward
 
@@ -106,23 +106,13 @@ def plan(argv: Sequence[str]) -> SimpleNamespace:
     return args
 
 
-def _answers(model, tokenizer, task, examples, texts, args, greedy: bool, label: str) -> list[float]:
-    """The task reward of ``model``'s answers to ``examples`` from ``texts`` (None: the pioneer's prompts)."""
-    extra = stop_at(tokenizer, task.stop)
+def _answers(model, tokenizer, task, examples, texts, args, greedy: bool, label: str) -> tuple[list[str], list[float]]:
+    """``model``'s answers to ``examples`` from ``texts`` (None: the pioneer's prompts) and their task rewards."""
     torch.manual_seed(args.seed)
-    rewards: list[float] = []
     with tqdm(total=len(examples), desc=label, unit="prompt", leave=False, file=sys.stderr) as bar:
-        for start in range(0, len(examples), args.batch_size):
-            chunk = examples[start:start + args.batch_size]
-            prompts = [ids.tolist() for ids in tokenize_prompts(
-                tokenizer, chunk, None if texts is None else texts[start:start + args.batch_size])]
-            answers = [task.clean_response(tokenizer.decode(r, skip_special_tokens=True))
-                       for r in sample(model, tokenizer, prompts, args.max_new_tokens, extra, greedy=greedy)]
-            rewards += checked_scores(task, chunk, answers, args.reward)
-            if texts is None:
-                args.pioneer_answers += answers
-            bar.update(len(chunk))
-    return rewards
+        return answers_and_rewards(model, tokenizer, task, examples, texts, max_new_tokens=args.max_new_tokens,
+                                   batch_size=args.batch_size, reward_name=args.reward,
+                                   extra=stop_at(tokenizer, task.stop), greedy=greedy, on_batch=bar.update)
 
 
 def run(args) -> dict:
@@ -136,13 +126,13 @@ def run(args) -> dict:
     examples = check_examples(task.sample(args.n), task=args.task, what=f"sample({args.n})",
                               vocab_size=len(tokenizer))
     model = load_causal_lm(spec, dtype=torch.float32, field="--model").eval()
-    args.pioneer_answers = []
-    pioneer = _answers(model, tokenizer, task, examples, None, args, greedy=False, label="pioneer (sampled)")
-    observer_prompts = [task.observer_prompt(ex, a) for ex, a in zip(examples, args.pioneer_answers)]
+    pioneer_answers, pioneer = _answers(model, tokenizer, task, examples, None, args, greedy=False,
+                                        label="pioneer (sampled)")
+    observer_prompts = [task.observer_prompt(ex, a) for ex, a in zip(examples, pioneer_answers)]
     readings = {mode: rates(pioneer, _answers(model, tokenizer, task, examples, observer_prompts, args,
-                                              greedy=mode == "greedy", label=f"observer ({mode})"))
+                                              greedy=mode == "greedy", label=f"observer ({mode})")[1])
                 for mode in ("greedy", "sampled")}
-    multi_line = sum("\n" in a.strip() for a in args.pioneer_answers) / len(examples)
+    multi_line = sum("\n" in a.strip() for a in pioneer_answers) / len(examples)
     return {"command": args.command, "commit": args.commit, "uncommitted_changes": args.dirty,
             "threads": torch.get_num_threads(),
             "task": args.task, "dataset": args.dataset, "model": args.model,
