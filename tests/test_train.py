@@ -112,6 +112,7 @@ def test_reset_on_swap_restarts_optimizer_state(tmp_path):
         assert agent.normalizer.count == pytest.approx(cfg.batch_size)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method,cls,over", [("cory", IMDB_CORY, {}), ("ppo", IMDB_PPO, {}),
                                              ("ppo", IMDB_PPO, {"value_head_init": "zero"})])
 def test_resume_equals_uninterrupted(tmp_path, method, cls, over):

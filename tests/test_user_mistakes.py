@@ -99,6 +99,7 @@ def test_stopped_before_a_checkpoint_the_advice_leads_somewhere(tmp_path):
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [0, 1, 2]
 
 
+@pytest.mark.slow
 def test_resume_of_a_run_without_checkpoint_restarts_it(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
@@ -152,6 +153,7 @@ def test_resume_refuses_changed_training_settings(finished, flags, field):
     assert (finished / "ppo" / "config.yaml").read_text() == before
 
 
+@pytest.mark.slow
 def test_resume_may_extend_a_finished_run(finished, tmp_path):
     run = tmp_path / "ppo"
     shutil.copytree(finished / "ppo", run)
@@ -464,6 +466,7 @@ def test_evaluate_names_the_flag_whose_tokenizer_cannot_pad(tmp_path, flag):
     assert line.startswith(f"error: {flag}: the tokenizer of {model} has no pad token"), line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("logger", ["wandb", "tensorboard"])
 def test_loggers_write_inside_the_run_folder(tmp_path, logger):
     cwd = tmp_path / "cwd"
