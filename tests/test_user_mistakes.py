@@ -304,6 +304,7 @@ def test_a_finished_run_cannot_be_shortened(finished):
     assert latest_checkpoint(finished / "ppo").name == "step_000002"
 
 
+@pytest.mark.slow
 def test_two_sigterms_exit_143(tmp_path):
     out = tmp_path / "run"
     proc = start(out, "--steps", "3", "--save_every", "100")
@@ -489,6 +490,7 @@ def test_loggers_write_inside_the_run_folder(tmp_path, logger):
 
 # ----------------------------------------------------------------------------- a resume, a value, a folder, YAML
 
+@pytest.mark.slow
 def test_resume_refuses_a_hand_edited_config(finished, tmp_path):
     out = tmp_path / "ppo"
     shutil.copytree(finished / "ppo", out)
@@ -528,6 +530,7 @@ def test_yaml_anchors_aliases_and_merge_keys_are_yaml(tmp_path, text, expected):
         assert data["learning_rate"] == {"learning_rate": 1e-4, "batch_size": 4}
 
 
+@pytest.mark.slow
 def test_the_projects_environment_variables_act_only_where_they_mean_something(tmp_path):
     """CORY_RUNNER_PID exported in a shell (not the run's parent) read as "the runner is gone" and stopped the run
     after its first iteration; CORY_CUDA_SHARE, a share of a GPU, refused a CPU run over a bad value. Both are ignored
