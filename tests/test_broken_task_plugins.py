@@ -33,6 +33,7 @@ def task_file(tmp_path, replace=(), name="kind_words.py"):
 
 # ----------------------------------------------------------------------------- its reward
 
+@pytest.mark.slow
 @pytest.mark.parametrize("score,message,status", [
     ("return [0.5] * (len(responses) - 1)", "returned 2 scores for 3 texts", 1),
     ("return [float('nan')] * len(responses)", "non-finite score (nan) on text 0", 1),
@@ -50,6 +51,7 @@ def test_evaluate_applies_trainings_score_checks(tmp_path, score, message, statu
     assert message.format(path=path) in line and not out.exists()
 
 
+@pytest.mark.slow
 def test_a_run_whose_every_iteration_was_skipped_says_so(tmp_path):
     path = task_file(tmp_path, [
         ("        return [sum(w.strip(\".,!?\").lower() in KIND for w in r.split()) / max(1, len(r.split()))\n"
@@ -63,12 +65,14 @@ def test_a_run_whose_every_iteration_was_skipped_says_so(tmp_path):
 
 # ----------------------------------------------------------------------------- its sampler, prompts and state
 
+@pytest.mark.slow
 def test_sample_returning_another_count_is_one_line(tmp_path):
     path = task_file(tmp_path, [("for i in range(batch_size)]", "for i in range(batch_size - 1)]")])
     line = one_line(run(path, "ppo", *TINY, "--steps", "1", "--output_dir", tmp_path / "r", cwd=tmp_path), 1)
     assert "task kind_words: sample(4) returned 3 examples" in line
 
 
+@pytest.mark.slow
 def test_an_observer_prompt_that_is_not_a_string_is_one_line(tmp_path):
     path = task_file(tmp_path, [('return f"{example.prompt}{pioneer_response}\\nNow say it more kindly:"',
                                  "return None")])
@@ -130,6 +134,7 @@ EVALUATE = ["-m", "lab.evaluate", "--task", "kind_words", "--model", "tiny", "--
             "--max_new_tokens", "3"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replace,message", [
     ((HELD, "        return []"), "task kind_words: eval_examples(None) returned no examples"),
     ((HELD, "        return [Example(query=s, prompt='x', prompt_ids=[99999999]) for s in HELD_OUT]"),
@@ -153,6 +158,7 @@ def test_evaluate_checks_a_plugin_where_it_enters(tmp_path, replace, message):
     assert not out.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replace,message", [
     ((SAMPLE, "        return [Example(query=s, prompt='x', prompt_ids=[-1]) for s in picks]"),
      "task kind_words: sample(4): example 0's prompt_ids holds -1, outside the tokenizer's vocabulary"),

@@ -47,6 +47,7 @@ def test_evaluation_section_averages_seeds(tmp_path):
     assert "n 4, limit 200" in text and "python -m lab.evaluate --task gsm8k --model X" in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("folder", RESULTS, ids=[p.name for p in RESULTS])
 def test_rerunning_a_committed_experiment_skips_every_run(folder, tmp_path):
     """Weights are not committed, so a fresh clone has each run's metrics without final/ or checkpoints/. Rerunning

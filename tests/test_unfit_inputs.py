@@ -73,6 +73,7 @@ def test_an_answer_length_that_cannot_fit_a_model_of_unknown_size(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script,args", [
     ("imdb_train/ppo.py", ["--model_name", "random:gpt2-large", "--reward_model", "vader", "--dataset", "builtin"]),
     ("imdb_train/cory.py", ["--config", "configs/imdb/cory_gpu.yaml"]),
