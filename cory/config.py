@@ -92,6 +92,8 @@ class PPOArgs:
     kl_penalty: str = arg(REQUIRED, "per-token KL estimate: full = the full-vocabulary KL(pi || pi0)", trl=True,
                           choices=("full", "kl", "abs", "mse"))
     max_grad_norm: float | None = arg(None, "clip the gradient norm (none = no clipping)", trl=True)
+    ratio_threshold: float = arg(10.0, "a mini-batch whose mean probability ratio passes this takes no update "
+                                 "(trl's rule and default)", trl=True)
     # a random head gives SmolLM2-135M values of -1.2 +- 0.7 from token to token against a 0/1 reward, so the first
     # advantages are mostly its noise (results/arithmetic_cpu_pilot/DESIGN.md, stage 6)
     value_head_init: str = arg("trl", "the value head's starting weights: trl = trl's random linear layer; zero = "
@@ -396,7 +398,7 @@ def validate(cfg: PPOArgs) -> None:
                 raise ConfigError(f"{name}: needed with use_peft: true")
         elif getattr(cfg, name) <= 0:
             raise ConfigError(f"{name}: must be > 0, got {getattr(cfg, name)}")
-    for name in ("learning_rate", "target", "horizon", "temperature", "repetition_penalty"):
+    for name in ("learning_rate", "target", "horizon", "temperature", "repetition_penalty", "ratio_threshold"):
         positive(name, integer=False)
     if not 0 <= cfg.seed < SEED_LIMIT:
         raise ConfigError(f"seed: must be in [0, 2**31), got {cfg.seed}")

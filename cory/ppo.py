@@ -22,13 +22,15 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+import warnings
 from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
-from trl import PPOTrainer
+from trl import PPOConfig, PPOTrainer
 from trl.core import PPODecorators, entropy_from_logits, masked_mean
 
+from cory.config import TRL_FIELDS, PPOArgs
 from cory.passes import (WindowOutputs, accepts_logits_to_keep, pass_plan, packs, resolve_budget, shared_tokens,
                          window_passes)
 
@@ -53,6 +55,15 @@ class KLController:
             return
         proportional_error = np.clip(current / self.target - 1, -0.2, 0.2)
         self.value *= 1 + proportional_error * n_steps / self.horizon
+
+
+def ppo_config(cfg: PPOArgs) -> PPOConfig:
+    """trl's PPOConfig from the fields that share its names (``cory.config`` marks them): what trl's trainer is
+    built with; ``AgentTrainer``'s step reads ``cfg`` itself."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return PPOConfig(exp_name="cory", log_with=None, remove_unused_columns=False,
+                         **{name: getattr(cfg, name) for name in TRL_FIELDS})
 
 
 def kl_controller(config) -> KLController:
@@ -131,6 +142,18 @@ def per_token_rewards(scores: torch.Tensor, kl: torch.Tensor, masks: torch.Tenso
     return rewards, non_score
 
 
+def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -> torch.Tensor:
+    """The per-token KL estimate from the sampled tokens' two log-probs, for ``kl_penalty`` kl, abs or mse (trl's
+    ``_kl_penalty``; ``full``, the whole vocabulary's, is taken in the rollout pass)."""
+    if kind == "kl":
+        return logprobs - ref_logprobs
+    if kind == "abs":
+        return (logprobs - ref_logprobs).abs()
+    if kind == "mse":
+        return 0.5 * (logprobs - ref_logprobs).square()
+    raise ValueError(f"kl_penalty: {kind!r} has no per-token estimate here")
+
+
 def gae(values: torch.Tensor, rewards: torch.Tensor, masks: torch.Tensor, gamma: float, lam: float):
     """(advantages, returns), [B, W] each: generalised advantage estimation over the response, from its last token
     backwards: δ_t = r_t + γ·V_{t+1} − V_t, A_t = δ_t + γλ·A_{t+1}; returns = A + V. Past a response's end values
@@ -182,7 +205,7 @@ class MinibatchStats:
     total_loss: float     # policy_loss + vf_coef × value_loss (likewise)
     token_entropy: float  # the mean entropy of the next-token distribution at the response's positions
     approx_kl: float      # ½·mean (log π − log π_old)²: how far this update moved the policy
-    policy_kl: float      # mean (log π_old − log π), what early_stopping reads
+    policy_kl: float      # mean (log π_old − log π), what trl's early_stopping reads (off in trl, not carried here)
     skipped: bool         # the mean ratio passed ratio_threshold: trl zeroes this mini-batch's update
     clip_fraction: float  # the share of tokens whose ratio was clipped
     mean_value: float     # the value head's mean prediction
@@ -245,16 +268,20 @@ class StepStats:
 
 
 class AgentTrainer(PPOTrainer):
-    """trl's PPOTrainer with the PPO step of this module. ``max_pass_tokens``: the most tokens one forward pass
-    may hold (0 = no limit, "auto" = measured on the GPU at the first step); ``reserve_bytes``: memory the agents'
-    gradients and Adam moments will take, kept out of an "auto" budget; ``pack``: padding-free passes where the
-    model allows; ``reuse_rollout``: with one mini-batch per epoch, the rollout pass (same weights, same inputs)
-    is also epoch 0's training pass, so that pass is not run twice."""
+    """trl's PPOTrainer with the PPO step of this module. ``args``: the run's config (``cory.config.PPOArgs``),
+    the one place the step reads its settings from; trl's ``PPOConfig`` (``config``, built from ``args`` by
+    ``ppo_config``) sets up trl's trainer (accelerator, seed) and nothing is read back from it.
+    ``max_pass_tokens``: the most tokens one forward pass may hold (0 = no limit, "auto" = measured on the GPU at
+    the first step); ``reserve_bytes``: memory the agents' gradients and Adam moments will take, kept out of an
+    "auto" budget; ``pack``: padding-free passes where the model allows; ``reuse_rollout``: with one mini-batch per
+    epoch, the rollout pass (same weights, same inputs) is also epoch 0's training pass, so that pass is not run
+    twice."""
 
-    def __init__(self, *args, max_pass_tokens: int | str = 0, reserve_bytes: float = 0.0, pack: bool = True,
-                 reuse_rollout: bool = True, compute=None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.kl_ctl = kl_controller(self.config)
+    def __init__(self, *trl_args, args: PPOArgs, max_pass_tokens: int | str = 0, reserve_bytes: float = 0.0,
+                 pack: bool = True, reuse_rollout: bool = True, compute=None, **kwargs):
+        super().__init__(*trl_args, **kwargs)
+        self.args = args
+        self.kl_ctl = kl_controller(args)
         self.max_pass_tokens, self.reserve_bytes = max_pass_tokens, reserve_bytes
         self.pack, self.reuse_rollout = pack, reuse_rollout
         # compute(cache): the precision region the passes run in (bf16: autocast); with ``cache`` each weight is
@@ -267,10 +294,10 @@ class AgentTrainer(PPOTrainer):
         if response_masks is not None or self.is_encoder_decoder or not self._windowable():
             with self.compute(False):
                 return StepStats.from_trl(super().step(queries, responses, scores, response_masks))
-        queries, responses, scores, _ = self._step_safety_checker(self.config.batch_size, queries, responses, scores)
+        queries, responses, scores, _ = self._step_safety_checker(self.args.batch_size, queries, responses, scores)
         scores = torch.tensor(scores, device=self.current_device)
-        if self.config.score_clip is not None:
-            scores = torch.clip(scores.float(), -self.config.score_clip, self.config.score_clip).to(scores.dtype)
+        if self.args.score_clip is not None:
+            scores = torch.clip(scores.float(), -self.args.score_clip, self.args.score_clip).to(scores.dtype)
         if self.max_pass_tokens == "auto":
             self.max_pass_tokens = resolve_budget(self, queries, responses, self.reserve_bytes)
         seconds, t0 = {}, time.time()
@@ -289,27 +316,25 @@ class AgentTrainer(PPOTrainer):
         # 3. advantages: GAE over each response, then whitened over the batch (the values masked to the response;
         # trl's whiten_rewards, off by default, is not a field here)
         batch.values = batch.values * batch.masks
-        advantages, batch.returns = gae(batch.values, batch.rewards, batch.masks, self.config.gamma, self.config.lam)
+        advantages, batch.returns = gae(batch.values, batch.rewards, batch.masks, self.args.gamma, self.args.lam)
         batch.advantages = whiten(advantages, batch.masks).detach()
 
         # 4. ppo_epochs passes over the batch in shuffled mini-batches, one optimizer step each
         t = time.time()
         minibatches = []
-        for epoch in range(self.config.ppo_epochs):
+        for epoch in range(self.args.ppo_epochs):
             order = np.random.permutation(len(queries))  # trl shuffles with numpy's global generator
-            for start in range(0, len(queries), self.config.mini_batch_size):
-                index = order[start:start + self.config.mini_batch_size]
+            for start in range(0, len(queries), self.args.mini_batch_size):
+                index = order[start:start + self.args.mini_batch_size]
                 with self.accelerator.accumulate(self.model):
                     reused = rollout_pass.select(index) if reuse and epoch == 0 else None
                     minibatches.append(self.train_on(batch.minibatch(index), reused))
-            if self.config.early_stopping and self._early_stop(torch.tensor(minibatches[-1].policy_kl)):
-                break
         seconds["optimize_step"] = time.time() - t
 
         # 5. the statistics, then η's update from this batch's KL (``KLController``: fixed, or adapted towards the
         # target KL)
         stats = self._statistics(batch, minibatches, kl_coef, seconds)
-        self.kl_ctl.update(stats.kl, self.config.batch_size * self.accelerator.num_processes)
+        self.kl_ctl.update(stats.kl, self.args.batch_size * self.accelerator.num_processes)
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
         stats.seconds["total"] = time.time() - t0
@@ -321,7 +346,7 @@ class AgentTrainer(PPOTrainer):
     def _reuses_rollout(self, queries, responses) -> bool:
         """The rollout pass doubles as epoch 0's training pass: one mini-batch per epoch, run in one pass, in one
         process (DDP synchronises gradients in the training passes only)."""
-        return (self.reuse_rollout and self.config.mini_batch_size >= len(queries) and not self.is_distributed
+        return (self.reuse_rollout and self.args.mini_batch_size >= len(queries) and not self.is_distributed
                 and len(self._plan(queries, responses)) == 1)
 
     def _plan(self, queries, responses) -> list[list[int]]:
@@ -344,9 +369,9 @@ class AgentTrainer(PPOTrainer):
     def _token_kl(self, rollout_pass: WindowOutputs) -> torch.Tensor:
         """The per-token KL the penalty uses: the full-vocabulary KL taken in the pass for ``kl_penalty: full``,
         else trl's estimate from the two log-probs (kl, abs, mse)."""
-        if self.config.kl_penalty == "full":
+        if self.args.kl_penalty == "full":
             return rollout_pass.kl
-        return self._kl_penalty(rollout_pass.logprobs.detach(), rollout_pass.ref_logprobs)
+        return kl_estimate(rollout_pass.logprobs.detach(), rollout_pass.ref_logprobs, self.args.kl_penalty)
 
     def train_on(self, mb: PPOBatch, reused: WindowOutputs | None = None) -> MinibatchStats:
         """One optimizer step on the mini-batch ``mb``: the passes the token budget allows, each pass's losses
@@ -367,21 +392,21 @@ class AgentTrainer(PPOTrainer):
                     out = reused if reused is not None else self._passes(
                         [mb.queries[i] for i in idx], [mb.responses[i] for i in idx], keep_logits=True, window=window,
                         max_pass_tokens=0)
-                    policy_loss, value_loss = clipped_losses(mb, out.logprobs, out.values, self.config, idx)
-                    loss = policy_loss + self.config.vf_coef * value_loss
+                    policy_loss, value_loss = clipped_losses(mb, out.logprobs, out.values, self.args, idx)
+                    loss = policy_loss + self.args.vf_coef * value_loss
                     self.accelerator.backward(loss * (mb.masks[idx].sum() / total))
                 with torch.no_grad():
                     entropy = entropy_from_logits(out.logits.detach().float())
                 for row, i in enumerate(idx):
                     outputs[i] = (out.logprobs[row].detach(), out.values[row].detach(), entropy[row])
         logprobs, vpreds, entropy = (torch.stack([o[k] for o in outputs]) for k in range(3))
-        stats = minibatch_stats(mb, logprobs, vpreds, entropy, self.config)
+        stats = minibatch_stats(mb, logprobs, vpreds, entropy, self.args)
         if stats.skipped:
             for p in self.model_params:  # trl zeroes such a mini-batch's loss (the optimizer still steps)
                 if p.grad is not None:
                     p.grad.zero_()
-        if self.config.max_grad_norm is not None and self.accelerator.sync_gradients:
-            self.accelerator.clip_grad_norm_(self.model_params, self.config.max_grad_norm)
+        if self.args.max_grad_norm is not None and self.accelerator.sync_gradients:
+            self.accelerator.clip_grad_norm_(self.model_params, self.args.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad()
         return stats
