@@ -1,8 +1,8 @@
 """An agent: one trainable LLM and everything that travels with it when roles are exchanged.
 
-Each agent is one trl ``PPOTrainer`` with its own policy (and value head), Adam optimizer, adaptive KL
-controller and score normaliser. PPO trains one agent; CORY trains two that share one frozen reference
-model, so nothing but the role changes at an exchange.
+Each agent is one trl ``PPOTrainer`` with its own policy (and value head, for ``advantage_estimator: gae``), Adam
+optimizer, adaptive KL controller and score normaliser. PPO trains one agent; CORY trains two that share one frozen
+reference model, so nothing but the role changes at an exchange.
 """
 from __future__ import annotations
 
@@ -220,12 +220,13 @@ def make_agents(cfg: PPOArgs, spec, names: list[str], tokenizer, *, precision: s
     # with LoRA the base is frozen (never updated), so under bf16 compute it is stored in bf16: half the memory;
     # the adapters and value heads, which train, stay float32
     frozen_bf16 = cfg.use_peft and precision == "bf16" and not cfg.load_in_4bit
+    critic = cfg.advantage_estimator == "gae"  # the critic-free learners load no value head
     reference = models.load_reference(spec, use_peft=cfg.use_peft)
-    policies = models.load_policies(spec, names, use_peft=cfg.use_peft, shared_base=shared_base,
+    policies = models.load_policies(spec, names, value_head=critic, use_peft=cfg.use_peft, shared_base=shared_base,
                                     lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                                     load_in_4bit=cfg.load_in_4bit,
                                     torch_dtype=torch.bfloat16 if frozen_bf16 else None)
-    if cfg.value_head_init == "zero":  # before the trainers: a resume then loads the saved head over it
+    if critic and cfg.value_head_init == "zero":  # before the trainers: a resume then loads the saved head over it
         for policy in policies.values():
             models.zero_value_head(policy)
     agents = {name: Agent(name, cfg, policies[name], reference, tokenizer) for name in names}

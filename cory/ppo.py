@@ -7,15 +7,22 @@ controller (``KLController``) written out here so that every line of PPO is in v
    the frozen reference's log-probs and the full-vocabulary KL(policy || reference) per token come from the same
    pass (``cory.passes``: response window, token budget, packing);
 2. **rewards** (``per_token_rewards``): -η·KL at every response token, plus the task score at the last one;
-3. **advantages** (``gae``, ``whiten``): GAE (γ, λ) over the response, then whitened over the batch;
+3. **advantages** (``advantages``: the learner switch, ``advantage_estimator``): ``gae``, PPO's own: GAE (γ, λ) on
+   the value head over the response, then whitened over the batch (``gae``, ``whiten``); or, with no critic, the
+   score less a baseline taken over the K answers to the same prompt (``leave_one_out``: RLOO; ``group_normalised``:
+   GRPO), summed with the KL penalties that follow each token (``reward_to_go``);
 4. **updates**: ``ppo_epochs`` passes over the batch in shuffled mini-batches, each one Adam step on the clipped
-   policy loss plus ``vf_coef`` × the clipped value loss (``clipped_losses``);
+   policy loss plus ``vf_coef`` × the clipped value loss (``clipped_losses``; no value loss without a critic);
 5. **statistics** (``StepStats``), and the adaptive KL controller's update of η from this batch's KL.
 
 Each formula is trl 0.11.4's (``compute_rewards``, ``compute_advantages``, ``loss``, ``record_step_stats``),
 checked against it in tests/test_ppo_passes.py. ``fast_ppo: false`` runs trl's own ``PPOTrainer.step`` instead
 (the same numbers up to float rounding), as does a model this step cannot serve (no ``logits_to_keep``, or
 encoder-decoder); its statistics are read into the same ``StepStats``.
+
+Adding an estimator: a function of the scores and K beside ``leave_one_out`` in ``CRITIC_FREE`` (or a branch in
+``advantages`` for one that needs values), and its name in ``advantage_estimator``'s choices in ``cory.config``
+(tests/test_advantages.py checks the two agree).
 """
 from __future__ import annotations
 
@@ -31,6 +38,7 @@ from trl import PPOConfig, PPOTrainer
 from trl.core import PPODecorators, entropy_from_logits, masked_mean
 
 from cory.config import TRL_FIELDS, PPOArgs
+from cory.errors import RunError
 from cory.passes import (WindowOutputs, accepts_logits_to_keep, pass_plan, packs, resolve_budget, shared_tokens,
                          window_passes)
 
@@ -112,13 +120,14 @@ class PPOBatch:
     responses: list[torch.Tensor]  # B 1-D token tensors: the sampled answers
     scores: torch.Tensor           # [B]: the task reward of each answer (what the agent is trained on)
     logprobs: torch.Tensor         # [B, W]: the rollout policy's log-prob of each response token (PPO's "old")
-    values: torch.Tensor           # [B, W]: the value head at each response token (masked to 0 after GAE)
+    values: torch.Tensor | None    # [B, W]: the value head at each response token (masked to 0); None: no critic
     masks: torch.Tensor            # [B, W] long: 1 on response tokens, 0 past a response's end
     ref_logprobs: torch.Tensor     # [B, W]: the frozen reference's log-prob of each response token
     kl: torch.Tensor               # [B, W]: the per-token KL estimate (full vocabulary for kl_penalty "full")
     rewards: torch.Tensor | None = None            # [B, W]: -η·KL, plus the score at the last token
     non_score_rewards: torch.Tensor | None = None  # [B, W]: -η·KL alone
-    advantages: torch.Tensor | None = None         # [B, W]: GAE, whitened over the batch's response tokens
+    advantages: torch.Tensor | None = None         # [B, W]: GAE, whitened over the batch's response tokens (or a
+    #                                                critic-free estimator's: ``advantages``)
     returns: torch.Tensor | None = None            # [B, W]: advantages (before whitening) + values
 
     def minibatch(self, index) -> "PPOBatch":
@@ -170,6 +179,60 @@ def gae(values: torch.Tensor, rewards: torch.Tensor, masks: torch.Tensor, gamma:
     return advantages, advantages + values
 
 
+def reward_to_go(rewards: torch.Tensor, masks: torch.Tensor, gamma: float) -> torch.Tensor:
+    """[B, W]: each token's discounted sum of the rewards from it to the response's end, Σ_s≥t γ^(s−t)·r_s: GAE
+    with every value 0 and λ = 1 (a critic-free learner's return, whose baseline is already in the score)."""
+    return gae(torch.zeros_like(rewards), rewards, masks, gamma, 1.0)[0]
+
+
+def leave_one_out(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """RLOO's score (Kool et al. 2019; Ahmadian et al. 2024, "Back to Basics"): each answer's score less the mean
+    score of the other k − 1 answers to its prompt, an unbiased baseline. ``scores``: [B], a prompt's k answers
+    side by side (rows g·k … g·k + k − 1)."""
+    grouped = scores.reshape(-1, k)
+    baseline = (grouped.sum(dim=1, keepdim=True) - grouped) / (k - 1)
+    return (grouped - baseline).reshape(-1)
+
+
+def group_normalised(scores: torch.Tensor, k: int, eps: float = 1e-4) -> torch.Tensor:
+    """GRPO's score (Shao et al. 2024, DeepSeekMath §4.1.2): each answer's score less its prompt's mean, over the
+    prompt's standard deviation (Bessel-corrected) + ``eps`` (trl's GRPOTrainer's); a prompt whose k answers all
+    score alike gives each 0. ``scores`` as ``leave_one_out``'s."""
+    grouped = scores.reshape(-1, k)
+    return ((grouped - grouped.mean(dim=1, keepdim=True)) / (grouped.std(dim=1, keepdim=True) + eps)).reshape(-1)
+
+
+# the critic-free estimators: no value head, the baseline taken over each prompt's K answers (``num_generations``)
+CRITIC_FREE = {"rloo": leave_one_out, "grpo": group_normalised}
+ESTIMATORS = ("gae", *CRITIC_FREE)  # ``advantage_estimator``'s values
+
+
+def advantages(estimator: str, scores: torch.Tensor, values: torch.Tensor | None, kl: torch.Tensor,
+               masks: torch.Tensor, kl_coef: float, k: int, gamma: float, lam: float):
+    """The learner switch: (rewards, non-score rewards, advantages, returns), [B, W] each, of ``estimator``. The
+    per-token rewards are -η·KL at every token plus the score at the last one (``per_token_rewards``) for all;
+    ``gae``: GAE on the value head (``values``, masked), whitened over the batch; ``rloo``, ``grpo``: the score
+    replaced by its baselined form over each prompt's ``k`` answers, and the advantage is the reward-to-go as it
+    is (the baseline centres it already). The clipped policy loss and η's controller are the same for all."""
+    if estimator == "gae":
+        rewards, non_score = per_token_rewards(scores, kl, masks, kl_coef)
+        gae_advantages, returns = gae(values, rewards, masks, gamma, lam)
+        return rewards, non_score, whiten(gae_advantages, masks).detach(), returns
+    rewards, non_score = per_token_rewards(CRITIC_FREE[estimator](scores.float(), k), kl, masks, kl_coef)
+    returns = reward_to_go(rewards, masks, gamma)
+    return rewards, non_score, returns.detach(), returns
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, masks: torch.Tensor) -> float:
+    """How much of the returns' variance the value head explains, over the response tokens (CleanRL's
+    ``1 − Var(returns − values) / Var(returns)``): 1 = perfect, 0 = no better than a constant, below 0 = worse;
+    NaN when the returns do not vary."""
+    kept = masks.bool()
+    y, residual = returns[kept].double(), (returns - values)[kept].double()
+    var_y = y.var(unbiased=False).item()
+    return float("nan") if var_y == 0 else 1.0 - residual.var(unbiased=False).item() / var_y
+
+
 def whiten(x: torch.Tensor, masks: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
     """``x`` scaled to unit variance over the masked tokens (Bessel-corrected), and centred unless not
     ``shift_mean`` (trl's ``masked_whiten``)."""
@@ -180,15 +243,18 @@ def whiten(x: torch.Tensor, masks: torch.Tensor, shift_mean: bool = True) -> tor
     return whitened if shift_mean else whitened + mean
 
 
-def clipped_losses(mb: PPOBatch, logprobs: torch.Tensor, vpreds: torch.Tensor, config, rows=slice(None)):
+def clipped_losses(mb: PPOBatch, logprobs: torch.Tensor, vpreds: torch.Tensor | None, config, rows=slice(None)):
     """(policy loss, value loss): PPO's clipped surrogate and the clipped squared value error, token means over
     the samples ``rows`` of the mini-batch ``mb``; ``logprobs``, ``vpreds``: [len(rows), W], the current policy's.
-    The update minimises policy + ``vf_coef`` × value."""
-    old, values, masks = mb.logprobs[rows], mb.values[rows], mb.masks[rows]
+    The update minimises policy + ``vf_coef`` × value. Without a critic (``vpreds`` None) the value loss is 0."""
+    old, masks = mb.logprobs[rows], mb.masks[rows]
     advantages, returns = mb.advantages[rows], mb.returns[rows]
     ratio = torch.exp(logprobs - old)
     clipped_ratio = torch.clamp(ratio, 1.0 - config.cliprange, 1.0 + config.cliprange)
     policy_loss = masked_mean(torch.max(-advantages * ratio, -advantages * clipped_ratio), masks)
+    if vpreds is None or mb.values is None:
+        return policy_loss, torch.zeros((), device=policy_loss.device)
+    values = mb.values[rows]
     vpred_clipped = torch.clamp(vpreds, values - config.cliprange_value, values + config.cliprange_value)
     value_loss = 0.5 * masked_mean(torch.max((vpreds - returns) ** 2, (vpred_clipped - returns) ** 2), masks)
     return policy_loss, value_loss
@@ -208,8 +274,8 @@ class MinibatchStats:
     policy_kl: float      # mean (log π_old − log π), what trl's early_stopping reads (off in trl, not carried here)
     skipped: bool         # the mean ratio passed ratio_threshold: trl zeroes this mini-batch's update
     clip_fraction: float  # the share of tokens whose ratio was clipped
-    mean_value: float     # the value head's mean prediction
-    mean_return: float    # the mean GAE return it regresses on
+    mean_value: float     # the value head's mean prediction (NaN without a critic)
+    mean_return: float    # the mean GAE return it regresses on (without a critic: the mean reward-to-go)
 
 
 def minibatch_stats(mb: PPOBatch, logprobs, vpreds, token_entropy, config) -> MinibatchStats:
@@ -228,7 +294,8 @@ def minibatch_stats(mb: PPOBatch, logprobs, vpreds, token_entropy, config) -> Mi
         approx_kl=0.5 * masked_mean((logprobs - mb.logprobs) ** 2, masks).item(),
         policy_kl=masked_mean(mb.logprobs - logprobs, masks).item(),
         clip_fraction=masked_mean(clipped, masks).item(),
-        mean_value=masked_mean(vpreds, masks).item(), mean_return=masked_mean(mb.returns, masks).item())
+        mean_value=float("nan") if vpreds is None else masked_mean(vpreds, masks).item(),
+        mean_return=masked_mean(mb.returns, masks).item())
 
 
 @dataclass
@@ -249,6 +316,9 @@ class StepStats:
     clip_fraction: float     # (ppo/policy/clipfrac)
     mean_value: float        # (ppo/val/vpred)
     mean_return: float       # (ppo/returns/mean)
+    # CleanRL's 1 − Var(returns − values) / Var(returns) on the rollout's values (``explained_variance``); trl's
+    # step: its ppo/val/var_explained, the mean over mini-batches on each one's current values; NaN without a critic
+    explained_variance: float = float("nan")
     seconds: dict = field(default_factory=dict)  # forward_pass, optimize_step, total (trl's time/ppo/*)
 
     TRL_KEYS = {"kl": "objective/kl", "sequence_entropy": "objective/entropy", "kl_coef": "objective/kl_coef",
@@ -261,7 +331,8 @@ class StepStats:
     def from_trl(cls, stats: dict) -> "StepStats":
         """The statistics of trl's own ``PPOTrainer.step`` (``fast_ppo: false``)."""
         seconds = {k.removeprefix("time/ppo/"): float(v) for k, v in stats.items() if k.startswith("time/ppo/")}
-        return cls(**{name: float(stats[key]) for name, key in cls.TRL_KEYS.items()}, seconds=seconds)
+        return cls(**{name: float(stats[key]) for name, key in cls.TRL_KEYS.items()},
+                   explained_variance=float(stats["ppo/val/var_explained"]), seconds=seconds)
 
     def scalars(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "seconds"}
@@ -292,6 +363,9 @@ class AgentTrainer(PPOTrainer):
     @PPODecorators.empty_device_cache()
     def step(self, queries, responses, scores, response_masks=None) -> StepStats:
         if response_masks is not None or self.is_encoder_decoder or not self._windowable():
+            if self.args.advantage_estimator != "gae":
+                raise RunError(f"advantage_estimator: {self.args.advantage_estimator} needs cory.ppo's step, which "
+                               "this model cannot take (no logits_to_keep, or encoder-decoder); trl's step has GAE only")
             with self.compute(False):
                 return StepStats.from_trl(super().step(queries, responses, scores, response_masks))
         queries, responses, scores, _ = self._step_safety_checker(self.args.batch_size, queries, responses, scores)
@@ -307,17 +381,17 @@ class AgentTrainer(PPOTrainer):
         reuse = self._reuses_rollout(queries, responses)
         with torch.set_grad_enabled(reuse), self.compute(True):
             rollout_pass = self._passes(queries, responses, keep_logits=reuse, reference=True)
-        batch = PPOBatch(queries, responses, scores, rollout_pass.logprobs.detach(), rollout_pass.values.detach(),
-                         rollout_pass.masks, rollout_pass.ref_logprobs, self._token_kl(rollout_pass))
+        values = None if rollout_pass.values is None else rollout_pass.values.detach() * rollout_pass.masks
+        batch = PPOBatch(queries, responses, scores, rollout_pass.logprobs.detach(), values, rollout_pass.masks,
+                         rollout_pass.ref_logprobs, self._token_kl(rollout_pass))
         seconds["forward_pass"] = time.time() - t0
 
-        # 2. rewards: the score at the last token, -η·KL at every token
-        batch.rewards, batch.non_score_rewards = per_token_rewards(scores, batch.kl, batch.masks, kl_coef)
-        # 3. advantages: GAE over each response, then whitened over the batch (the values masked to the response;
-        # trl's whiten_rewards, off by default, is not a field here)
-        batch.values = batch.values * batch.masks
-        advantages, batch.returns = gae(batch.values, batch.rewards, batch.masks, self.args.gamma, self.args.lam)
-        batch.advantages = whiten(advantages, batch.masks).detach()
+        # 2. rewards: the score at the last token, -η·KL at every token; 3. advantages: GAE over each response, then
+        # whitened over the batch (the values masked to the response; trl's whiten_rewards, off by default, is not a
+        # field here), or a critic-free estimator's (``advantages``: the learner switch)
+        batch.rewards, batch.non_score_rewards, batch.advantages, batch.returns = advantages(
+            self.args.advantage_estimator, scores, batch.values, batch.kl, batch.masks, kl_coef,
+            self.args.num_generations, self.args.gamma, self.args.lam)
 
         # 4. ppo_epochs passes over the batch in shuffled mini-batches, one optimizer step each
         t = time.time()
@@ -334,6 +408,8 @@ class AgentTrainer(PPOTrainer):
         # 5. the statistics, then η's update from this batch's KL (``KLController``: fixed, or adapted towards the
         # target KL)
         stats = self._statistics(batch, minibatches, kl_coef, seconds)
+        if batch.values is not None:
+            stats.explained_variance = explained_variance(batch.values, batch.returns, batch.masks)
         self.kl_ctl.update(stats.kl, self.args.batch_size * self.accelerator.num_processes)
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
@@ -398,8 +474,10 @@ class AgentTrainer(PPOTrainer):
                 with torch.no_grad():
                     entropy = entropy_from_logits(out.logits.detach().float())
                 for row, i in enumerate(idx):
-                    outputs[i] = (out.logprobs[row].detach(), out.values[row].detach(), entropy[row])
-        logprobs, vpreds, entropy = (torch.stack([o[k] for o in outputs]) for k in range(3))
+                    outputs[i] = (out.logprobs[row].detach(), None if out.values is None else out.values[row].detach(),
+                                  entropy[row])
+        logprobs, vpreds, entropy = (None if outputs[0][k] is None else torch.stack([o[k] for o in outputs])
+                                     for k in range(3))
         stats = minibatch_stats(mb, logprobs, vpreds, entropy, self.args)
         if stats.skipped:
             for p in self.model_params:  # trl zeroes such a mini-batch's loss (the optimizer still steps)
