@@ -33,7 +33,8 @@ from tqdm.auto import tqdm
 from cory.assets import (MODEL_SPECS_HELP, SMOLLM2_SPEC, TINY_SPEC, check_hub_asset, is_valid_model_spec, locate,
                          model_spec)
 from cory.config import load_yaml
-from cory.errors import AssetError, ConfigError, EvalError, OneLineParser, RunError, file_fault
+from cory.errors import AssetError, ConfigError, RunError
+from lab.errors import EvalError, OneLineParser, exit_on_error
 from cory.final import RECORD, WEIGHT_FILES, final_complete, final_weights_id
 from cory.models import check_weights_fit, load_causal_lm, load_tokenizer
 from cory.outputs import (OWN_FINAL_EVALUATION, check_output_file, in_use, json_safe, read_manifest,
@@ -631,22 +632,14 @@ def _check_unchanged(p: Plan) -> None:
 def main(argv: Sequence[str] | None = None) -> dict | None:
     args = list(sys.argv[1:] if argv is None else argv)
     p = None
-    try:
+    # RunError: a reward that fails on the answers, or returns a wrong count or a non-finite score; the results
+    # are written whole or not at all
+    with exit_on_error((EvalError, ConfigError, AssetError), failures=(RunError,),
+                       files=lambda: p.json_path if p is not None and p.json_path else ".",
+                       interrupted="nothing written"):
         p = plan(args)
         p.command = shlex.join(["python", "-m", "lab.evaluate", *args])
         return run(p)
-    except (EvalError, ConfigError, AssetError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2)
-    except RunError as e:  # a reward that fails on the answers, or returns a wrong count or a non-finite score
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(1)
-    except OSError as e:  # a full or read-only disk under the results (written whole or not at all)
-        print(f"error: {file_fault(e, p.json_path if p is not None and p.json_path else '.')}", file=sys.stderr)
-        raise SystemExit(1)
-    except KeyboardInterrupt:
-        print("interrupted: nothing written", file=sys.stderr)
-        raise SystemExit(130)
 
 
 if __name__ == "__main__":

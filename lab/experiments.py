@@ -47,7 +47,8 @@ import yaml
 from cory.assets import check_hub_asset
 from cory.cli import CONFIG_MARKER
 from cory.config import SEED_LIMIT, CoryArgs, PPOArgs, load_yaml, on_resume_fields
-from cory.errors import AssetError, ConfigError, ExperimentError, OneLineParser, ReportError, file_fault
+from cory.errors import AssetError, ConfigError
+from lab.errors import ExperimentError, OneLineParser, ReportError, exit_on_error
 from lab import heldout_runs
 from lab.report import build_report
 from lab.runs import (REPO, Children, Pair, Record, cut_off_elsewhere, execute, git_state, lost_by, mismatch, now,
@@ -605,14 +606,9 @@ def _out_given(argv: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    try:
+    # a full or read-only disk under --out: runs.json is rewritten whole or not at all
+    with exit_on_error((ExperimentError,), files=lambda: _out_given(sys.argv[1:] if argv is None else argv)):
         status = run(argv)
-    except ExperimentError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2)
-    except OSError as e:  # a full or read-only disk under --out (runs.json is rewritten whole or not at all)
-        print(f"error: {file_fault(e, _out_given(sys.argv[1:] if argv is None else argv))}", file=sys.stderr)
-        raise SystemExit(1)
     raise SystemExit(status)
 
 
