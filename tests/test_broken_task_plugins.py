@@ -102,9 +102,9 @@ def test_a_state_dict_the_safe_loader_refuses_is_found_before_training(tmp_path)
 
 def test_a_task_file_that_prints_at_import_still_runs_with_the_runner(tmp_path):
     path = task_file(tmp_path, [("KIND = {", 'print("loading kind words")\nKIND = {')])
-    from lab.experiments import _parser, plan
+    from lab.experiments import build_parser, plan
 
-    pairs, _ = plan(_parser().parse_args(["--task_file", str(path), "--methods", "ppo", "--seeds", "0",
+    pairs, _ = plan(build_parser().parse_args(["--task_file", str(path), "--methods", "ppo", "--seeds", "0",
                                           "--out", str(tmp_path / "exp"), "--set", "model_name=tiny"]))
     assert pairs[0].intended["model_name"] == "tiny"
 

@@ -100,7 +100,7 @@ def test_gpu_session_commands_pass_their_benchmarks_checks(part, tmp_path, monke
         elif cmd[1:3] == ["-m", "lab.experiments"]:  # the runs it plans: the gpu presets exist and validate
             from lab import experiments
 
-            args = experiments._parser().parse_args(cmd[3:])
+            args = experiments.build_parser().parse_args(cmd[3:])
             args.out = str(tmp_path / "imdb_gpu")
             pairs, spec = experiments.plan(args)
             assert spec["preset"] == "gpu" and {p.method for p in pairs} == {"ppo", "cory"}
@@ -126,7 +126,7 @@ def test_a_short_gpu_session_picks_the_runs_it_can_finish(tmp_path):
                                                    "METHODS": "cory", "SEEDS": "0,2"})
     assert p.returncode == 0, p.stderr
     [cmd] = [shlex.split(line) for line in p.stdout.splitlines()]
-    args = experiments._parser().parse_args(cmd[3:])
+    args = experiments.build_parser().parse_args(cmd[3:])
     args.out = str(tmp_path / "imdb_gpu")
     pairs, _ = experiments.plan(args)
     assert sorted((pair.method, pair.seed) for pair in pairs) == [("cory", 0), ("cory", 2)]

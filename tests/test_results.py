@@ -69,7 +69,7 @@ def test_rerunning_a_committed_experiment_skips_every_run(folder, tmp_path):
         sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
         if any(s.startswith("dataset_path=") and not (REPO / s.split("=", 1)[1]).is_dir() for s in sets):
             pytest.skip("the experiment's local dataset is not beside this checkout")
-        pairs, _ = experiments.plan(experiments._parser().parse_args(argv))
+        pairs, _ = experiments.plan(experiments.build_parser().parse_args(argv))
         for pair in pairs:
             state, why = runs.pair_state(pair)
             if pair.key not in committed:
