@@ -36,7 +36,8 @@ from cory.config import load_yaml
 from cory.errors import AssetError, ConfigError, EvalError, OneLineParser, RunError, file_fault
 from cory.final import RECORD, WEIGHT_FILES, final_complete, final_weights_id
 from cory.models import check_weights_fit, load_causal_lm, load_tokenizer
-from cory.outputs import (OWN_FINAL_EVALUATION, check_output_file, in_use, json_safe, read_manifest,
+from cory.targets import check_output_file
+from cory.outputs import (OWN_FINAL_EVALUATION, in_use, json_safe, read_manifest,
                           run_folder_of)
 from cory.heldout import BATCH_SIZE, evaluate_reward, own_final_settings, sample
 from lab.passk import mean_pass_at_k

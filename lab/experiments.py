@@ -52,8 +52,8 @@ from lab import heldout_runs
 from lab.report import build_report
 from lab.runs import (REPO, Children, Pair, Record, cut_off_elsewhere, execute, git_state, lost_by, mismatch, now,
                            pair_state, rel, set_aside)
-from cory.outputs import LOCK, MANIFEST, RunLock, check_text_path, in_use
-from cory.targets import text_refusal
+from cory.outputs import LOCK, MANIFEST, RunLock, in_use
+from cory.targets import check_text_path, text_refusal
 
 
 # method -> (script, flags that make the method); ppo_2x gets its --model_name at plan time
