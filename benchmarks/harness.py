@@ -21,7 +21,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from cory.errors import ConfigError, Stopped, file_fault  # noqa: E402  (light: no torch)
-from cory.outputs import check_output_json  # noqa: E402
+from cory.run_rules import check_output_json  # noqa: E402
 from cory.targets import write_whole  # noqa: E402
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -20,7 +20,8 @@ from cory.errors import AssetError, ConfigError
 from cory.final import WEIGHT_FILES, final_complete, final_weights_id
 from cory.heldout import BATCH_SIZE
 from cory.models import check_weights_fit
-from cory.outputs import check_output_file, in_use, read_manifest, run_folder_of
+from cory.outputs import in_use, read_manifest, run_folder_of
+from cory.targets import check_output_file
 from cory.tasks import PASS_AT_K, REWARD_METRICS, check_eval_config, load_task_file, registered, task_spec
 from lab.errors import EvalError, OneLineParser
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import IMDB_PPO, rejected
 from cory.final import file_digest
 from cory.outputs import latest_checkpoint, load_checkpoint_file, read_jsonl
-from cory.preflight import check_one_checkpoint
+from cory.run_rules import check_one_checkpoint
 from cory.train import RunError, prepare_run
 from test_faults import tiny
 

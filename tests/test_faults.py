@@ -10,7 +10,8 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from conftest import IMDB_CORY, IMDB_PPO, REPO, run_script, start_script, wait_for_rows
 from cory.config import build, load_yaml
-from cory.outputs import RunDir, check_output_dir, latest_checkpoint, read_jsonl
+from cory.outputs import RunDir, latest_checkpoint, read_jsonl
+from cory.run_rules import check_output_dir
 from cory.train import RunError, prepare_run
 
 
