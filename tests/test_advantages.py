@@ -162,9 +162,10 @@ def test_the_batch_counts_answers_k_per_prompt(tmp_path):
     assert batch[0] is batch[1] and batch[2] is batch[3] and batch[0] is not batch[2]
 
 
-@pytest.mark.parametrize("script,preset", [("imdb_train/ppo.py", "configs/imdb/ppo_tiny.yaml"),
-                                           ("imdb_train/cory.py", "configs/imdb/cory_tiny.yaml"),
-                                           ("arithmetic_train/cory.py", "configs/arithmetic/cory_tiny.yaml")])
+@pytest.mark.parametrize("script,preset", [  # make test keeps CORY's (the game with K answers); the rest: slow
+    pytest.param("imdb_train/ppo.py", "configs/imdb/ppo_tiny.yaml", marks=pytest.mark.slow),
+    ("imdb_train/cory.py", "configs/imdb/cory_tiny.yaml"),
+    pytest.param("arithmetic_train/cory.py", "configs/arithmetic/cory_tiny.yaml", marks=pytest.mark.slow)])
 def test_rloo_runs_end_to_end_on_the_tiny_presets(tmp_path, script, preset):
     rows = trained(script, tmp_path / "run", "--config", preset, "--steps", "3", "--advantage_estimator", "rloo",
                    "--num_generations", "2")
@@ -178,6 +179,7 @@ def test_rloo_runs_end_to_end_on_the_tiny_presets(tmp_path, script, preset):
     assert samples[0]["query"] == samples[1]["query"]  # K = 2: the first prompt's two answers side by side
 
 
+@pytest.mark.slow
 def test_gae_runs_log_explained_variance_per_agent(tmp_path):
     rows = trained("imdb_train/cory.py", tmp_path / "run", "--config", "configs/imdb/cory_tiny.yaml", "--steps", "1")
     for agent in ("llm1", "llm2"):

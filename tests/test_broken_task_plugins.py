@@ -80,6 +80,7 @@ def test_an_observer_prompt_that_is_not_a_string_is_one_line(tmp_path):
     assert "task kind_words: observer_prompt() returned a NoneType" in line
 
 
+@pytest.mark.slow
 def test_prompts_past_the_models_context_are_refused_before_anything_is_written(tmp_path):
     path = task_file(tmp_path, [('prompt=f"Say something about {s}:") for s in picks]',
                                 'prompt="Say something about " + " and ".join([s] * 400) + ":") for s in picks]')])
@@ -89,6 +90,7 @@ def test_prompts_past_the_models_context_are_refused_before_anything_is_written(
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_state_dict_the_safe_loader_refuses_is_found_before_training(tmp_path):
     path = task_file(tmp_path, [('return {"position": self.position}',
                                  'return {"position": self.position, "when": __import__("datetime").date(2024, 1, 1)}')])
@@ -174,6 +176,7 @@ def test_training_checks_a_plugin_where_it_enters(tmp_path, replace, message):
     assert not (out / "final").exists() and not (out / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_evaluate_refuses_answers_past_the_models_context_before_loading(tmp_path):
     out = tmp_path / "eval.json"
     line = one_line(run("-m", "lab.evaluate", "--task", "imdb", "--model", "tiny", "--limit", "2",
