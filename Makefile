@@ -1,10 +1,17 @@
 # make demo : create .venv, install everything, run CORY on the embedded model (CPU, offline)
-# make test : create .venv, install everything, run the default test suite (the tests marked slow are left out)
-# make test-slow : the slow set: minutes-long end-to-end runs, resume and fault runs (CI runs both)
+# make test : create .venv, install everything, run the default test suite (unit tests and one end-to-end run per
+#             training script and lab command; the tests marked slow are left out) on 2 pytest-xdist workers
+# make test-slow : the slow set: the other end-to-end runs, resume, signal and fault runs (CI runs both); one
+#                  process, as before: its timing-sensitive runs (signals, two writers) are not yet shown to be
+#                  safe beside a second worker
+# TEST_WORKERS=N : run make test on N workers (default 2, what a 2-core laptop has; each worker holds torch and
+#                  its models, and the runs it starts share its cores: tests/conftest.py); make test hands out
+#                  whole files (--dist loadfile), so a file's fixtures (models, runs) are built once
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
+TEST_WORKERS ?= 2
 
 .PHONY: install demo test test-slow clean
 
@@ -23,7 +30,7 @@ demo: install
 	@echo "samples (query, pioneer and observer answers, rewards): runs/demo/samples.jsonl"
 
 test: install
-	$(PY) -m pytest -q -m "not slow" --durations=20
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile --durations=20
 
 test-slow: install
 	$(PY) -m pytest -q -m slow --durations=20

@@ -31,7 +31,7 @@ import statistics
 import sys
 import time
 
-from harness import json_refusal, run_main, save_json
+from harness import add_json_flags, check_json_flags, run_main, save_json
 from cory.config import PPOArgs  # imports nothing heavy: the checks stay before any model
 
 PROGRAM = "python benchmarks/generation.py"
@@ -67,10 +67,7 @@ def parse(argv):
                                                                "(100 iterations x 2 agents for CORY)")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None, help="also write the results here (a file this benchmark did not write is "
-                   "refused unless --force)")
-    p.add_argument("--force", action="store_true", help="replace the --json file even if this benchmark did not "
-                   "write it")
+    add_json_flags(p)
     args = p.parse_args(argv)
     args.prompt_tokens = int_range(args.prompt_tokens, "prompt_tokens")
     args.new_tokens = int_range(args.new_tokens, "new_tokens")
@@ -85,10 +82,7 @@ def parse(argv):
     for name in ("batch_size", "calls", "run_calls"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name}: must be >= 1, got {getattr(args, name)}")
-    if args.json is not None:
-        refusal = json_refusal(args.json, PROGRAM, args.force)
-        if refusal:
-            raise ValueError(refusal)
+    check_json_flags(args, PROGRAM)
     args.spec = model(args.model)
     return args
 

@@ -17,7 +17,7 @@
 # `results` and `results_scaled` (issue 27's step 1) need the real SmolLM2 weights (98 MB), packed by
 # ../shared/gpu/pack.sh. A copy to the GPU machine holds at most 64 MiB (tracked files 17.5 MiB, .device/ 16 MiB
 # without its GSM8K copy), so the weights travel in three parts, each waiting in /tmp/gguf there. As run on
-# 2026-11-26 (parts of 28, 44 and 21.8 MiB, the name and md5 in .gguf3/; benchmarks/README.md):
+# 2026-11-26 (parts of 28, 44 and 21.8 MiB, the name and md5 in .gguf3/):
 #
 #     source .device/setup.sh && bash benchmarks/gpu_session.sh gguf1         # carry: [".device", ".gguf1"]
 #     bash benchmarks/gpu_session.sh gguf2                                     # carry: [".gguf2"]

@@ -4,6 +4,7 @@ the benchmark started and removes its temporary folder before it exits with the 
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -20,10 +21,32 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from cory.errors import ConfigError, Stopped, file_fault  # noqa: E402  (light: no torch)
-from cory.outputs import check_output_json  # noqa: E402
+from cory.run_rules import check_output_json  # noqa: E402
 from cory.targets import write_whole  # noqa: E402
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class UsageError(ValueError):
+    """A flag the benchmark cannot take: its one line, said before any work (exit 2)."""
+
+
+def add_json_flags(p: argparse.ArgumentParser, what: str = "also write the results here") -> None:
+    """``--json PATH`` (``what``) and ``--force``, as every benchmark takes them; check them with
+    ``check_json_flags``."""
+    p.add_argument("--json", default=None, help=f"{what} (a file this benchmark did not write is refused unless "
+                   "--force)")
+    p.add_argument("--force", action="store_true", help="replace the --json file even if this benchmark did not "
+                   "write it")
+
+
+def check_json_flags(args: argparse.Namespace, program: str, key: str = "command", force: bool = False) -> None:
+    """``UsageError`` with ``json_refusal``'s line when ``args.json`` is given and cannot be written (a file another
+    program wrote is replaced only with ``--force``, or ``force``: the caller knows the file for one of its own)."""
+    if args.json is not None:
+        refusal = json_refusal(args.json, program, args.force or force, key)
+        if refusal:
+            raise UsageError(refusal)
 
 
 def json_refusal(path: str | os.PathLike, program: str, force: bool, key: str = "command") -> str | None:

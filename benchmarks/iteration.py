@@ -51,8 +51,8 @@ import sys
 import time
 from pathlib import Path
 
-from harness import (Stopped, child_error, json_refusal, report_stop, save_json, stop, stopped_by_signals,
-                     temporary_folder)
+from harness import (Stopped, UsageError, add_json_flags, check_json_flags, child_error, report_stop, save_json,
+                     stop, stopped_by_signals, temporary_folder)
 from iteration_worker import OVERRIDES, REPO, worker
 
 PROGRAM = "python benchmarks/iteration.py"
@@ -73,10 +73,6 @@ COMPONENTS = {
 }
 TARGETS = {"outside_share": 0.05, "step_mfu": 0.60, "exchange_s": 0.050, "speedup": 1.5, "peft_extra": 0.30,
            "cory_over_ppo": 2.5}
-
-
-class UsageError(Exception):
-    pass
 
 
 class ChildError(Exception):
@@ -331,9 +327,7 @@ def parse(argv):
                    help="tokens per PPO forward pass for ppo/cory variants: auto or a number (default: the preset's)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None, help="write the full results here (a file this benchmark did not write is "
-                   "refused unless --force)")
-    p.add_argument("--force", action="store_true", help="replace the --json file even if this benchmark did not write it")
+    add_json_flags(p, "write the full results here")
     p.add_argument("--dry_run", action="store_true", help="print each variant's preset, model, precision, batch and "
                    "PPO pass budget as a run would use them, then stop (nothing is loaded)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -369,10 +363,7 @@ def parse(argv):
                          f"({args.swap_period}) so that an exchange is timed")
     if not args.worker:
         check_configs(args)
-        if args.json is not None:
-            refusal = json_refusal(args.json, PROGRAM, args.force)
-            if refusal:
-                raise UsageError(refusal)
+        check_json_flags(args, PROGRAM)
     return args
 
 

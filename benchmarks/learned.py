@@ -24,8 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from harness import (Stopped, child_error, json_refusal, report_stop, save_json, stop, stopped_by_signals,
-                     temporary_folder)
+from harness import (Stopped, add_json_flags, check_json_flags, child_error, report_stop, save_json, stop,
+                     stopped_by_signals, temporary_folder)
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = "python benchmarks/learned.py"
@@ -74,7 +74,9 @@ def is_learned_result(path: Path) -> bool:
     return isinstance(doc, dict) and {"command", "gain", "cpu_flags", "rows"} <= set(doc)
 
 
-def main(argv=None) -> int:
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """This benchmark's flags and the training script's (the flags it does not know), or ValueError with the one
+    line naming the bad flag, before the run starts."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--script", default="imdb_train/ppo.py", help="the training script (a path from the repository "
                    "root, where it runs)")
@@ -82,26 +84,29 @@ def main(argv=None) -> int:
     p.add_argument("--gain", type=float, default=0.3, help="held-out reward above the base model's (default 0.3)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default, all cores)")
     p.add_argument("--limit_min", type=float, default=30.0)
-    p.add_argument("--json", default=None, help="also write the result here (a file this benchmark did not write is "
-                   "refused unless --force)")
-    p.add_argument("--force", action="store_true", help="replace the --json file even if this benchmark did not "
-                   "write it")
-    argv = sys.argv[1:] if argv is None else list(argv)
+    add_json_flags(p, "also write the result here")
     args, passed = p.parse_known_args(argv)  # anything else goes to the training script
-    refusal = None
     if not args.gain > 0 or not math.isfinite(args.gain):
-        refusal = f"--gain: must be a number > 0, got {args.gain}"
-    elif not args.limit_min > 0 or not math.isfinite(args.limit_min):
-        refusal = f"--limit_min: must be a number of minutes > 0, got {args.limit_min}"
-    elif args.threads < 0:
-        refusal = f"--threads: must be >= 0 (0: torch's default), got {args.threads}"
-    elif not (ROOT / args.script).is_file():
-        refusal = f"--script: {args.script} is not a file (a path from the repository root, {ROOT}, where it runs)"
-    elif args.json is not None:
-        force = args.force or is_learned_result(Path(args.json))
-        refusal = json_refusal(args.json, PROGRAM, force, key="benchmark")
-    if refusal:
-        print(f"error: {refusal}", file=sys.stderr)
+        raise ValueError(f"--gain: must be a number > 0, got {args.gain}")
+    if not args.limit_min > 0 or not math.isfinite(args.limit_min):
+        raise ValueError(f"--limit_min: must be a number of minutes > 0, got {args.limit_min}")
+    if args.threads < 0:
+        raise ValueError(f"--threads: must be >= 0 (0: torch's default), got {args.threads}")
+    if not (ROOT / args.script).is_file():
+        raise ValueError(f"--script: {args.script} is not a file (a path from the repository root, {ROOT}, where it "
+                         "runs)")
+    # a result written before this benchmark recorded its own command may be replaced without --force
+    check_json_flags(args, PROGRAM, key="benchmark",
+                     force=args.json is not None and is_learned_result(Path(args.json)))
+    return args, passed
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args, passed = parse(argv)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     env = dict(os.environ)
     if args.threads:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from pathlib import Path
 
-from harness import json_refusal, run_main, save_json
+from harness import add_json_flags, check_json_flags, run_main, save_json
 REPO = Path(__file__).resolve().parent.parent
 PROGRAM = "python benchmarks/levers.py"
 PRESETS = ("tiny", "cpu")
@@ -77,10 +77,7 @@ def parse(argv):
     p.add_argument("--threads", type=int, default=0, help="torch threads outside the thread lever (0 = default)")
     p.add_argument("--compile", action="store_true", help="also measure torch.compile (minutes)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None, help="also write the results here (a file this benchmark did not write is "
-                   "refused unless --force)")
-    p.add_argument("--force", action="store_true", help="replace the --json file even if this benchmark did not "
-                   "write it")
+    add_json_flags(p)
     args = p.parse_args(argv)
     if args.preset not in PRESETS:
         raise ValueError(f"--preset: {args.preset!r} is not one of {', '.join(PRESETS)}")
@@ -89,10 +86,7 @@ def parse(argv):
             raise ValueError(f"--{name}: must be >= 1, got {getattr(args, name)}")
     if args.threads < 0:
         raise ValueError(f"--threads: must be >= 0, got {args.threads}")
-    if args.json is not None:
-        refusal = json_refusal(args.json, PROGRAM, args.force)
-        if refusal:
-            raise ValueError(refusal)
+    check_json_flags(args, PROGRAM)
     return args
 
 

@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import child_error, json_refusal, run_main, save_json, stop, temporary_folder
+from harness import add_json_flags, check_json_flags, child_error, run_main, save_json, stop, temporary_folder
 
 HERE = Path(__file__).resolve().parent
 PROGRAM = "python benchmarks/scaling.py"
@@ -46,18 +46,12 @@ def parse(argv):
     p.add_argument("--iterations", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--quick", action="store_true", help="the tiny preset only")
-    p.add_argument("--json", default=None, help="write the table's rows here (a file this benchmark did not write is "
-                   "refused unless --force)")
-    p.add_argument("--force", action="store_true", help="replace the --json file even if this benchmark did not "
-                   "write it")
+    add_json_flags(p, "write the table's rows here")
     args = p.parse_args(argv)
     for name, low in (("iterations", 1), ("warmup", 0)):  # as iteration.py takes them, before any run starts
         if getattr(args, name) < low:
             raise ValueError(f"--{name}: must be >= {low}, got {getattr(args, name)}")
-    if args.json is not None:
-        refusal = json_refusal(args.json, PROGRAM, args.force)
-        if refusal:
-            raise ValueError(refusal)
+    check_json_flags(args, PROGRAM)
     return args
 
 

@@ -1,8 +1,8 @@
 """An agent: one trainable LLM and everything that travels with it when roles are exchanged.
 
-Each agent is one trl ``PPOTrainer`` with its own policy (and value head), Adam optimizer, adaptive KL
-controller and score normaliser. PPO trains one agent; CORY trains two that share one frozen reference
-model, so nothing but the role changes at an exchange.
+Each agent is one trl ``PPOTrainer`` with its own policy (and value head, for ``advantage_estimator: gae``), Adam
+optimizer, adaptive KL controller and score normaliser. PPO trains one agent; CORY trains two that share one frozen
+reference model, so nothing but the role changes at an exchange.
 """
 from __future__ import annotations
 
@@ -11,38 +11,32 @@ import os
 import warnings
 
 import torch
-from trl import PPOConfig, PPOTrainer
+from trl import PPOTrainer
 
 from cory import models, parallel
-from cory.config import TRL_FIELDS, PPOArgs
+from cory.config import PPOArgs
 from cory.generation import generate_from_shared_prefix, new_tokens
 from cory.passes import trainable_state_bytes
 from cory.patches import frozen_models_not_wrapped
-from cory.ppo import AgentTrainer, ScoreNormalizer, StepStats, kl_controller
-
-
-def ppo_config(cfg: PPOArgs) -> PPOConfig:
-    """trl's PPOConfig from the fields that share its names (``cory.config`` marks them)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        return PPOConfig(exp_name="cory", log_with=None, remove_unused_columns=False,
-                         **{name: getattr(cfg, name) for name in TRL_FIELDS})
+from cory.ppo import AgentTrainer, ScoreNormalizer, StepStats, kl_controller, ppo_config
 
 
 class Agent:
     """One trainable LLM: its policy, optimizer, KL controller and score normaliser in one trl PPOTrainer."""
 
-    def __init__(self, name: str, cfg: PPOArgs, policy, ref_model, tokenizer, config: PPOConfig | None = None):
-        """``config``: trl's PPOConfig of ``cfg`` (``ppo_config``), built here when not given."""
+    def __init__(self, name: str, cfg: PPOArgs, policy, ref_model, tokenizer):
         self.name = name
         self.cfg = cfg
         self.tokenizer = tokenizer
         self._policy = policy
         self.use_own_adapter()  # trl builds the optimizer from the parameters that require grad right now
         trainer_class, extra = self.trainer_class()
+        if issubclass(trainer_class, AgentTrainer):  # our step reads cfg; trl's PPOConfig only sets trl's trainer up
+            extra = {"args": cfg, **extra}
         with warnings.catch_warnings(), frozen_models_not_wrapped():
             warnings.simplefilter("ignore")  # deprecation and "no dataset" notices of the classic API
-            self.trainer = trainer_class(config=config or ppo_config(cfg), model=policy, ref_model=ref_model,
+            # one trl PPOConfig per trainer: trl writes into its own
+            self.trainer = trainer_class(config=ppo_config(cfg), model=policy, ref_model=ref_model,
                                          tokenizer=tokenizer, optimizer=self.make_optimizer(policy), **extra)
         self.normalizer = ScoreNormalizer()
 
@@ -226,16 +220,16 @@ def make_agents(cfg: PPOArgs, spec, names: list[str], tokenizer, *, precision: s
     # with LoRA the base is frozen (never updated), so under bf16 compute it is stored in bf16: half the memory;
     # the adapters and value heads, which train, stay float32
     frozen_bf16 = cfg.use_peft and precision == "bf16" and not cfg.load_in_4bit
-    configs = {name: ppo_config(cfg) for name in names}  # one each: trl's trainer writes into its own
+    critic = cfg.advantage_estimator == "gae"  # the critic-free learners load no value head
     reference = models.load_reference(spec, use_peft=cfg.use_peft)
-    policies = models.load_policies(spec, names, use_peft=cfg.use_peft, shared_base=shared_base,
+    policies = models.load_policies(spec, names, value_head=critic, use_peft=cfg.use_peft, shared_base=shared_base,
                                     lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                                     load_in_4bit=cfg.load_in_4bit,
                                     torch_dtype=torch.bfloat16 if frozen_bf16 else None)
-    if cfg.value_head_init == "zero":  # before the trainers: a resume then loads the saved head over it
+    if critic and cfg.value_head_init == "zero":  # before the trainers: a resume then loads the saved head over it
         for policy in policies.values():
             models.zero_value_head(policy)
-    agents = {name: Agent(name, cfg, policies[name], reference, tokenizer, configs[name]) for name in names}
+    agents = {name: Agent(name, cfg, policies[name], reference, tokenizer) for name in names}
     reserve = sum(trainable_state_bytes(agent.policy) for agent in agents.values())
     for agent in agents.values():
         agent.reserve_for_training(reserve)

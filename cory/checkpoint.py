@@ -11,7 +11,7 @@ on as the uninterrupted one would:
   config it was trained with, less ``resume`` and ``overwrite`` (``config``); what its base model was
   (``base_model``: ``cory.assets.weights_fingerprint``, where there is one); the precision it computed in
   (``precision``, what ``auto`` resolved to, which a resume on another machine keeps); and the sha256 of every agent file
-  beside it (``files``), so that a resume takes only the files saved with it (``cory.preflight.check_resumable``,
+  beside it (``files``), so that a resume takes only the files saved with it (``cory.run_rules.check_resumable``,
   which also checks ``step`` against the folder's name).
 
 It is written whole or not at all (``RunDir.save_checkpoint``) and read back as data only
@@ -48,7 +48,7 @@ def sampler_state(task: Task, length_rng: np.random.Generator) -> dict:
 
 def save(run_dir: RunDir, step: int, agents: dict, sampler: dict, cfg: PPOArgs, base_model: str | None = None) -> None:
     """Checkpoint after ``step`` completed iterations; ``sampler``: this process's ``sampler_state``; ``base_model``:
-    the base model's ``weights_fingerprint``, which a resume compares (``cory.preflight.check_resumable``).
+    the base model's ``weights_fingerprint``, which a resume compares (``cory.run_rules.check_resumable``).
 
     The agents are the same in every process; the data and random streams are not, so the main process saves
     every process's ``sampler``.
@@ -90,7 +90,9 @@ def save(run_dir: RunDir, step: int, agents: dict, sampler: dict, cfg: PPOArgs, 
 
 def restore(folder: Path, agents: dict, task: Task, length_rng: np.random.Generator, cfg: PPOArgs,
             world_size: int) -> int:
-    """Put the checkpoint in ``folder`` back into the agents, the task and the random streams; returns its step."""
+    """Put the checkpoint in ``folder`` back into the agents, the task and the random streams; returns its step.
+    What it refuses can only be found with the models loaded; every other rule of a resume is checked before
+    (``cory.run_rules``)."""
     for name, agent in agents.items():
         state = load_checkpoint_file(folder / f"{name}.pt")
         try:

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import yaml
 
-from cory import preflight
-from cory.config import (INVOCATION_FIELDS, REQUIRED, CoryArgs, PPOArgs, _allowed, _field_types, build, field_help,
-                         load_yaml, metadata, to_dict, validate)
+from cory import preflight, run_rules
+from cory.config import (INVOCATION_FIELDS, REQUIRED, _allowed, _field_types, build, field_help, load_yaml, to_dict,
+                         validate)
 from cory.errors import AssetError, ConfigError, RunError, Stopped
-from cory.outputs import in_use
 from cory.tasks import registered
 
 USAGE = ("usage: {prog} [--config FILE.yaml] [--field value ...] [--resume RUN_DIR [--steps N]] [--overwrite] "
@@ -93,65 +92,33 @@ def parse(cls, argv: list[str] | None = None, prog: str | None = None, *, check:
         cfg = _resumed(cls, flags, base, config)
     else:
         # another task's preset changes another task's values: refuse it by its task before reading its values
-        _check_task(cls, flags.get("task", base.get("task")), cls.method)
+        run_rules.check_script_task(cls, flags.get("task", base.get("task")), cls.method)
         cfg = build(cls, base, flags)
     if check:
         preflight.check_config(cfg)
     return cfg
 
 
-def _check_task(cls, task: str | None, method: str) -> None:
-    """A script trains its own task: a config of another one names the script that trains it."""
-    script_task = cls.__dataclass_fields__["task"].default
-    if script_task is not REQUIRED and task is not None and task != script_task:
-        raise ConfigError(f"task: this script trains {script_task}, the config asks for {task}; use "
-                          f"{task}_train/{method}.py")
-
-
 def _resumed(cls, flags: dict, base: dict, config: str | None):
-    """The saved run's config with the changes a resume allows; any other change is refused by name."""
+    """The saved run's config with the changes a resume allows (``cory.run_rules``: any other change is refused by
+    name)."""
     run_dir = Path(flags["resume"]).expanduser()
-    busy = in_use(run_dir)  # its config.yaml may not be written yet, or be about to change
-    if busy:
-        raise ConfigError(busy)
-    saved_path = run_dir / "config.yaml"
-    if not saved_path.is_file():
-        raise ConfigError(f"resume: {saved_path} not found; is {run_dir} a run folder?")
     script_task = cls.__dataclass_fields__["task"].default
-    preflight.check_identity(run_dir, cls.method, None if script_task is REQUIRED else script_task)
+    saved_path = run_rules.check_resume_folder(run_dir, cls.method, None if script_task is REQUIRED else script_task)
     saved = build_saved(cls, load_yaml(saved_path), saved_path)
     asked = build(cls, {**dataclasses.asdict(saved), **base, "resume": None},
                   {k: v for k, v in flags.items() if k not in ("resume", "output_dir")})
     # what this command sets (in --config or as a flag) must agree with the run, unless it may change
-    given = set(base) | set(flags)
-    changed = {}
-    for name in sorted(given - {"resume", "output_dir"}):
-        new, old = getattr(asked, name), getattr(saved, name)
-        if new != old:
-            if not metadata(cls, name)["on_resume"]:
-                may = ", ".join(n for n, _, _, m in field_help(cls) if m["on_resume"] and n not in INVOCATION_FIELDS)
-                raise ConfigError(f"resume: {name} is {old!r} in {saved_path}, this command asks for {new!r}; a "
-                                  f"resumed run keeps its training settings (may change: {may})")
-            changed[name] = new
-    if "output_dir" in flags and Path(flags["output_dir"]).expanduser().resolve() != run_dir.resolve():
-        raise ConfigError(f"output_dir: a resumed run stays in its folder ({run_dir}); drop --output_dir")
+    changed = run_rules.resume_changes(cls, asked, saved, set(base) | set(flags), saved_path)
+    run_rules.check_stays_in_folder(flags.get("output_dir"), run_dir)
     cfg = dataclasses.replace(saved, **changed, output_dir=str(run_dir), resume=str(run_dir), overwrite=False)
     validate(cfg)
     return cfg
 
 
 def build_saved(cls, saved: dict, path: Path):
-    """The saved config of a run as ``cls``: a field the script does not have means another method's run."""
-    fields = _field_types(cls)
-    foreign = [k for k in saved if k not in fields]
-    anyones = set(_field_types(CoryArgs)) | set(_field_types(PPOArgs))
-    retired = [k for k in foreign if k not in anyones]
-    if retired:  # no method's script has them: not another method's run
-        raise ConfigError(f"resume: {path} holds fields no script has now ({', '.join(retired[:3])}): retired since "
-                          f"the run was made, or added by hand; delete them from {path} to resume it")
-    if foreign:
-        raise ConfigError(f"resume: {path} holds fields this script does not have ({', '.join(foreign[:3])}): "
-                          "a run of another method; resume it with its own script")
+    """The saved config of a run as ``cls`` (``run_rules.check_saved_fields``: only fields the script has)."""
+    run_rules.check_saved_fields(cls, saved, path)
     return build(cls, {k: v for k, v in saved.items() if k not in INVOCATION_FIELDS})
 
 
@@ -178,7 +145,7 @@ def main(cls, argv: list[str] | None = None) -> None:
         print(CONFIG_MARKER)
         print(yaml.safe_dump({"method": cfg.method, "config": to_dict(cfg)}, sort_keys=False), end="")
         return
-    finished = preflight.nothing_to_do(cfg)  # a finished run's --resume: before anything loads or is written
+    finished = run_rules.nothing_to_do(cfg)  # a finished run's --resume: before anything loads or is written
     if finished:
         print(finished)
         return

@@ -75,8 +75,9 @@ class PPOArgs:
     score_clip: float | None = arg(None, "clip training scores to [-score_clip, score_clip]", trl=True)
     # ---- PPO (trl's PPOConfig)
     learning_rate: float = arg(REQUIRED, "Adam learning rate", trl=True)
-    batch_size: int = arg(REQUIRED, "queries per iteration (per process in data-parallel runs)", trl=True)
-    mini_batch_size: int = arg(REQUIRED, "queries per optimizer step", trl=True)
+    batch_size: int = arg(REQUIRED, "answers per iteration, num_generations per prompt (per process in data-parallel "
+                          "runs)", trl=True)
+    mini_batch_size: int = arg(REQUIRED, "answers per optimizer step", trl=True)
     gradient_accumulation_steps: int = arg(1, "mini-batches whose gradients add up to one optimizer step "
                                            "(1 = none)", trl=True)
     ppo_epochs: int = arg(REQUIRED, "passes over each batch", trl=True)
@@ -92,6 +93,16 @@ class PPOArgs:
     kl_penalty: str = arg(REQUIRED, "per-token KL estimate: full = the full-vocabulary KL(pi || pi0)", trl=True,
                           choices=("full", "kl", "abs", "mse"))
     max_grad_norm: float | None = arg(None, "clip the gradient norm (none = no clipping)", trl=True)
+    ratio_threshold: float = arg(10.0, "a mini-batch whose mean probability ratio passes this takes no update "
+                                 "(trl's rule and default)", trl=True)
+    # ---- the learner switch (cory.ppo.advantages): the methods differ only in the advantage; the clipped policy
+    # loss and the KL penalty in the reward (eta and its controller) are the same for all
+    advantage_estimator: str = arg("gae", "gae = PPO's critic: a value head and GAE; rloo = no value head, each "
+                                   "answer's score less the mean score of the other answers to its prompt; grpo = no "
+                                   "value head, scores normalised within each prompt's answers (mean 0, std 1)",
+                                   choices=("gae", "rloo", "grpo"))
+    num_generations: int = arg(1, "answers per prompt, K (rloo and grpo need 2 or more); batch_size counts answers, "
+                               "so batch_size 32 with K 4 is 8 prompts")
     # a random head gives SmolLM2-135M values of -1.2 +- 0.7 from token to token against a 0/1 reward, so the first
     # advantages are mostly its noise (results/arithmetic_cpu_pilot/DESIGN.md, stage 6)
     value_head_init: str = arg("trl", "the value head's starting weights: trl = trl's random linear layer; zero = "
@@ -373,6 +384,20 @@ def _check_ppo_ranges(cfg: PPOArgs) -> None:
         raise ConfigError(f"lora_dropout: must be in [0, 1), got {cfg.lora_dropout}")
 
 
+def _check_learner(cfg: PPOArgs) -> None:
+    """The learner switch: K answers per prompt fill the batch, and a critic-free baseline needs two or more."""
+    k = cfg.num_generations
+    if cfg.batch_size % k:
+        raise ConfigError(f"batch_size: {cfg.batch_size} is not divisible by num_generations {k} (the batch counts "
+                          f"answers, {k} per prompt)")
+    if cfg.advantage_estimator != "gae" and k < 2:
+        raise ConfigError(f"num_generations: {cfg.advantage_estimator} needs at least 2 answers per prompt (its "
+                          f"baseline is taken over a prompt's other answers), got {k}")
+    if cfg.advantage_estimator != "gae" and not cfg.fast_ppo:
+        raise ConfigError(f"advantage_estimator: {cfg.advantage_estimator} needs fast_ppo: true (trl's stock "
+                          "PPOTrainer step has GAE only)")
+
+
 def validate(cfg: PPOArgs) -> None:
     """Range and consistency checks that need nothing but the values."""
     def positive(name, integer=True):
@@ -388,15 +413,16 @@ def validate(cfg: PPOArgs) -> None:
         if choices:
             _one_of(f.name, v, choices)
     for name in ("steps", "batch_size", "mini_batch_size", "gradient_accumulation_steps", "ppo_epochs",
-                 "response_length_min", "save_every", "keep_checkpoints"):
+                 "response_length_min", "save_every", "keep_checkpoints", "num_generations"):
         positive(name)
+    _check_learner(cfg)
     for name in ("lora_r", "lora_alpha"):
         if getattr(cfg, name) is None:
             if cfg.use_peft:
                 raise ConfigError(f"{name}: needed with use_peft: true")
         elif getattr(cfg, name) <= 0:
             raise ConfigError(f"{name}: must be > 0, got {getattr(cfg, name)}")
-    for name in ("learning_rate", "target", "horizon", "temperature", "repetition_penalty"):
+    for name in ("learning_rate", "target", "horizon", "temperature", "repetition_penalty", "ratio_threshold"):
         positive(name, integer=False)
     if not 0 <= cfg.seed < SEED_LIMIT:
         raise ConfigError(f"seed: must be in [0, 2**31), got {cfg.seed}")

@@ -1,10 +1,9 @@
-"""The project's errors, in one place. Each message is one line a user can act on; the entry points print it as
-``error: ...`` and exit with status 2 (a mistake in what was asked) or 1 (a run that cannot go on).
+"""The errors the package raises, in one place. Each message is one line a user can act on; the entry points print it
+as ``error: ...`` and exit with status 2 (a mistake in what was asked) or 1 (a run that cannot go on).
 
-Every layer can raise these and imports them from here (no other module re-exports them). ``OneLineParser`` is
-the lab commands' argparse that turns a usage mistake into the command's own one-line error.
+Every layer can raise these and imports them from here (no other module re-exports them). The lab commands' own
+errors are in ``lab.errors``.
 """
-import argparse
 import errno
 
 
@@ -35,30 +34,6 @@ class Stopped(Exception):
     def __init__(self, message: str, signum: int):
         super().__init__(message)
         self.exit_status = 128 + int(signum)
-
-
-class EvalError(ValueError):
-    """A user mistake on ``lab.evaluate``'s command line; the message is one line."""
-
-
-class ExperimentError(Exception):
-    """A user mistake in the experiment runner's arguments; the message is one line."""
-
-
-class ReportError(Exception):
-    """The folder is not an experiment folder; the message is one line."""
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse for the lab's commands (``lab.evaluate``, ``lab.experiments``, ...): a mistake raises the
-    command's own one-line ``error`` with argparse's message, instead of printing argparse's usage block."""
-
-    def __init__(self, error: type[Exception], **kwargs):
-        super().__init__(**kwargs)
-        self._error = error
-
-    def error(self, message: str):
-        raise self._error(message)
 
 
 def file_fault(e: OSError, where) -> str:

@@ -9,6 +9,21 @@ CORY copies the pretrained model into two agents, LLM1 and LLM2. In each iterati
    to the frozen original model);
 5. every ``swap_period`` iterations the agents exchange roles.
 
+**K answers per prompt** (``num_generations``; the critic-free learners ``rloo`` and ``grpo`` need K ≥ 2, and
+take each answer's baseline over the other answers to its prompt, ``cory.ppo.CRITIC_FREE``). The batch counts
+answers: ``answers_per_prompt`` puts each of batch_size / K prompts K times side by side, and the game runs on
+that batch as on any other. So in CORY each of the K pioneer answers gets ONE observer answer, written after
+reading that pioneer answer; the pair's collective reward is r1_k + r2_k; and each agent's baseline is taken over
+its own K answers to the same query (rows g·K … g·K + K − 1 of both agents' batches). Why this form:
+
+* it keeps the paper's unit, one pioneer answer and the observer's answer to it, so knowledge transfer and the
+  collective reward mean what they mean at K = 1, and K = 1 is the paper's game exactly;
+* the cost stays the batch's: 2 × batch_size answers per iteration, as at K = 1 (K observer answers per pioneer
+  answer would make K² pairs per prompt);
+* each agent's K answers are K draws of its own policy for one query (the observer's through K different pioneer
+  answers, which are part of what it is judged on), so a baseline over them is that agent's own group baseline;
+  grouping the observer by pioneer answer would leave it groups of one.
+
 Single-agent PPO, the paper's baseline, is the same iteration with one agent and no partner. The pure
 rules come first (with table tests in tests/test_rules.py), then the two iterations; the run loop
 (``cory.train``) plays ``ITERATIONS[method]`` once per batch.
@@ -61,12 +76,23 @@ def is_swap_step(step: int, swap_period: int) -> bool:
     return swap_period > 0 and step > 0 and step % swap_period == 0
 
 
+def answers_per_prompt(prompts: list[Example], k: int) -> list[Example]:
+    """The batch of ``k`` answers per prompt: each prompt ``k`` times, side by side (prompt g's answers are rows
+    g·k … g·k + k − 1, where the critic-free learners take their baselines)."""
+    return [example for example in prompts for _ in range(k)]
+
+
 def collective_rewards(own: list[float], partner: list[float], other_reward_coef: float) -> list[float]:
     """Each agent's training reward: its own task reward plus ``coef`` times its partner's.
 
     coef 1 is the paper's collective reward r1 + r2; 0 trains the agents independently; -1 is competitive.
     """
     return [o + other_reward_coef * p for o, p in zip(own, partner)]
+
+
+def has_critic(cfg: PPOArgs) -> bool:
+    """Whether the agents learn with a value head (``advantage_estimator: gae``)."""
+    return cfg.advantage_estimator == "gae"
 
 
 def combined_reward(task_reward: float, kl: float, kl_coef: float) -> float:
@@ -110,10 +136,11 @@ class Timer:
 
 
 def agent_metrics(prefix: str, task_rewards: list[float], train_rewards: list[float], stats: StepStats,
-                  answers: Answers, kl_coef: float) -> dict:
+                  answers: Answers, kl_coef: float, critic: bool = True) -> dict:
     """One agent's row of metrics.jsonl; ``kl`` is the full-vocabulary KL summed over the response; ``entropy`` the
     answers' sampled entropy (``StepStats.sequence_entropy``); distinct-n and the share of answers repeating a
-    token 4+ times in a row show a policy collapsing (``cory.metrics``)."""
+    token 4+ times in a row show a policy collapsing (``cory.metrics``). With a ``critic`` (``gae``) its value loss
+    and explained variance (does the value head learn anything?); a critic-free learner has neither."""
     task_reward = float(np.mean(task_rewards))
     kl = stats.kl
     degenerate = {f"{prefix}/{name}": value for name, value in degeneration(answers.texts, answers.ids).items()}
@@ -127,7 +154,8 @@ def agent_metrics(prefix: str, task_rewards: list[float], train_rewards: list[fl
         **degenerate,
         f"{prefix}/entropy": stats.sequence_entropy,
         f"{prefix}/policy_loss": stats.policy_loss,
-        f"{prefix}/value_loss": stats.value_loss,
+        **({f"{prefix}/value_loss": stats.value_loss, f"{prefix}/explained_variance": stats.explained_variance}
+           if critic else {}),
     }
 
 
@@ -154,7 +182,7 @@ def ppo_iteration(step: int, batch: list[Example], agents: dict[str, Agent], rol
         stats = policy.step(queries, answers.ids, rewards)
     check_loss(step, name, stats)
 
-    row = agent_metrics(name, rewards, rewards, stats, answers, kl_coef)
+    row = agent_metrics(name, rewards, rewards, stats, answers, kl_coef, has_critic(cfg))
     row.pop(f"{name}/collective_reward")
     row.update(timer.seconds)
     samples = [{"step": step, "query": ex.query, "response": text, "reward": r}
@@ -195,7 +223,8 @@ def cory_iteration(step: int, batch: list[Example], agents: dict[str, Agent], ro
             and rewards_are_finite(step, roles.observer, r2, cfg.on_nonfinite)):
         return None, []
 
-    # 4. both learn from the collective reward (with coef 1: r1 + r2), each with its own KL penalty
+    # 4. both learn from the collective reward (with coef 1: r1 + r2, per pioneer-observer pair), each with its own KL
+    # penalty (with K answers per prompt, each agent's baseline over its own K answers to the query: its step)
     pioneer_reward = collective_rewards(r1, r2, cfg.other_reward_coef)
     observer_reward = collective_rewards(r2, r1, cfg.other_reward_coef)
     kl_coefs = {roles.pioneer: pioneer.kl_coef, roles.observer: observer.kl_coef}  # the η this step's penalties use
@@ -209,8 +238,10 @@ def cory_iteration(step: int, batch: list[Example], agents: dict[str, Agent], ro
     row = {"pioneer": roles.pioneer}
     # did the observer use the pioneer's answer? (its reward minus the pioneer's; copy and correction rates)
     row.update(knowledge_transfer(r1, r2, zero_one_reward(rollout.task)))
-    row.update(agent_metrics(roles.pioneer, r1, pioneer_reward, pioneer_stats, a1, kl_coefs[roles.pioneer]))
-    row.update(agent_metrics(roles.observer, r2, observer_reward, observer_stats, a2, kl_coefs[roles.observer]))
+    critic = has_critic(cfg)
+    row.update(agent_metrics(roles.pioneer, r1, pioneer_reward, pioneer_stats, a1, kl_coefs[roles.pioneer], critic))
+    row.update(agent_metrics(roles.observer, r2, observer_reward, observer_stats, a2, kl_coefs[roles.observer],
+                             critic))
     row.update(timer.seconds)
     samples = [{"step": step, "pioneer": roles.pioneer, "query": batch[i].query,
                 "pioneer_response": a1.texts[i], "pioneer_reward": r1[i],

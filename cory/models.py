@@ -1,4 +1,5 @@
-"""Loading what a run trains: the tokenizer, the policies (each with trl's value head, LoRA optional) and
+"""Loading what a run trains: the tokenizer, the policies (each with trl's value head unless its learner has no
+critic: ``PolicyWithoutValueHead``; LoRA optional) and
 the one frozen reference model pi0 that every agent's KL penalty is measured against.
 
 Each loader takes a located ``cory.assets.ModelSpec``: the model name resolved once, when the run is prepared
@@ -14,6 +15,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, GPT2Config, LlamaConfig
 from trl import AutoModelForCausalLMWithValueHead
+from trl.models import PreTrainedModelWrapper
 
 from cory.assets import (GPT2_VOCAB, RANDOM, RANDOM_PREFIX, RANDOM_SHAPES, AssetError, ModelSpec, check_4bit,
                          gpt2_tokenizer, quiet)
@@ -186,9 +188,31 @@ def _restore_value_head(model, path: str) -> None:
             model.v_head.load_state_dict(state)
 
 
+class PolicyWithoutValueHead(AutoModelForCausalLMWithValueHead):
+    """A policy for a critic-free learner (``advantage_estimator`` rloo or grpo): trl's value-head wrapper, which
+    trl's PPOTrainer requires, built without the value head. Its forward returns (logits, loss, None): no values."""
+
+    def __init__(self, pretrained_model, **kwargs):
+        PreTrainedModelWrapper.__init__(self, pretrained_model, **kwargs)  # the wrapper without ValueHead(...)
+
+    def forward(self, input_ids=None, past_key_values=None, attention_mask=None, return_past_key_values=False,
+                **kwargs):
+        out = self.pretrained_model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=past_key_values,
+                                    **kwargs)
+        logits = out.logits if out.logits.dtype == torch.float32 else out.logits.float()  # as trl's wrapper upcasts
+        return (logits, out.loss, None, out.past_key_values) if return_past_key_values else (logits, out.loss, None)
+
+    def state_dict(self, *args, **kwargs):
+        return {} if self.is_peft_model else self.pretrained_model.state_dict(*args, **kwargs)
+
+    def post_init(self, state_dict):
+        pass  # trl's loads the value head's weights here
+
+
 def load_policy(
     spec: ModelSpec,
     *,
+    value_head: bool = True,
     use_peft: bool = False,
     lora_r: int = 16,
     lora_alpha: int = 16,
@@ -201,7 +225,8 @@ def load_policy(
     With ``use_peft`` only the LoRA adapters and the value head are trainable, and trl's
     PPOTrainer takes the KL reference from the same weights with the adapters disabled
     (so no separate reference model: see load_reference). ``load_in_4bit`` (the paper's
-    GSM8K setting) needs CUDA + bitsandbytes and adapters. ``torch_dtype`` None means float32.
+    GSM8K setting) needs CUDA + bitsandbytes and adapters. ``torch_dtype`` None means float32. Without
+    ``value_head`` (a critic-free learner) a ``PolicyWithoutValueHead``.
     """
     if load_in_4bit:
         check_4bit()
@@ -228,8 +253,10 @@ def load_policy(
             )
         # trl applies get_peft_model (and prepare_model_for_kbit_training when the model
         # reports is_loaded_in_4bit) and marks the wrapper is_peft_model.
-        model = AutoModelForCausalLMWithValueHead.from_pretrained(base, peft_config=peft_config)
-    _restore_value_head(model, spec.path)
+        wrapper = AutoModelForCausalLMWithValueHead if value_head else PolicyWithoutValueHead
+        model = wrapper.from_pretrained(base, peft_config=peft_config)
+    if value_head:
+        _restore_value_head(model, spec.path)
     return model
 
 
@@ -251,6 +278,7 @@ def load_policies(spec: ModelSpec, names: list[str], *, use_peft: bool = False, 
     from peft import PeftModel  # LoRA runs only (see above)
 
     first = load_policy(spec, use_peft=True, **kwargs)
+    wrapper = type(first)  # with or without the value head
     peft_model: PeftModel = first.pretrained_model
     lora_config = peft_model.peft_config["default"]
     policies = {names[0]: first}
@@ -258,7 +286,7 @@ def load_policies(spec: ModelSpec, names: list[str], *, use_peft: bool = False, 
     for name in names[1:]:
         peft_model.add_adapter(name, lora_config)
         with quiet():
-            policy = AutoModelForCausalLMWithValueHead.from_pretrained(peft_model)
+            policy = wrapper.from_pretrained(peft_model)
         policy.adapter_name = name
         policies[name] = policy
     return policies

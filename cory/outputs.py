@@ -1,8 +1,10 @@
-"""A run's folder: resolved config, metrics and samples (JSON lines), atomic checkpoints.
+"""A run's folder, its files only: what a run writes (and so all that ``--overwrite`` deletes), the manifest, the
+lock, resolved config, metrics and samples (JSON lines), atomic checkpoints and their data-only loader. Whether a
+run may start, resume, continue or overwrite there is decided in ``cory.run_rules``.
 
-The checks made before any model loads (``cory.preflight``, the command line's ``--help`` and ``--print_config``)
-read run folders through this module, so torch is imported only inside the functions that save or load
-checkpoints: those checks stay quick and torch-free."""
+The checks made before any model loads (``cory.preflight``, ``cory.run_rules``, the command line's ``--help`` and
+``--print_config``) read run folders through this module, so torch is imported only inside the functions that save
+or load checkpoints: those checks stay quick and torch-free."""
 from __future__ import annotations
 
 import contextlib
@@ -26,7 +28,7 @@ import yaml
 from cory import final as final_models
 from cory.errors import ConfigError
 from cory.method import AGENT_NAMES
-from cory.targets import TEMPORARY, check_target, text_refusal
+from cory.targets import TEMPORARY
 from cory.tasks import registered
 
 CHECKPOINTS = "checkpoints"
@@ -156,111 +158,6 @@ def evaluations(run_dir: str | os.PathLike) -> list[Path]:
     return sorted(p for p in Path(run_dir).iterdir() if p.is_file() and _is_eval_file(p.name))
 
 
-def _results(run_dir: Path) -> list[str]:
-    """A run's results in ``run_dir``, named for a refusal: its rows, its final models, their evaluations."""
-    held = [f"{name} ({len(rows)} rows)" for name in ("metrics.jsonl", "eval.jsonl", "samples.jsonl")
-            if (rows := read_jsonl(run_dir / name))]
-    held += ["final/"] if (run_dir / "final").is_dir() else []
-    return held + [p.name for p in evaluations(run_dir)]
-
-
-def _listing(names: list[str]) -> str:
-    return ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
-
-
-def run_finished(run_dir: Path) -> bool:
-    """A finished run's results: its final models or their evaluation, or a metrics row for every iteration its
-    config.yaml asks for (its checkpoints and final/ deleted, or never kept)."""
-    if (run_dir / "final").is_dir() or evaluations(run_dir):
-        return True
-    try:
-        steps = (yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}).get("steps")
-    except (OSError, ValueError, yaml.YAMLError, AttributeError):  # ValueError: not UTF-8
-        return False
-    logged = {row.get("step") for row in read_jsonl(run_dir / "metrics.jsonl")}
-    return isinstance(steps, int) and set(range(steps)) <= logged
-
-
-def copied_run(run_dir: str | os.PathLike) -> str | None:
-    """"RUN holds a run copied or cloned from another folder (its results)" when ``run_dir`` holds results that no
-    command wrote in this folder, else None: no command here may replace or delete them."""
-    run_dir = Path(run_dir)
-    held = _results(run_dir)
-    if not held or written_here(run_dir):
-        return None
-    return f"{run_dir} holds a run copied or cloned from another folder ({_listing(held)})"
-
-
-def restart_refusal(run_dir: str | os.PathLike) -> str | None:
-    """Why starting the run in ``run_dir`` again from iteration 0 (``--resume`` without a checkpoint, or the runner
-    rerunning a run cut off before its first checkpoint) would delete what it cannot give back, as "RUN holds ...";
-    None for a run cut off before its first checkpoint in this folder, whose rows the restart redoes."""
-    run_dir = Path(run_dir)
-    copied = copied_run(run_dir)
-    if copied or not run_finished(run_dir):
-        return copied
-    return f"{run_dir} holds a finished run's results ({_listing(_results(run_dir))})"
-
-
-def evaluation_refusal(run_dir: str | os.PathLike) -> str | None:
-    """Why continuing the run in ``run_dir`` from its checkpoint may not delete its evaluations (they describe the
-    final models it replaces): they came with a run copied or cloned from another folder, so no command here wrote
-    them. None when there are none, or they were written here."""
-    found = evaluations(run_dir)
-    if not found or written_here(run_dir):
-        return None
-    return (f"{run_dir} holds {_listing([p.name for p in found])}, the evaluation of a run copied or cloned from "
-            "another folder")
-
-
-def check_text_path(path, name: str = "output_dir") -> None:
-    """A path a run writes into its files (config.yaml, the manifest, runs.json) must be text
-    (``cory.targets.text_refusal``): refused at the start, in one line, not after the run has trained."""
-    refusal = text_refusal(path, name)
-    if refusal:
-        raise ConfigError(refusal)
-
-
-def check_writable(path: Path, name: str = "output_dir") -> None:
-    """``path`` (a file or folder to be written, created with its parents if need be) can be written: its
-    nearest existing ancestor is a folder we may write in. ``name`` is the field or flag to blame."""
-    check_text_path(path, name)
-    path = Path(path).absolute()
-    existing = path
-    while not existing.exists():
-        existing = existing.parent
-    if existing == path:  # already there: a file is replaced within its folder, a folder is written into
-        folder = path if path.is_dir() else path.parent
-    elif not existing.is_dir():
-        raise ConfigError(f"{name}: {path} would be inside {existing}, which is a file, not a folder")
-    else:
-        folder = existing
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ConfigError(f"{name}: cannot write in {folder} (permission denied); choose another place")
-
-
-def written_by(path: Path, program: str, key: str = "command") -> bool:
-    """Whether ``path`` holds a JSON document that ``program`` wrote (its ``key``, "command", starts with
-    ``program``)."""
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(doc, dict) and str(doc.get(key, "")).startswith(program)
-
-
-def check_output_file(path: Path, name: str, program: str, force: bool = False, key: str = "command") -> None:
-    """An output file flag (``--json``): a file already there that ``program`` did not write (a user's file) is
-    refused in one line unless ``force``; then ``check_writable``. Before any work, so that nothing is lost.
-    ``key``: the field of the JSON document that records the command which wrote it (``written_by``)."""
-    path = Path(path)
-    check_target(path, name)  # a pipe or a device would be replaced by the file, not written into
-    if path.is_file() and not force and not written_by(path, program, key):
-        raise ConfigError(f"{name}: {path} already exists and was not written by {program}; choose another file, or "
-                          "pass --force to replace it")
-    check_writable(path, name)
-
-
 def run_folder_of(path: str | os.PathLike) -> Path | None:
     """The run folder ``path`` would be written in: the nearest folder above it (as given, or with its links
     resolved) that holds a run's manifest or lock; None when there is none."""
@@ -270,72 +167,6 @@ def run_folder_of(path: str | os.PathLike) -> Path | None:
             if read_manifest(folder) is not None or (folder / LOCK).is_file():
                 return folder
     return None
-
-
-def check_output_json(path: str | os.PathLike, name: str, program: str, force: bool = False,
-                      key: str = "command") -> None:
-    """A result file a command writes on its own (a benchmark's ``--json``), checked before any work: a file name
-    (not a folder) in a folder that exists, outside every run folder (a run's folder holds what runs write, and
-    ``--overwrite`` would refuse it), not a file ``program`` did not write unless ``force``
-    (``check_output_file``), and writable. A ConfigError of one line naming ``name``."""
-    path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"{name}: {path} is a folder; give a file name, e.g. {path / 'results.json'}")
-    folder = path.absolute().parent
-    if not folder.exists():
-        raise ConfigError(f"{name}: folder {path.parent} does not exist; create it or choose a file in an existing "
-                          "folder")
-    run = run_folder_of(path)
-    if run is not None:
-        raise ConfigError(f"{name}: {path} is inside the run folder {run}, which holds only what a run writes; "
-                          "choose a file outside it")
-    check_output_file(path, name, program, force, key)
-
-
-def check_output_dir(output_dir: str, *, resume: bool, overwrite: bool, method: str = "", task: str = "") -> None:
-    """Refuse to touch an existing run unless asked to, and anything but a run at all; writes nothing. ``method``
-    and ``task``: this run's, so that a folder holding another method's run gets advice that works."""
-    path = Path(output_dir)
-    if path.is_symlink() and not path.exists():  # a folder cannot be made where the link is
-        raise ConfigError(f"output_dir: {output_dir} is a symbolic link to {os.readlink(path)}, which does not "
-                          "exist; create that folder or choose another output_dir")
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"output_dir: {output_dir} exists and is not a folder")
-    # a run inside another's folder is a user's file to that run (its --overwrite refuses, its copy carries it)
-    host = next((d for start in (path.absolute(), path.resolve()) for d in start.parents
-                 if read_manifest(d) is not None), None)
-    if host is not None:
-        raise ConfigError(f"output_dir: {output_dir} is inside the run folder {host}, which holds only what its run "
-                          "writes; choose a folder outside it")
-    check_writable(path)
-    busy = in_use(path) if path.is_dir() else None
-    if busy:
-        raise ConfigError(busy)
-    if resume:  # without a complete checkpoint the run starts again from iteration 0, in the same folder
-        return
-    if not path.is_dir() or all(p.name == LOCK for p in path.iterdir()):  # a lock alone: a run that never began
-        return
-    if not overwrite:
-        there = read_manifest(path) or {}
-        if method and there.get("method") and (there["method"], there.get("task")) != (method, task):
-            raise ConfigError(f"output_dir: {output_dir} holds a {there['method']} run on {there.get('task')}; "
-                              f"continue it with {there.get('task')}_train/{there['method']}.py --resume "
-                              f"{output_dir}, or choose another output_dir (--overwrite replaces it)")
-        raise ConfigError(f"output_dir: {output_dir} already holds files; pass --resume {output_dir} to continue "
-                          f"the run there or --overwrite to replace it")
-    # --overwrite deletes only what a run of this project wrote, in a folder that says it is one
-    if read_manifest(path) is None:
-        raise ConfigError(f"output_dir: {output_dir} is not a run folder of this project (no {MANIFEST}); "
-                          "--overwrite only replaces runs, choose another output_dir")
-    foreign = [str(p.relative_to(path)) for p in scan_run_dir(path)[1]]
-    if foreign:
-        raise ConfigError(f"output_dir: {output_dir} also holds files no run writes ({', '.join(foreign[:3])}"
-                          f"{', ...' if len(foreign) > 3 else ''}); --overwrite would delete them, so it refuses: "
-                          "move them or choose another output_dir")
-    copied = copied_run(path)
-    if copied:
-        raise ConfigError(f"output_dir: {copied}; --overwrite replaces only a run made in its own folder, so it "
-                          "refuses: leave it as it is and start the new run in another output_dir")
 
 
 class RunLock:

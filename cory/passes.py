@@ -119,7 +119,7 @@ class WindowOutputs:
     """What the passes over B samples give, in the samples' order, on the response window W."""
 
     logprobs: torch.Tensor                 # [B, W] float32: log-prob of each response token (graph kept with grad on)
-    values: torch.Tensor                   # [B, W] float32: the value head at each response token
+    values: torch.Tensor | None            # [B, W] float32: the value head at each response token (None: no head)
     masks: torch.Tensor                    # [B, W] long: 1 on the response's own tokens, 0 past its end
     logits: torch.Tensor | None = None     # [B, W, V] (when asked for): for trl's entropy statistic
     ref_logprobs: torch.Tensor | None = None  # [B, W] float32: the reference's log-probs (with a reference)
@@ -151,7 +151,7 @@ def window_passes(model, queries, responses, *, window: int, max_pass_tokens: in
         logits, values, labels = window_forward(model, qs, rs, window, pack=pack, pad_id=pad_id, device=device)
         # log-probabilities in float32 whatever the compute precision (bf16 log-softmaxes would swamp the small
         # differences PPO's ratios and KL are made of); a no-op in float32
-        piece = WindowOutputs(logprobs_from_logits(logits.float(), labels), values.float(),
+        piece = WindowOutputs(logprobs_from_logits(logits.float(), labels), None if values is None else values.float(),
                               (k[None, :] < r_len[:, None]).long(), logits if keep_logits else None)
         if reference is not None:
             with torch.no_grad(), reference_ctx():
@@ -174,8 +174,8 @@ def window_passes(model, queries, responses, *, window: int, max_pass_tokens: in
 
 def window_forward(model, qs, rs, window: int, *, pack: bool, pad_id: int, device):
     """One pass of ``model`` over the sequences query + response: (logits, values, labels) on the window,
-    [B, W, V], [B, W] and [B, W]. Past a response's end the window repeats its last position (masked later).
-    Always in eval mode (no dropout): trl's passes are, its training ones included."""
+    [B, W, V], [B, W] and [B, W]; values None for a model without a value head (``models.PolicyWithoutValueHead``).
+    Past a response's end the window repeats its last position (masked later). Always in eval mode (no dropout): trl's passes are, its training ones included."""
     config = hf_config(model)
     k = torch.arange(window, device=device)
     seqs = [torch.cat([q, r]).to(device) for q, r in zip(qs, rs)]
@@ -195,13 +195,13 @@ def window_forward(model, qs, rs, window: int, *, pack: bool, pad_id: int, devic
             logits, _, values = model(input_ids=input_ids, position_ids=layout.position_ids,
                                       logits_to_keep=positions.reshape(1, -1), use_cache=False)
         logits = logits.reshape(len(seqs), window, -1)
-        return logits, values[0][positions], input_ids[0][positions + 1]
+        return logits, None if values is None else values[0][positions], input_ids[0][positions + 1]
     input_ids = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=pad_id)
     attention = torch.nn.utils.rnn.pad_sequence([torch.ones_like(s) for s in seqs], batch_first=True)
     positions = ((q_len - 1)[:, None] + k).clamp(max=input_ids.shape[1] - 2)
     logits, _, values = model(input_ids=input_ids, attention_mask=attention, logits_to_keep=positions,
                               use_cache=False)
-    return logits, values.gather(1, positions), input_ids.gather(1, positions + 1)
+    return logits, None if values is None else values.gather(1, positions), input_ids.gather(1, positions + 1)
 
 
 # ----------------------------------------------------------------------------- the token budget
@@ -270,7 +270,7 @@ def measure_bytes_per_token(model, input_ids: torch.Tensor) -> float:
     base = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
     logits, _, values = model(input_ids=input_ids, use_cache=False)
-    loss = torch.log_softmax(logits.float(), -1).mean() + values.float().mean()
+    loss = torch.log_softmax(logits.float(), -1).mean() + (0 if values is None else values.float().mean())
     loss.backward()
     peak = torch.cuda.max_memory_allocated(device)
     model.zero_grad(set_to_none=True)

@@ -1,23 +1,22 @@
 """Everything that can be checked before a model loads, gathered from the layers that know it: the values
 alone (``cory.config``), the model spec (``cory.assets``), the task, reward and data (``cory.tasks``), and the
-run folder (``cory.outputs``). A mistake raises ConfigError with one line; nothing has been written yet."""
+run folder: whether the run may start, resume, continue or overwrite there (``cory.run_rules``). A mistake raises
+ConfigError with one line; nothing has been written yet."""
 from __future__ import annotations
 
 import importlib.util
 import netrc
 import os
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from cory import memory
 from cory.assets import ModelSpec, check_4bit, model_spec, weights_fingerprint
-from cory.config import INVOCATION_FIELDS, PPOArgs, on_resume_fields, to_dict
+from cory.config import PPOArgs
 from cory.errors import AssetError, ConfigError
-from cory.final import file_digest, final_complete
 from cory.method import method_of
-from cory.outputs import (check_checkpoint_file, check_output_dir, checkpoints, evaluation_refusal, latest_checkpoint,
-                          load_checkpoint_file, read_manifest, restart_refusal)
+from cory.outputs import load_checkpoint_file
+from cory.run_rules import check_output_dir, check_resumable, nothing_to_do
 from cory.tasks import check_config as check_task
 from cory.tasks import REWARD_METRICS, task_spec
 
@@ -125,128 +124,6 @@ def check_memory(cfg: PPOArgs, spec: ModelSpec) -> None:
 
 def _gib(n: int) -> str:
     return f"{n / memory.GIB:,.1f} GiB"
-
-
-def run_identity(run_dir: Path) -> tuple[str, str | None]:
-    """(method, task) of the run in ``run_dir``, from its manifest; runs from before the manifest: a CORY run's
-    config has swap_period."""
-    import yaml
-
-    manifest = read_manifest(run_dir) or {}
-    try:
-        saved = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}
-    except (OSError, ValueError, yaml.YAMLError):  # ValueError: not UTF-8
-        saved = {}
-    saved = saved if isinstance(saved, dict) else {}
-    return (manifest.get("method") or ("cory" if "swap_period" in saved else "ppo"),
-            manifest.get("task") or saved.get("task"))
-
-
-def check_identity(run_dir: Path, method: str, task: str | None) -> None:
-    """The run in ``run_dir`` is one that ``method``'s script of ``task`` continues (None: any task); else one line
-    naming the script that does."""
-    was, was_task = run_identity(run_dir)
-    if was != method or (task and was_task and was_task != task):
-        raise ConfigError(f"resume: {run_dir} is a {was} run on the {was_task} task; continue it with "
-                          f"{was_task}_train/{was}.py")
-
-
-def nothing_to_do(cfg: PPOArgs) -> str | None:
-    """For ``--resume`` of a run that has done its ``steps`` iterations and holds its final models: the line that
-    says so, and the resume then changes nothing (no config, row, evaluation or model rewritten); else None."""
-    run_dir = Path(cfg.output_dir)
-    done = checkpoints(run_dir)
-    if cfg.resume is None or not done or done[-1][0] != cfg.steps:
-        return None
-    if not final_complete(run_dir, method_of(cfg).agents):
-        return None  # cut off while saving them (a final/ from before they were written whole): the resume writes them
-    return (f"nothing to do: {run_dir} has done its {cfg.steps} iterations and holds its final models; nothing "
-            "changed (--steps N, more iterations, extends it)")
-
-
-def check_resumable(run_dir: Path, cfg: PPOArgs, fingerprint: str | None = None) -> Path | None:
-    """The run in ``run_dir`` is one this script continues (same method and task), what the resume replaces was
-    written here, its newest checkpoint's state can be read, and its base model is the one ``fingerprint`` describes
-    now (``weights_fingerprint``). Returns that checkpoint; None when there is none (the run starts again from
-    iteration 0)."""
-    method = method_of(cfg)
-    check_identity(run_dir, method.name, cfg.task)
-    checkpoint = latest_checkpoint(run_dir)
-    if checkpoint is None:  # the run would start again from iteration 0, deleting every row
-        refusal = restart_refusal(run_dir)
-        if refusal:
-            raise ConfigError(f"resume: {refusal} and no checkpoint to resume from; resuming would start it again "
-                              "and delete them, so it refuses: leave it as it is and start a new run in another "
-                              f"folder (--config {run_dir / 'config.yaml'} --output_dir NEW)")
-        return None
-    refusal = evaluation_refusal(run_dir)  # continuing replaces the final models they describe
-    if refusal:
-        raise ConfigError(f"resume: {refusal}; continuing the run replaces the models it describes and would delete "
-                          f"it, so it refuses: move it out of {run_dir}, then resume")
-    state = load_checkpoint_file(checkpoint / "state.pt")
-    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
-        raise ConfigError(f"resume: {checkpoint / 'state.pt'} holds no iteration count; move that checkpoint "
-                          "folder aside to resume from an older one, or start again with --overwrite")
-    if state["step"] > cfg.steps:  # its weights have seen more iterations than the run would then say
-        raise ConfigError(f"steps: {run_dir} has done {state['step']} iterations, more than --steps {cfg.steps}; a "
-                          f"resumed run can only be extended (--steps {state['step']} or more)")
-    check_trained_config(checkpoint, state.get("config"), cfg)
-    base = state.get("base_model")
-    if isinstance(base, str) and fingerprint is not None and base != fingerprint:
-        raise ConfigError(f"resume: the base model {cfg.model_name} has changed since {checkpoint.name} was saved (its "
-                          "weights or config.json differ from those the run started from, which are its KL "
-                          "reference too); resume with the model it was trained from, or start again with --overwrite")
-    for name in method.agents:
-        if not (checkpoint / f"{name}.pt").is_file():
-            raise ConfigError(f"resume: {checkpoint} has no {name}.pt; is it a {method.name} run?")
-        check_checkpoint_file(checkpoint / f"{name}.pt")
-    check_one_checkpoint(checkpoint, state, method.agents)
-    return checkpoint
-
-
-def check_one_checkpoint(checkpoint: Path, state: dict, agents) -> None:
-    """The files of ``checkpoint`` were saved together: its state.pt's step is the folder's (a state copied from
-    another step would resume from that step, on weights trained further or less), and each agent file is the one
-    whose sha256 it records (not copied in from another step, seed or method). A checkpoint saved before it
-    recorded them is taken as whole, with a warning: the step is still checked."""
-    aside = f"move {checkpoint} aside to resume from an older checkpoint, or start again with --overwrite"
-    folder_step = int(checkpoint.name.split("_")[-1])
-    if state["step"] != folder_step:
-        raise ConfigError(f"resume: {checkpoint / 'state.pt'} is the state after {state['step']} iterations, not "
-                          f"after {folder_step} as its folder {checkpoint.name} says: it is not that checkpoint's "
-                          f"own; {aside}")
-    rng = state.get("rng")
-    lacking = next((key for key in ("task", "rng") if key not in state), None) or next(
-        (f"rng.{key}" for key in ("torch", "numpy", "python", "length") if not isinstance(rng, dict) or key not in rng),
-        None)
-    if lacking:  # restore() would stop on it with a traceback, after the models have loaded
-        raise ConfigError(f"resume: {checkpoint / 'state.pt'} holds no {lacking!r} (damaged, or edited by hand), so "
-                          f"the run cannot be restored from it; {aside}")
-    recorded = state.get("files")
-    if not isinstance(recorded, dict):
-        warnings.warn(f"resume: {checkpoint / 'state.pt'} records no digest of its agent files (saved before they "
-                      "were recorded); they are taken as its own")
-        return
-    for name in agents:
-        path = checkpoint / f"{name}.pt"
-        if recorded.get(path.name) != file_digest(path):
-            raise ConfigError(f"resume: {path} is not the file {checkpoint / 'state.pt'} was saved with (its sha256 "
-                              "differs: copied from another checkpoint, run or method, or damaged); " + aside)
-
-
-def check_trained_config(checkpoint: Path, trained: dict | None, cfg: PPOArgs) -> None:
-    """The run's config (its config.yaml and this command's allowed changes) agrees with the one its checkpoint
-    was trained with in every field that changes what a run learns; a hand-edited config.yaml would otherwise be
-    recorded while the optimizer kept the old values. Checkpoints written before they recorded it pass."""
-    if not isinstance(trained, dict):
-        return
-    may_change = set(on_resume_fields(type(cfg))) | set(INVOCATION_FIELDS)
-    for name, value in to_dict(cfg).items():
-        if name in may_change or name not in trained or trained[name] == value:
-            continue
-        raise ConfigError(f"resume: {cfg.output_dir}/config.yaml says {name} {value!r}, but its checkpoint "
-                          f"{checkpoint.name} was trained with {trained[name]!r}; a resumed run keeps its training "
-                          f"settings: put {name} back in config.yaml, or start again with --overwrite")
 
 
 def check_wandb() -> None:

@@ -5,11 +5,15 @@ renamed over it once complete, so that a full disk or a stop leaves the file bef
 A rename replaces whatever has the name: a named pipe, a socket, a device (run as root, ``--json /dev/null``
 replaced the machine's /dev/null), or the link ``/dev/stdout``. So a target that exists and is not a regular file
 is refused in one line before any work (``check_target``, from each command's checks) and again at the rename
-(``write_whole``), which is then the only way these files are written. Torch-free, and below every other module.
+(``write_whole``), which is then the only way these files are written. The other checks of a path to be
+written, made before any work: its name is text (``check_text_path``), its folder can be written in
+(``check_writable``), and a file there is one the command wrote, not a user's (``check_output_file``).
+Torch-free, and below every other module.
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -85,6 +89,54 @@ def check_target(path: str | os.PathLike, name: str) -> None:
     refusal = target_refusal(path, name)
     if refusal:
         raise ConfigError(refusal)
+
+
+def check_text_path(path, name: str = "output_dir") -> None:
+    """A path a run writes into its files (config.yaml, the manifest, runs.json) must be text
+    (``text_refusal``): refused at the start, in one line, not after the run has trained."""
+    refusal = text_refusal(path, name)
+    if refusal:
+        raise ConfigError(refusal)
+
+
+def check_writable(path: Path, name: str = "output_dir") -> None:
+    """``path`` (a file or folder to be written, created with its parents if need be) can be written: its
+    nearest existing ancestor is a folder we may write in. ``name`` is the field or flag to blame."""
+    check_text_path(path, name)
+    path = Path(path).absolute()
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if existing == path:  # already there: a file is replaced within its folder, a folder is written into
+        folder = path if path.is_dir() else path.parent
+    elif not existing.is_dir():
+        raise ConfigError(f"{name}: {path} would be inside {existing}, which is a file, not a folder")
+    else:
+        folder = existing
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"{name}: cannot write in {folder} (permission denied); choose another place")
+
+
+def written_by(path: Path, program: str, key: str = "command") -> bool:
+    """Whether ``path`` holds a JSON document that ``program`` wrote (its ``key``, "command", starts with
+    ``program``)."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and str(doc.get(key, "")).startswith(program)
+
+
+def check_output_file(path: Path, name: str, program: str, force: bool = False, key: str = "command") -> None:
+    """An output file flag (``--json``): a file already there that ``program`` did not write (a user's file) is
+    refused in one line unless ``force``; then ``check_writable``. Before any work, so that nothing is lost.
+    ``key``: the field of the JSON document that records the command which wrote it (``written_by``)."""
+    path = Path(path)
+    check_target(path, name)  # a pipe or a device would be replaced by the file, not written into
+    if path.is_file() and not force and not written_by(path, program, key):
+        raise ConfigError(f"{name}: {path} already exists and was not written by {program}; choose another file, or "
+                          "pass --force to replace it")
+    check_writable(path, name)
 
 
 def write_whole(path: str | os.PathLike, content: str | Callable[[Path], None], name: str | None = None) -> None:

@@ -94,10 +94,12 @@ class Run:
         t0 = time.perf_counter()
         memory.reset_peak()
         self.iteration_start = self.sampler_state()
-        batch = self.task.sample(self.cfg.batch_size)
-        if len(batch) != self.cfg.batch_size:
-            raise RunError(f"task {self.cfg.task}: sample({self.cfg.batch_size}) returned {len(batch)} examples "
+        prompts = self.cfg.batch_size // self.cfg.num_generations  # the batch counts answers, K per prompt
+        batch = self.task.sample(prompts)
+        if len(batch) != prompts:
+            raise RunError(f"task {self.cfg.task}: sample({prompts}) returned {len(batch)} examples "
                            f"({self.method.name} run); a task's sample(n) returns exactly n")
+        batch = game.answers_per_prompt(batch, self.cfg.num_generations)
         try:
             row, samples = self.iteration(step, batch, self.agents, self.rollout, self.cfg)
         except NonFinite as e:

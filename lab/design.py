@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from cory.errors import ReportError
+from lab.errors import ReportError
 
 DESIGN_FILE = "design.yaml"
 # in runs.json: the sha256 of design.yaml when the runner first ran in the folder (None: there was none), so that a

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import math
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from cory.errors import OneLineParser, ReportError
+from lab.errors import OneLineParser, ReportError, exit_on_error
 from lab.figures import _axes, check_targets, save_figure, write_atomically
 from lab.results import POLICY, Experiment, fmt, load_experiment
 from lab.runs import rel
@@ -172,12 +171,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("first", help="the reference folder (its runs/ppo/seed_N); EQUIVALENCE.md is written here")
     p.add_argument("second", help="the folder compared with it")
     p.add_argument("--upto", type=int, default=10 ** 9, help="the last iteration compared (default: all)")
-    try:
+    with exit_on_error((ReportError,)):
         args = p.parse_args(argv)
         print(build(args.first, args.second, args.upto))
-    except ReportError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

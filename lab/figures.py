@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cory.errors import ConfigError, ReportError
+from cory.errors import ConfigError
+from lab.errors import ReportError
 from lab.results import (AGENT_NAMES, LLM1, LLM2, METHOD_NAMES, POLICY, REWARD_RANGES, curve, Experiment, Group,
                               heldout_curve, heldout_value, setting_name)
 from cory.targets import target_refusal, text_refusal, write_whole

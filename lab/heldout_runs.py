@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 from cory.config import load_yaml
-from cory.errors import AssetError, ConfigError, EvalError
+from cory.errors import AssetError, ConfigError
+from lab.errors import EvalError
 from cory.final import final_complete, read_evaluation, stale
 from cory.tasks import REWARD_METRICS, registered
 
@@ -94,10 +95,10 @@ def check_eval_args(task: str, cfg: dict, eval_args: list[str]) -> str | None:
     own = next((a for a in eval_args if a.split("=")[0] in RUNNER_FLAGS), None)
     if own is not None:
         return f"{own.split('=')[0]} is set by the runner itself"
-    from lab import evaluate  # torch: only when there are evaluations to check
+    from lab.evaluation_plan import plan  # torch: only when there are evaluations to check
 
     try:  # (a task file's task is not evaluated by the runner: see wanted)
-        evaluate.plan(["--task", task, *base_flags(task, cfg), *eval_args])
+        plan(["--task", task, *base_flags(task, cfg), *eval_args])
     except (EvalError, ConfigError, AssetError) as e:
         return str(e)
     return None

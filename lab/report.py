@@ -36,7 +36,7 @@ from lab.figures import (DEGENERATION_METRICS, MAIN_FIGURE_METRICS, METRICS, plo
                               plot_metric, plot_reward_vs_kl, plot_sweep, write_atomically, check_targets)
 from lab.results import (ABLATION_METHODS, CONFOUND_METHODS, LAST_N, LLM1, LLM2, MAIN_METHODS, METHOD_NAMES,
                               curve, Experiment, final_value, finite, fmt, fmt_final, Group, heldout_value,
-                              load_experiment, ReportError, setting_name, sweep_points)
+                              load_experiment, setting_name, sweep_points)
 from lab.learning import LEARNING_RULE
 from lab.collapse import RULE as COLLAPSE_RULE, at_matched_kl, collapse_test, threshold
 from lab.frontier import RULE as FRONTIER_RULE, frontier
@@ -44,7 +44,7 @@ from lab.matched_kl import RULE as MATCHED_KL_RULE, matched_kl, normaliser_alone
 from lab.paths import along_paths
 from lab.transfer import plot_transfer, transfer_section
 from lab.verdict import NOT_LEARNED, VERDICT_RULE, ablation_lines, verdict
-from cory.errors import file_fault
+from lab.errors import ReportError, exit_on_error
 from cory.outputs import read_jsonl
 from cory.targets import stopped_as_interrupt
 from cory.tasks import registered
@@ -496,18 +496,12 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(0)
         print(f"error: expected one results folder, got {len(argv)} arguments; {usage}", file=sys.stderr)
         raise SystemExit(2)
-    try:
-        with stopped_as_interrupt():  # a SIGTERM too leaves no temporary file
+    # every file is written whole or not at all (save_figure, write_atomically): a full or read-only disk or a stop
+    # leaves those already there whole; a SIGTERM too leaves no temporary file
+    with exit_on_error((ReportError,), files=lambda: argv[0],
+                       interrupted="the files written so far are whole; rerun to rebuild the rest"):
+        with stopped_as_interrupt():
             report = build_report(argv[0])
-    except ReportError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2)
-    except OSError as e:  # a full or read-only disk: the files already there are whole (written atomically)
-        print(f"error: {file_fault(e, argv[0])}", file=sys.stderr)
-        raise SystemExit(1)
-    except KeyboardInterrupt:  # every file is written whole or not at all (save_figure, write_atomically)
-        print("interrupted: the files written so far are whole; rerun to rebuild the rest", file=sys.stderr)
-        raise SystemExit(130)
     print(f"report: {report}")
 
 

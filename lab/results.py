@@ -27,7 +27,7 @@ import numpy as np
 import yaml
 
 from cory.config import INVOCATION_FIELDS, CoryArgs, on_resume_fields
-from cory.errors import ReportError
+from lab.errors import ReportError
 from cory.final import read_evaluation, stale
 from cory.method import CORY, PPO
 from cory.outputs import MANIFEST, read_jsonl, read_manifest

@@ -21,8 +21,8 @@ from cory.config import load_yaml
 from cory.errors import ConfigError
 from cory.final import final_complete
 from lab.design import DESIGN_DIGEST, design_digest
-from cory.outputs import (LOCK, MANIFEST, RUNNER_PID, check_output_dir, copied_run, evaluation_refusal,
-                          latest_checkpoint, read_jsonl, read_manifest, restart_refusal, run_finished)
+from cory.outputs import LOCK, MANIFEST, RUNNER_PID, latest_checkpoint, read_jsonl, read_manifest
+from cory.run_rules import check_output_dir, copied_run, evaluation_refusal, restart_refusal, run_finished
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cory.errors import OneLineParser, ReportError, file_fault
+from lab.errors import OneLineParser, ReportError, exit_on_error
 from lab.figures import check_targets, write_atomically
 from lab.results import POLICY, Experiment, finite, fmt, load_experiment
 
@@ -353,20 +353,11 @@ def main(argv: list[str] | None = None) -> None:
                    help="only evaluations at or before this iteration count (default: any)")
     p.add_argument("--also", action="append", default=[], metavar="NAME=FOLDER:SEEDS",
                    help="a setting kept in another experiment folder (its PPO runs of these seeds)")
-    try:
+    with exit_on_error((ReportError,), files=lambda: args.folder, interrupted="the files written so far are whole"):
         args = p.parse_args(sys.argv[1:] if argv is None else argv)
         _check_bounds(args)
         criterion = Criterion(args.min_gain, args.min_distinct, args.max_minutes, args.within)
         print(f"summary: {build_summary(args.folder, criterion, args.also)}")
-    except ReportError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2)
-    except OSError as e:  # a full or read-only disk
-        print(f"error: {file_fault(e, args.folder)}", file=sys.stderr)
-        raise SystemExit(1)
-    except KeyboardInterrupt:
-        print("interrupted: the files written so far are whole", file=sys.stderr)
-        raise SystemExit(130)
 
 
 if __name__ == "__main__":

@@ -26,12 +26,14 @@ import torch
 from tqdm.auto import tqdm
 
 from cory.assets import SMOLLM2_SPEC, locate
-from cory.errors import AssetError, ConfigError, EvalError, OneLineParser, RunError, file_fault
+from cory.errors import AssetError, ConfigError, RunError
+from lab.errors import EvalError, OneLineParser, exit_on_error
 from cory.heldout import BATCH_SIZE, answers_and_rewards
 from lab.figures import write_atomically
 from lab.runs import git_state
 from cory.models import load_causal_lm, load_tokenizer
-from cory.outputs import check_output_json, json_safe
+from cory.outputs import json_safe
+from cory.run_rules import check_output_json
 from cory.rollout import stop_at
 from cory.tasks import check_examples, make_task, registered, task_spec
 from cory.tasks.base import zero_one_reward
@@ -164,7 +166,9 @@ def table(doc: dict) -> str:
 def main(argv: Sequence[str] | None = None) -> dict | None:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = None
-    try:
+    with exit_on_error((EvalError, ConfigError, AssetError), failures=(RunError,),
+                       files=lambda: args.json if args is not None and args.json else ".",
+                       interrupted="nothing written"):
         args = plan(argv)
         args.command = shlex.join(["python", "-m", PROGRAM, *argv])
         args.commit, args.dirty = git_state()  # the code that runs: read before the minutes it takes
@@ -174,18 +178,6 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
             write_atomically(Path(args.json), _dumps(doc))
             print(f"written: {args.json}")
         return doc
-    except (EvalError, ConfigError, AssetError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2)
-    except RunError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(1)
-    except OSError as e:
-        print(f"error: {file_fault(e, args.json if args is not None and args.json else '.')}", file=sys.stderr)
-        raise SystemExit(1)
-    except KeyboardInterrupt:
-        print("interrupted: nothing written", file=sys.stderr)
-        raise SystemExit(130)
 
 
 def _dumps(doc: dict) -> str:

@@ -1,10 +1,12 @@
 """Tests never reach the network: the hub is declared offline for every test process."""
 import contextlib
 import copy
+import fcntl
 import importlib
 import io
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -17,6 +19,11 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# make test runs pytest-xdist workers side by side: each computes on its share of the cores (torch would start one
+# thread per core in every worker, and the training scripts they start, and the threads would wait on each other)
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _WORKERS)))
 
 REPO = Path(__file__).resolve().parent.parent
 # the training scripts' folders are packages beside `cory` (imdb_train.ppo, ...): importable from the root
@@ -181,8 +188,22 @@ TINY = ["--config", "configs/imdb/ppo_tiny.yaml"]
 @pytest.fixture(scope="session")
 def finished(tmp_path_factory):
     """A finished tiny PPO run and a finished tiny CORY run (2 iterations, a checkpoint each); tests that change
-    one copy it first."""
-    root = tmp_path_factory.mktemp("finished")
+    one copy it first. Under pytest-xdist the workers share one pair, made by whichever asks first (the others
+    wait on a lock): the runs take a minute."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return _train_finished(tmp_path_factory.mktemp("finished"))
+    root = tmp_path_factory.getbasetemp().parent / "finished"  # the folder above the workers' own, this run's
+    with open(root.with_name("finished.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = root.with_name("finished.done")
+        if not done.is_file():
+            shutil.rmtree(root, ignore_errors=True)  # a worker that failed midway left a part
+            _train_finished(root)
+            done.touch()
+    return root
+
+
+def _train_finished(root: Path) -> Path:
     for method in ("ppo", "cory"):
         p = run_script(f"imdb_train/{method}.py", "--config", f"configs/imdb/{method}_tiny.yaml", "--steps", "2",
                        "--output_dir", root / method)

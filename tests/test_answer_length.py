@@ -39,6 +39,7 @@ def run(cls, name, tmp_path, model, **over):
     return read_jsonl(train(build(cls, base)) / "metrics.jsonl")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls,name", [(IMDB_PPO, "ppo"), (IMDB_CORY, "cory")])
 def test_answers_run_to_the_drawn_length(always_eos, tmp_path, cls, name):
     rows = run(cls, name, tmp_path, always_eos)
@@ -50,6 +51,7 @@ def test_answers_run_to_the_drawn_length(always_eos, tmp_path, cls, name):
             assert length == int(length) and 4 <= length <= 8, (a, length)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls,name", [(IMDB_PPO, "ppo"), (IMDB_CORY, "cory")])
 def test_allow_early_eos_lets_answers_end_at_once(always_eos, tmp_path, cls, name):
     rows = run(cls, name, tmp_path, always_eos, allow_early_eos=True)

@@ -230,6 +230,7 @@ def children(pid: int) -> list[int]:
         return []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_signal_to_learned_stops_its_run_and_removes_its_folder(signum, tmp_path, tmpdir_env):
     script = tmp_path / "fake_train.py"
@@ -256,6 +257,7 @@ def test_a_signal_to_learned_stops_its_run_and_removes_its_folder(signum, tmp_pa
     assert list(tmpdir_env.iterdir()) == [] and not out.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["iteration.py", "scaling.py"])
 def test_sigterm_to_a_benchmark_stops_its_children_and_removes_its_folder(name, tmp_path, tmpdir_env):
     """iteration.py's worker (and, for scaling.py, the iteration.py it runs and that one's worker) is stopped, and

@@ -33,6 +33,7 @@ def task_file(tmp_path, replace=(), name="kind_words.py"):
 
 # ----------------------------------------------------------------------------- its reward
 
+@pytest.mark.slow
 @pytest.mark.parametrize("score,message,status", [
     ("return [0.5] * (len(responses) - 1)", "returned 2 scores for 3 texts", 1),
     ("return [float('nan')] * len(responses)", "non-finite score (nan) on text 0", 1),
@@ -50,6 +51,7 @@ def test_evaluate_applies_trainings_score_checks(tmp_path, score, message, statu
     assert message.format(path=path) in line and not out.exists()
 
 
+@pytest.mark.slow
 def test_a_run_whose_every_iteration_was_skipped_says_so(tmp_path):
     path = task_file(tmp_path, [
         ("        return [sum(w.strip(\".,!?\").lower() in KIND for w in r.split()) / max(1, len(r.split()))\n"
@@ -63,12 +65,14 @@ def test_a_run_whose_every_iteration_was_skipped_says_so(tmp_path):
 
 # ----------------------------------------------------------------------------- its sampler, prompts and state
 
+@pytest.mark.slow
 def test_sample_returning_another_count_is_one_line(tmp_path):
     path = task_file(tmp_path, [("for i in range(batch_size)]", "for i in range(batch_size - 1)]")])
     line = one_line(run(path, "ppo", *TINY, "--steps", "1", "--output_dir", tmp_path / "r", cwd=tmp_path), 1)
     assert "task kind_words: sample(4) returned 3 examples" in line
 
 
+@pytest.mark.slow
 def test_an_observer_prompt_that_is_not_a_string_is_one_line(tmp_path):
     path = task_file(tmp_path, [('return f"{example.prompt}{pioneer_response}\\nNow say it more kindly:"',
                                  "return None")])
@@ -76,6 +80,7 @@ def test_an_observer_prompt_that_is_not_a_string_is_one_line(tmp_path):
     assert "task kind_words: observer_prompt() returned a NoneType" in line
 
 
+@pytest.mark.slow
 def test_prompts_past_the_models_context_are_refused_before_anything_is_written(tmp_path):
     path = task_file(tmp_path, [('prompt=f"Say something about {s}:") for s in picks]',
                                 'prompt="Say something about " + " and ".join([s] * 400) + ":") for s in picks]')])
@@ -85,6 +90,7 @@ def test_prompts_past_the_models_context_are_refused_before_anything_is_written(
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_state_dict_the_safe_loader_refuses_is_found_before_training(tmp_path):
     path = task_file(tmp_path, [('return {"position": self.position}',
                                  'return {"position": self.position, "when": __import__("datetime").date(2024, 1, 1)}')])
@@ -98,9 +104,9 @@ def test_a_state_dict_the_safe_loader_refuses_is_found_before_training(tmp_path)
 
 def test_a_task_file_that_prints_at_import_still_runs_with_the_runner(tmp_path):
     path = task_file(tmp_path, [("KIND = {", 'print("loading kind words")\nKIND = {')])
-    from lab.experiments import _parser, plan
+    from lab.experiments import build_parser, plan
 
-    pairs, _ = plan(_parser().parse_args(["--task_file", str(path), "--methods", "ppo", "--seeds", "0",
+    pairs, _ = plan(build_parser().parse_args(["--task_file", str(path), "--methods", "ppo", "--seeds", "0",
                                           "--out", str(tmp_path / "exp"), "--set", "model_name=tiny"]))
     assert pairs[0].intended["model_name"] == "tiny"
 
@@ -130,6 +136,7 @@ EVALUATE = ["-m", "lab.evaluate", "--task", "kind_words", "--model", "tiny", "--
             "--max_new_tokens", "3"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replace,message", [
     ((HELD, "        return []"), "task kind_words: eval_examples(None) returned no examples"),
     ((HELD, "        return [Example(query=s, prompt='x', prompt_ids=[99999999]) for s in HELD_OUT]"),
@@ -153,6 +160,7 @@ def test_evaluate_checks_a_plugin_where_it_enters(tmp_path, replace, message):
     assert not out.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replace,message", [
     ((SAMPLE, "        return [Example(query=s, prompt='x', prompt_ids=[-1]) for s in picks]"),
      "task kind_words: sample(4): example 0's prompt_ids holds -1, outside the tokenizer's vocabulary"),
@@ -168,6 +176,7 @@ def test_training_checks_a_plugin_where_it_enters(tmp_path, replace, message):
     assert not (out / "final").exists() and not (out / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_evaluate_refuses_answers_past_the_models_context_before_loading(tmp_path):
     out = tmp_path / "eval.json"
     line = one_line(run("-m", "lab.evaluate", "--task", "imdb", "--model", "tiny", "--limit", "2",

@@ -9,7 +9,7 @@ import pytest
 from conftest import IMDB_PPO, rejected
 from cory.final import file_digest
 from cory.outputs import latest_checkpoint, load_checkpoint_file, read_jsonl
-from cory.preflight import check_one_checkpoint
+from cory.run_rules import check_one_checkpoint
 from cory.train import RunError, prepare_run
 from test_faults import tiny
 
@@ -86,6 +86,7 @@ def test_a_checkpoint_saved_before_digests_resumes_with_a_warning(finished, tmp_
         check_one_checkpoint(checkpoint, state, ["policy"])
 
 
+@pytest.mark.slow
 def test_a_file_size_limit_at_a_checkpoint_is_one_line_and_keeps_the_older_one(tmp_path):
     out = tmp_path / "run"
     run = prepare_run(tiny(IMDB_PPO, "ppo", out, steps=2, save_every=1))
@@ -110,6 +111,7 @@ def test_a_file_size_limit_at_a_checkpoint_is_one_line_and_keeps_the_older_one(t
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [0, 1] and (out / "final").is_dir()
 
 
+@pytest.mark.slow
 def test_precision_auto_resumed_on_a_cpu_of_another_kind_keeps_the_precision_it_started_in(tmp_path, monkeypatch,
                                                                                             capsys):
     """Started where auto is bf16 (AVX-512 BF16), resumed where it is fp32 (bf16 emulated): the run goes on in bf16,

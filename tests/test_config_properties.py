@@ -288,7 +288,8 @@ def test_valid_input_reaches_model_loading(dirs):
 
 @pytest.mark.parametrize("script,args,field", [
     ("imdb_train/cory.py", ["--config", "{bad_yaml}"], "config"),
-    ("gsm8k_train/ppo.py", ["--config", "configs/gsm8k/ppo_tiny.yaml", "--dataset_path", "{missing}"], "dataset_path"),
+    pytest.param("gsm8k_train/ppo.py", ["--config", "configs/gsm8k/ppo_tiny.yaml", "--dataset_path", "{missing}"],
+                 "dataset_path", marks=pytest.mark.slow),  # ~30 s of imports before its refusal
     ("imdb_train/ppo.py", ["--config", "configs/imdb/ppo_tiny.yaml", "--overwrite", "--seed", "-1"], "seed"),
 ])
 def test_scripts_reject_bad_input_in_a_fresh_process(tmp_path, script, args, field):

@@ -29,6 +29,7 @@ def reported(exp) -> str:
     return (exp / "REPORT.md").read_text()
 
 
+@pytest.mark.slow
 def test_an_evaluation_cut_in_half_is_named(exp):
     result = exp / "runs" / "ppo" / "seed_1" / "eval_imdb.json"
     text = result.read_text()
@@ -55,12 +56,14 @@ def test_a_runs_json_of_another_task_is_named_not_used(exp):
     assert "gsm8k_train" not in report
 
 
+@pytest.mark.slow
 def test_a_runs_json_holding_a_list_is_named(exp):
     (exp / "runs.json").write_text("[1, 2]\n")
     report = reported(exp)
     assert "runs.json holds a JSON list, not the runner's record" in report
 
 
+@pytest.mark.slow
 def test_a_config_holding_a_list_is_named(exp):
     (exp / "runs" / "cory" / "seed_2" / "config.yaml").write_text("- 1\n- 2\n")
     report = reported(exp)
@@ -75,6 +78,7 @@ def test_the_runner_refuses_a_runs_json_holding_a_list(exp):
     assert tree(exp) == before
 
 
+@pytest.mark.slow
 def test_latin1_bytes_are_a_note_or_one_line(exp):
     """A byte that is not UTF-8 (Latin-1 'é') in a seed's config.yaml is a note of the report; in design.yaml one line
     of the report; in runs.json one line of the runner; nothing is written."""
@@ -155,6 +159,7 @@ def test_the_searchs_argument_mistakes_are_one_line(search, args, message):
     assert tree(search) == before
 
 
+@pytest.mark.slow
 def test_a_seed_without_its_config_is_named_by_the_verdict(exp):
     (exp / "runs" / "ppo" / "seed_2" / "config.yaml").unlink()
     report = reported(exp)

@@ -52,5 +52,41 @@ def test_relative_links_resolve(doc):
     assert not broken, f"{doc.name}: {broken}"
 
 
+def _anchors(md: Path) -> set[str]:
+    """The anchors GitHub gives ``md``'s headings: lower case, punctuation but ``-`` and ``_`` dropped, spaces as
+    ``-``, a repeated one suffixed -1, -2, ..."""
+    anchors: set[str] = set()
+    seen: dict[str, int] = {}
+    for heading in re.findall(r"^#+ (.+)$", md.read_text(), flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        seen[slug] = seen.get(slug, -1) + 1
+        anchors.add(slug if seen[slug] == 0 else f"{slug}-{seen[slug]}")
+    return anchors
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_links_into_a_section_find_its_heading(doc):
+    """A link to ``some.md#section`` (or ``#section`` in the same file) lands on a heading of that file: a section
+    renamed or cut (benchmarks/README.md became a manual) must take its links along."""
+    broken = []
+    for path, anchor in re.findall(r"\]\(([^)\s#]*)#([^)\s]+)\)", doc.read_text()):
+        if re.match(r"[a-z]+:", path) or not (path == "" or path.endswith(".md")):
+            continue
+        if anchor not in _anchors(doc.parent / path if path else doc):
+            broken.append(f"{path}#{anchor}")
+    assert not broken, f"{doc.name}: {broken}"
+
+
+def test_the_benchmarks_readme_is_a_manual_not_a_notebook():
+    """benchmarks/README.md says what each benchmark measures, how to run it and the targets' state; history stays in
+    git and raw figures in benchmarks/data/ (issue 61), so the file stays short."""
+    size = len((ROOT / "benchmarks" / "README.md").read_bytes())
+    assert size <= 15 * 1024, f"benchmarks/README.md is {size} bytes; at most 15 KB"
+    text = (ROOT / "benchmarks" / "README.md").read_text()
+    for script in sorted((ROOT / "benchmarks").glob("*.py")):
+        if script.name not in ("harness.py", "iteration_worker.py"):
+            assert f"python benchmarks/{script.name}" in text, f"no command for benchmarks/{script.name}"
+
+
 def test_no_qa_logs_among_the_user_docs():
     assert not [p.name for p in (ROOT / "docs").glob("qa_*")], "QA logs belong in git history, not docs/"

@@ -210,6 +210,7 @@ def test_a_model_folder_with_its_weights_cut_short_is_one_line_naming_the_flag(t
     assert len(lines) == 1 and lines[0].startswith(f"error: --model {folder}: cannot load the model of {folder}"), lines
 
 
+@pytest.mark.slow
 def test_cli_error_in_a_fresh_process():
     p = subprocess.run([sys.executable, "-m", "lab.evaluate", "--task", "gsm8k", "--model", "tiny",
                         "--n", "2", "--k", "4"], capture_output=True, text=True, cwd=REPO, timeout=120)

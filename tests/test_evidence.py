@@ -149,11 +149,11 @@ def test_an_evaluation_of_a_run_resumed_while_it_ran_writes_nothing(finished, tm
 
 def test_the_runner_names_a_run_of_another_method_or_task_in_its_folder(finished, tmp_path):
     """A copied run was refused for an incidental setting, its method or task never named."""
-    from cory.errors import ExperimentError
-    from lab.experiments import _parser, _states, plan
+    from lab.errors import ExperimentError
+    from lab.experiments import _states, build_parser, plan
 
     out = tmp_path / "exp"
-    pairs, _ = plan(_parser().parse_args(["--task", "imdb", "--preset", "tiny", "--methods", "ppo", "--seeds", "0",
+    pairs, _ = plan(build_parser().parse_args(["--task", "imdb", "--preset", "tiny", "--methods", "ppo", "--seeds", "0",
                                           "--steps", "2", "--out", str(out)]))
     run = pairs[0].run_dir
     shutil.copytree(finished / "cory", run)

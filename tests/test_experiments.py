@@ -8,13 +8,13 @@ import pytest
 
 from conftest import REPO
 from lab import experiments
-from lab.experiments import _parser, plan
+from lab.experiments import build_parser, plan
 from lab.runs import command, pair_state
 from cory.outputs import read_jsonl
 
 
 def planned(*argv):
-    return plan(_parser().parse_args(list(argv)))
+    return plan(build_parser().parse_args(list(argv)))
 
 
 def by_key(pairs):
@@ -104,7 +104,7 @@ def test_plan_confounds_score_norm_and_the_authors_resets(tmp_path):
     pairs, _ = planned("--task", "imdb", "--preset", "tiny", "--methods", "cory_authors", "--seeds", "0", "--set", "init_kl_coef=0.2",
                        "--out", str(tmp_path / "z"))
     assert pairs[0].intended["init_kl_coef"] == 0.4
-    assert "cory_authors" in _parser().format_help() and "0.4" in experiments.__doc__
+    assert "cory_authors" in build_parser().format_help() and "0.4" in experiments.__doc__
     assert not any((tmp_path / d).exists() for d in "xyz")
 
 

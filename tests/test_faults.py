@@ -10,7 +10,8 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from conftest import IMDB_CORY, IMDB_PPO, REPO, run_script, start_script, wait_for_rows
 from cory.config import build, load_yaml
-from cory.outputs import RunDir, check_output_dir, latest_checkpoint, read_jsonl
+from cory.outputs import RunDir, latest_checkpoint, read_jsonl
+from cory.run_rules import check_output_dir
 from cory.train import RunError, prepare_run
 
 
@@ -85,6 +86,7 @@ def test_sigkill_mid_iteration_then_resume(tmp_path):
     assert (out / "final" / "llm1").is_dir() and (out / "final" / "llm2").is_dir()
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     out = tmp_path / "run"
     proc = start("ppo", out, "--steps", "4", "--save_every", "100")
@@ -114,6 +116,7 @@ def nan_reward_at(run, call, index):
     run.task.score = scored
 
 
+@pytest.mark.slow
 def test_nonfinite_reward_stops_after_saving_the_last_good_state(tmp_path):
     out = tmp_path / "run"
     run = prepare_run(tiny(IMDB_CORY, "cory", out, steps=2, save_every=100))
@@ -127,6 +130,7 @@ def test_nonfinite_reward_stops_after_saving_the_last_good_state(tmp_path):
     assert state["step"] == 0 and state["task"]["batches"] == 0
 
 
+@pytest.mark.slow
 def test_nonfinite_reward_skip(tmp_path):
     out = tmp_path / "run"
     run = prepare_run(tiny(IMDB_PPO, "ppo", out, steps=2, on_nonfinite="skip"))
@@ -137,6 +141,7 @@ def test_nonfinite_reward_skip(tmp_path):
     assert (out / "final" / "policy").is_dir()
 
 
+@pytest.mark.slow
 def test_raising_reward_names_the_reward_and_the_text(tmp_path):
     out = tmp_path / "run"
     run = prepare_run(tiny(IMDB_PPO, "ppo", out, steps=1))
@@ -198,6 +203,7 @@ def test_ppo_some_answers_end_at_once(tmp_path):
     assert 1 < row["policy/response_length"] < 8  # rows of 1 token beside rows of 4 to 8
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_a_checkpoint_is_named_and_keeps_the_older_one(tmp_path):
     out = tmp_path / "run"
     run = prepare_run(tiny(IMDB_PPO, "ppo", out, steps=2, save_every=1))

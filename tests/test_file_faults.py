@@ -115,6 +115,7 @@ def test_the_report_into_a_read_only_folder(exp):
         exp.chmod(0o755)
 
 
+@pytest.mark.slow
 def test_an_output_dir_that_is_not_text_here_is_refused_before_anything_runs(tmp_path):
     """Under a C locale without UTF-8 mode, "run_café" reaches Python as undecodable bytes that no UTF-8 file can
     hold: the run once trained whole and then crashed writing its final models. Now: one line, before anything."""
@@ -134,6 +135,7 @@ def test_an_output_dir_that_is_not_text_here_is_refused_before_anything_runs(tmp
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_runner_out_that_is_not_text_here_is_refused_before_anything_is_written(tmp_path):
     """The runner writes --out into runs.json and its logs: under a C locale without UTF-8 mode, one line first."""
     import os

@@ -113,6 +113,7 @@ def test_a_final_whose_weights_were_cut_short_since_is_rewritten_by_resume(finis
     assert sorted(again) == sorted(whole) and all(torch.equal(again[k], whole[k]) for k in whole)
 
 
+@pytest.mark.slow
 def test_the_leftovers_of_a_final_save_cut_short_are_the_runs_own(finished, tmp_path):
     """A kill while final/ is written leaves .final_tmp_*: the resume removes it, --overwrite may delete it."""
     run = tmp_path / "ppo"

@@ -41,6 +41,7 @@ def test_every_variant_gets_the_same_prompts():
         assert (mask[:, -1] == 1).all()  # left-padded: every prompt ends at the last column
 
 
+@pytest.mark.slow
 def test_static_cache_samples_as_the_dynamic_cache(tmp_path):
     out = tmp_path / "gen.json"
     p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "generation.py"), "--model", "tiny",
@@ -55,6 +56,7 @@ def test_static_cache_samples_as_the_dynamic_cache(tmp_path):
         assert r["greedy_equal_to_dynamic"] == 1.0
 
 
+@pytest.mark.slow
 def test_the_shared_prefix_variant_answers_as_the_left_padded_batch(tmp_path):
     """Issue 60's GPU call times the left-padded batch (ef285e3's training path) against the shared beginning read
     once: the same greedy tokens, and a time per new token for each."""
@@ -98,7 +100,7 @@ def test_gpu_session_commands_pass_their_benchmarks_checks(part, tmp_path, monke
         elif cmd[1:3] == ["-m", "lab.experiments"]:  # the runs it plans: the gpu presets exist and validate
             from lab import experiments
 
-            args = experiments._parser().parse_args(cmd[3:])
+            args = experiments.build_parser().parse_args(cmd[3:])
             args.out = str(tmp_path / "imdb_gpu")
             pairs, spec = experiments.plan(args)
             assert spec["preset"] == "gpu" and {p.method for p in pairs} == {"ppo", "cory"}
@@ -124,7 +126,7 @@ def test_a_short_gpu_session_picks_the_runs_it_can_finish(tmp_path):
                                                    "METHODS": "cory", "SEEDS": "0,2"})
     assert p.returncode == 0, p.stderr
     [cmd] = [shlex.split(line) for line in p.stdout.splitlines()]
-    args = experiments._parser().parse_args(cmd[3:])
+    args = experiments.build_parser().parse_args(cmd[3:])
     args.out = str(tmp_path / "imdb_gpu")
     pairs, _ = experiments.plan(args)
     assert sorted((pair.method, pair.seed) for pair in pairs) == [("cory", 0), ("cory", 2)]
@@ -277,6 +279,7 @@ def test_heldout_benchmark_refuses_bad_input_in_one_line(flag, value):
     assert p.stderr.strip().splitlines() == [f"error: {flag}: must be a whole number >= 1, got {value!r}"]
 
 
+@pytest.mark.slow
 def test_heldout_benchmark_reads_the_shared_prefix_once_with_the_same_draws(tmp_path):
     out = tmp_path / "heldout.json"
     p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "heldout_eval.py"), "--model", "tiny",

@@ -25,7 +25,7 @@ def _loads_and_generates(folder):
     assert model.generate(ids, max_new_tokens=2, do_sample=False).shape[1] == ids.shape[1] + 2
 
 
-@pytest.mark.slow
+# the GSM8K scripts' end-to-end run in make test (the CORY script's runs on the real release, or on a GPU)
 def test_ppo_on_generated_problems(tmp_path):
     out = tmp_path / "ppo"
     rows = trained("gsm8k_train/ppo.py", out, "--config", "configs/gsm8k/ppo_tiny.yaml", "--steps", "1")

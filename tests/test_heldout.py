@@ -194,6 +194,7 @@ def test_eval_every_refusals_are_one_line():
     assert GSM8K_PPO  # the GSM8K script's own class is what refused
 
 
+@pytest.mark.slow
 def test_resuming_a_run_drops_the_evaluation_of_the_model_it_replaces(tmp_path):
     out = prepare_run(tiny(IMDB_PPO, "ppo", tmp_path, steps=2)).fit()
     (out / "eval_imdb.json").write_text("{}")

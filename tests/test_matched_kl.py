@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from cory.errors import ReportError
+from lab.errors import ReportError
 from lab.design import Design, load_design
 from lab.matched_kl import (CORY_DID_NOT_LEARN, PPO_DID_NOT_LEARN, HeldoutPath, heldout_path,
                                  matched_kl, normaliser_alone, reward_at, value_at)

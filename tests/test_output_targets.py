@@ -140,6 +140,7 @@ def test_the_benchmarks_shared_writer_never_replaces_a_pipe(tmp_path):
     assert json.loads((tmp_path / "ok.json").read_text()) == {"command": "x"}
 
 
+@pytest.mark.slow
 def test_evaluate_refuses_a_pipe_a_socket_and_a_link_to_a_pipe_before_any_model_loads(tmp_path, unix_socket,
                                                                                        monkeypatch, capsys):
     from lab import evaluate

@@ -224,3 +224,29 @@ def test_budget_does_not_change_the_step(setup, run_step, tmp_path):
             assert getattr(stats, key) == pytest.approx(getattr(one_stats, key), rel=1e-4, abs=1e-6), (budget, key)
         # Adam divides by the gradient's running scale: compare updates, not single weights
         assert float((params - one_params).norm() / (one_params - before).norm()) < 1e-3
+
+
+class _Unreadable:
+    """Stands for trl's PPOConfig after the trainer is built: reading any setting from it fails the test."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the step read {name} from trl's PPOConfig, not from the run's config")
+
+
+class ConfigReadOnceAgent(Agent):
+    """Ours with trl's PPOConfig made unreadable once trl's trainer is built."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.trainer.config = _Unreadable()
+
+
+@pytest.mark.parametrize("over", [{}, {"kl_penalty": "kl", "mini_batch_size": 2, "max_grad_norm": 0.01}],
+                         ids=["full_kl", "kl_estimate"])
+def test_the_step_reads_its_settings_from_the_run_config_only(setup, run_step, tmp_path, over):
+    """Issue 61: one config object reaches the learner. trl's PPOConfig is built from the run's config for trl's
+    trainer; the step reads nothing back from it, and gives the same step."""
+    stats, params = run_step(Agent, tmp_path / "plain", **over)
+    guarded_stats, guarded_params = run_step(ConfigReadOnceAgent, tmp_path / "guarded", **over)
+    assert torch.equal(params, guarded_params)
+    assert guarded_stats.scalars() == stats.scalars()

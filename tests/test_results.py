@@ -47,6 +47,7 @@ def test_evaluation_section_averages_seeds(tmp_path):
     assert "n 4, limit 200" in text and "python -m lab.evaluate --task gsm8k --model X" in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("folder", RESULTS, ids=[p.name for p in RESULTS])
 def test_rerunning_a_committed_experiment_skips_every_run(folder, tmp_path):
     """Weights are not committed, so a fresh clone has each run's metrics without final/ or checkpoints/. Rerunning
@@ -68,7 +69,7 @@ def test_rerunning_a_committed_experiment_skips_every_run(folder, tmp_path):
         sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
         if any(s.startswith("dataset_path=") and not (REPO / s.split("=", 1)[1]).is_dir() for s in sets):
             pytest.skip("the experiment's local dataset is not beside this checkout")
-        pairs, _ = experiments.plan(experiments._parser().parse_args(argv))
+        pairs, _ = experiments.plan(experiments.build_parser().parse_args(argv))
         for pair in pairs:
             state, why = runs.pair_state(pair)
             if pair.key not in committed:

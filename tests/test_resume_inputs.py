@@ -17,6 +17,7 @@ def files(run):
     return {k: v for k, v in tree(run).items() if k != LOCK}
 
 
+@pytest.mark.slow
 def test_a_task_state_of_another_format_version(finished, tmp_path):
     from cory.outputs import load_checkpoint_file
 
@@ -54,6 +55,7 @@ def test_a_gsm8k_run_resumed_after_its_train_file_lost_a_record(tmp_path):
     assert files(run) == before
 
 
+@pytest.mark.slow
 def test_a_config_field_retired_since_is_not_called_another_methods(finished, tmp_path):
     run = tmp_path / "ppo"
     shutil.copytree(finished / "ppo", run)

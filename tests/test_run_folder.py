@@ -36,6 +36,7 @@ def test_overwrite_refuses_a_user_file_anywhere_in_the_run(finished, tmp_path, u
     assert (run / user_file).read_text() == "mine" and latest_checkpoint(run) is not None
 
 
+@pytest.mark.slow
 def test_overwrite_deletes_what_runs_wrote_and_nothing_else(tmp_path):
     run = tmp_path / "ppo"  # made here: a copy's files are not this folder's to replace (test_runs_read_only)
     p = run_script("imdb_train/ppo.py", *TINY, "--steps", "2", "--output_dir", run)
@@ -51,6 +52,7 @@ def test_overwrite_deletes_what_runs_wrote_and_nothing_else(tmp_path):
 
 # ----------------------------------------------------------------------------- checkpoint names
 
+@pytest.mark.slow
 def test_a_user_named_checkpoint_is_neither_resumed_nor_pruned(finished, tmp_path):
     run = copy_run(finished, tmp_path)
     best = run / "checkpoints" / "step_best"
@@ -103,6 +105,7 @@ def test_an_empty_weights_file_is_called_empty(finished, tmp_path):
 
 # ----------------------------------------------------------------------------- one writer
 
+@pytest.mark.slow
 def test_one_writer_per_run_folder_and_a_killed_run_leaves_no_lock(tmp_path):
     import json
 
@@ -124,6 +127,7 @@ def test_one_writer_per_run_folder_and_a_killed_run_leaves_no_lock(tmp_path):
 
 
 
+@pytest.mark.slow
 def test_two_runs_started_into_one_folder_at_once(tmp_path):
     from conftest import start_script
 

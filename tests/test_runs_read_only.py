@@ -116,6 +116,7 @@ def test_a_run_cut_off_elsewhere_is_set_aside_only_when_asked(tmp_path):
 
 # ----------------------------------------------------------------------------- a training script on a committed run
 
+@pytest.mark.slow
 def test_resume_of_a_committed_run_refuses_to_start_it_again(committed):
     run = committed / "runs" / "ppo" / "seed_0"
     before = tree(run)
@@ -125,6 +126,7 @@ def test_resume_of_a_committed_run_refuses_to_start_it_again(committed):
     assert tree(run) == before
 
 
+@pytest.mark.slow
 def test_overwrite_refuses_a_copied_run(committed):
     run = committed / "runs" / "ppo" / "seed_0"
     before = tree(run)
@@ -134,6 +136,7 @@ def test_overwrite_refuses_a_copied_run(committed):
     assert tree(run) == before
 
 
+@pytest.mark.slow
 def test_a_copied_runs_evaluation_is_never_deleted_by_a_resume(finished, tmp_path):
     run = tmp_path / "ppo"
     shutil.copytree(finished / "ppo", run)  # with its checkpoint: a resume may extend it
@@ -144,6 +147,7 @@ def test_a_copied_runs_evaluation_is_never_deleted_by_a_resume(finished, tmp_pat
     assert tree(run) == before
 
 
+@pytest.mark.slow
 def test_resume_of_a_finished_run_changes_nothing(finished, tmp_path):
     run = tmp_path / "ppo"
     shutil.copytree(finished / "ppo", run)

@@ -74,6 +74,7 @@ def test_the_runner_evaluates_a_stale_evaluation_again(tmp_path):
     assert "eval   " not in p.stdout, p.stdout
 
 
+@pytest.mark.slow
 def test_an_evaluation_whose_models_are_replaced_meanwhile_writes_nothing(finished, tmp_path, monkeypatch, capsys):
     """``--resume`` replaces final/ while ``lab.evaluate`` scores it: the results are of weights that are gone,
     so nothing is written (exit 1, one line), rather than an evaluation that reads as the new models'."""

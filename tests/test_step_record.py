@@ -11,6 +11,9 @@ from cory.metrics import TRANSFER_KEYS
 from record_step import BF16_RUNS, RECORD, RUNS, bf16_record_path, cpu_flags, kernel_family, record_run
 
 RECORDED = json.loads(RECORD.read_text())
+# each agent's explained variance came after the record too (issue 63): the record holds the value head's mean and the
+# returns' mean, not the values themselves, so it is checked to be a number <= 1 as CleanRL's definition allows
+EXPLAINED_VARIANCE = {f"{agent}/explained_variance" for agent in ("policy", "llm1", "llm2")}
 # bf16 is held to the record of this CPU's kernel family: AMX's kernels round otherwise than AVX-512 BF16's
 FAMILY = kernel_family(cpu_flags())
 BF16_RECORD = bf16_record_path(FAMILY)
@@ -45,7 +48,9 @@ def same_numbers(name, got, want, *, rel, abs_, norm, share):
         # CORY's knowledge-transfer readings came after the record (issue 59): they are read from the row's own task
         # rewards, so they are checked against those; every recorded key is compared as before
         new = a.keys() - b.keys()
-        assert new <= set(TRANSFER_KEYS) and b.keys() <= a.keys(), (name, new, b.keys() - a.keys())
+        assert new <= set(TRANSFER_KEYS) | EXPLAINED_VARIANCE and b.keys() <= a.keys(), (name, new, b.keys() - a.keys())
+        for key in new & EXPLAINED_VARIANCE:
+            assert a[key] <= 1.0, (name, a["step"], key)  # NaN fails too
         if TRANSFER_KEYS[0] in new:
             observer = next(agent for agent in ("llm1", "llm2") if agent != a["pioneer"])
             assert a[TRANSFER_KEYS[0]] == pytest.approx(a[f"{observer}/task_reward"] - a[f"{a['pioneer']}/task_reward"])

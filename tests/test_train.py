@@ -82,6 +82,7 @@ def test_bad_input_exits_2_before_loading(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_agents_keep_their_own_state_across_exchanges(tmp_path):
     cfg = tiny(IMDB_CORY, "cory", tmp_path, steps=4, swap_period=1)
     run = prepare_run(cfg)
@@ -101,6 +102,7 @@ def test_agents_keep_their_own_state_across_exchanges(tmp_path):
     assert run.agents["llm1"].trainer.ref_model is run.agents["llm2"].trainer.ref_model
 
 
+@pytest.mark.slow
 def test_reset_on_swap_restarts_optimizer_state(tmp_path):
     cfg = tiny(IMDB_CORY, "cory", tmp_path, steps=3, swap_period=2, reset_on_swap=True)
     run = prepare_run(cfg)
@@ -112,6 +114,7 @@ def test_reset_on_swap_restarts_optimizer_state(tmp_path):
         assert agent.normalizer.count == pytest.approx(cfg.batch_size)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method,cls,over", [("cory", IMDB_CORY, {}), ("ppo", IMDB_PPO, {}),
                                              ("ppo", IMDB_PPO, {"value_head_init": "zero"})])
 def test_resume_equals_uninterrupted(tmp_path, method, cls, over):

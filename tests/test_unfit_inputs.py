@@ -26,6 +26,7 @@ def test_a_tokenizer_with_no_pad_eos_bos_or_unk_token(tmp_path):
     assert not run.exists()  # the folder it made for the run is gone again
 
 
+@pytest.mark.slow
 def test_a_model_folder_whose_config_does_not_fit_its_weights(tmp_path):
     """transformers would start the weights of a third layer random (and only warn): training refuses instead."""
     from cory import assets
@@ -46,6 +47,7 @@ def test_a_model_folder_whose_config_does_not_fit_its_weights(tmp_path):
 HUGE = ["--batch_size", "1000000000", "--adap_kl_ctrl", "false"]  # (adaptive KL refuses it first, on the horizon)
 
 
+@pytest.mark.slow
 def test_a_batch_that_cannot_fit_is_refused_before_anything_loads(tmp_path):
     run = tmp_path / "run"
     cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -73,6 +75,7 @@ def test_an_answer_length_that_cannot_fit_a_model_of_unknown_size(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script,args", [
     ("imdb_train/ppo.py", ["--model_name", "random:gpt2-large", "--reward_model", "vader", "--dataset", "builtin"]),
     ("imdb_train/cory.py", ["--config", "configs/imdb/cory_gpu.yaml"]),

@@ -99,6 +99,7 @@ def test_stopped_before_a_checkpoint_the_advice_leads_somewhere(tmp_path):
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [0, 1, 2]
 
 
+@pytest.mark.slow
 def test_resume_of_a_run_without_checkpoint_restarts_it(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
@@ -152,6 +153,7 @@ def test_resume_refuses_changed_training_settings(finished, flags, field):
     assert (finished / "ppo" / "config.yaml").read_text() == before
 
 
+@pytest.mark.slow
 def test_resume_may_extend_a_finished_run(finished, tmp_path):
     run = tmp_path / "ppo"
     shutil.copytree(finished / "ppo", run)
@@ -302,6 +304,7 @@ def test_a_finished_run_cannot_be_shortened(finished):
     assert latest_checkpoint(finished / "ppo").name == "step_000002"
 
 
+@pytest.mark.slow
 def test_two_sigterms_exit_143(tmp_path):
     out = tmp_path / "run"
     proc = start(out, "--steps", "3", "--save_every", "100")
@@ -464,6 +467,7 @@ def test_evaluate_names_the_flag_whose_tokenizer_cannot_pad(tmp_path, flag):
     assert line.startswith(f"error: {flag}: the tokenizer of {model} has no pad token"), line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("logger", ["wandb", "tensorboard"])
 def test_loggers_write_inside_the_run_folder(tmp_path, logger):
     cwd = tmp_path / "cwd"
@@ -486,6 +490,7 @@ def test_loggers_write_inside_the_run_folder(tmp_path, logger):
 
 # ----------------------------------------------------------------------------- a resume, a value, a folder, YAML
 
+@pytest.mark.slow
 def test_resume_refuses_a_hand_edited_config(finished, tmp_path):
     out = tmp_path / "ppo"
     shutil.copytree(finished / "ppo", out)
@@ -525,6 +530,7 @@ def test_yaml_anchors_aliases_and_merge_keys_are_yaml(tmp_path, text, expected):
         assert data["learning_rate"] == {"learning_rate": 1e-4, "batch_size": 4}
 
 
+@pytest.mark.slow
 def test_the_projects_environment_variables_act_only_where_they_mean_something(tmp_path):
     """CORY_RUNNER_PID exported in a shell (not the run's parent) read as "the runner is gone" and stopped the run
     after its first iteration; CORY_CUDA_SHARE, a share of a GPU, refused a CPU run over a bad value. Both are ignored
