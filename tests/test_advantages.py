@@ -162,10 +162,10 @@ def test_the_batch_counts_answers_k_per_prompt(tmp_path):
     assert batch[0] is batch[1] and batch[2] is batch[3] and batch[0] is not batch[2]
 
 
-@pytest.mark.parametrize("script,preset", [  # make test keeps CORY's (the game with K answers); the rest: slow
-    pytest.param("imdb_train/ppo.py", "configs/imdb/ppo_tiny.yaml", marks=pytest.mark.slow),
-    ("imdb_train/cory.py", "configs/imdb/cory_tiny.yaml"),
-    pytest.param("arithmetic_train/cory.py", "configs/arithmetic/cory_tiny.yaml", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("script,preset", [  # make test keeps the arithmetic CORY run (the game with K answers,
+    pytest.param("imdb_train/ppo.py", "configs/imdb/ppo_tiny.yaml", marks=pytest.mark.slow),  # and that script's
+    pytest.param("imdb_train/cory.py", "configs/imdb/cory_tiny.yaml", marks=pytest.mark.slow),  # one end-to-end run)
+    ("arithmetic_train/cory.py", "configs/arithmetic/cory_tiny.yaml")])
 def test_rloo_runs_end_to_end_on_the_tiny_presets(tmp_path, script, preset):
     rows = trained(script, tmp_path / "run", "--config", preset, "--steps", "3", "--advantage_estimator", "rloo",
                    "--num_generations", "2")

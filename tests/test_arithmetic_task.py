@@ -123,9 +123,10 @@ def test_the_held_out_evaluation_reads_greedy_accuracy_and_parseable_answers():
     assert plain["distinct_2"] == res["distinct_2"] and plain["kl"] == res["kl"]
 
 
-# CORY's run is the arithmetic scripts' end-to-end run in make test; PPO's, with a held-out evaluation of 200
-# problems on top, is in the slow set
-@pytest.mark.parametrize("method", [pytest.param("ppo", marks=pytest.mark.slow), "cory"])
+# both in the slow set: the arithmetic scripts' end-to-end run in make test is CORY's with RLOO
+# (tests/test_advantages.py); PPO's here adds a held-out evaluation of 200 problems
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["ppo", "cory"])
 def test_the_training_scripts_run_the_task(tmp_path, method):
     out = tmp_path / method
     # the held-out evaluation of a run (200 problems, sampled and greedy) once, PPO's: the game is what CORY adds

@@ -118,6 +118,7 @@ def test_a_task_file_without_main_is_one_line(tmp_path):
     assert not (tmp_path / "exp").exists()
 
 
+@pytest.mark.slow
 def test_a_task_file_with_a_syntax_error_names_its_file_and_line(tmp_path):
     path = task_file(tmp_path, [("class KindWords(TaskBase):", "class KindWords(TaskBase)")])
     line = one_line(runner("--task_file", path, "--methods", "ppo", "--seeds", "0", "--out", tmp_path / "exp"), 2)

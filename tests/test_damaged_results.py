@@ -48,6 +48,7 @@ def test_a_seed_in_two_folders_is_refused(exp):
     assert tree(exp) == before
 
 
+@pytest.mark.slow
 def test_a_runs_json_of_another_task_is_named_not_used(exp):
     shutil.copy(REPO / "results" / "gsm8k_cpu" / "runs.json", exp / "runs.json")
     report = reported(exp)

@@ -11,6 +11,7 @@ from conftest import TINY, rejected, run_script
 from entry_points import refused
 
 
+@pytest.mark.slow
 def test_a_tokenizer_with_no_pad_eos_bos_or_unk_token(tmp_path):
     from cory import assets
 
