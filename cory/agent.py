@@ -14,7 +14,7 @@ import torch
 from trl import PPOTrainer
 
 from cory import models, parallel
-from cory.config import PPOArgs
+from cory.config import PPOArgs, has_critic
 from cory.generation import generate_from_shared_prefix, new_tokens
 from cory.passes import trainable_state_bytes
 from cory.patches import frozen_models_not_wrapped
@@ -220,7 +220,7 @@ def make_agents(cfg: PPOArgs, spec, names: list[str], tokenizer, *, precision: s
     # with LoRA the base is frozen (never updated), so under bf16 compute it is stored in bf16: half the memory;
     # the adapters and value heads, which train, stay float32
     frozen_bf16 = cfg.use_peft and precision == "bf16" and not cfg.load_in_4bit
-    critic = cfg.advantage_estimator == "gae"  # the critic-free learners load no value head
+    critic = has_critic(cfg)
     reference = models.load_reference(spec, use_peft=cfg.use_peft)
     policies = models.load_policies(spec, names, value_head=critic, use_peft=cfg.use_peft, shared_base=shared_base,
                                     lora_r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,

@@ -384,16 +384,22 @@ def _check_ppo_ranges(cfg: PPOArgs) -> None:
         raise ConfigError(f"lora_dropout: must be in [0, 1), got {cfg.lora_dropout}")
 
 
+def has_critic(cfg: PPOArgs) -> bool:
+    """Whether the agents learn with a value head (``advantage_estimator: gae``); the critic-free learners load
+    none and skip the value loss."""
+    return cfg.advantage_estimator == "gae"
+
+
 def _check_learner(cfg: PPOArgs) -> None:
     """The learner switch: K answers per prompt fill the batch, and a critic-free baseline needs two or more."""
     k = cfg.num_generations
     if cfg.batch_size % k:
         raise ConfigError(f"batch_size: {cfg.batch_size} is not divisible by num_generations {k} (the batch counts "
                           f"answers, {k} per prompt)")
-    if cfg.advantage_estimator != "gae" and k < 2:
+    if not has_critic(cfg) and k < 2:
         raise ConfigError(f"num_generations: {cfg.advantage_estimator} needs at least 2 answers per prompt (its "
                           f"baseline is taken over a prompt's other answers), got {k}")
-    if cfg.advantage_estimator != "gae" and not cfg.fast_ppo:
+    if not has_critic(cfg) and not cfg.fast_ppo:
         raise ConfigError(f"advantage_estimator: {cfg.advantage_estimator} needs fast_ppo: true (trl's stock "
                           "PPOTrainer step has GAE only)")
 

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 import numpy as np
 
 from cory import parallel
+from cory.config import has_critic
 from cory.errors import NonFinite
 from cory.method import CORY, PPO
 from cory.metrics import degeneration, knowledge_transfer
@@ -88,11 +89,6 @@ def collective_rewards(own: list[float], partner: list[float], other_reward_coef
     coef 1 is the paper's collective reward r1 + r2; 0 trains the agents independently; -1 is competitive.
     """
     return [o + other_reward_coef * p for o, p in zip(own, partner)]
-
-
-def has_critic(cfg: PPOArgs) -> bool:
-    """Whether the agents learn with a value head (``advantage_estimator: gae``)."""
-    return cfg.advantage_estimator == "gae"
 
 
 def combined_reward(task_reward: float, kl: float, kl_coef: float) -> float:

@@ -37,7 +37,7 @@ import torch
 from trl import PPOConfig, PPOTrainer
 from trl.core import PPODecorators, entropy_from_logits, masked_mean
 
-from cory.config import TRL_FIELDS, PPOArgs
+from cory.config import TRL_FIELDS, PPOArgs, has_critic
 from cory.errors import RunError
 from cory.passes import (WindowOutputs, accepts_logits_to_keep, pass_plan, packs, resolve_budget, shared_tokens,
                          window_passes)
@@ -363,7 +363,7 @@ class AgentTrainer(PPOTrainer):
     @PPODecorators.empty_device_cache()
     def step(self, queries, responses, scores, response_masks=None) -> StepStats:
         if response_masks is not None or self.is_encoder_decoder or not self._windowable():
-            if self.args.advantage_estimator != "gae":
+            if not has_critic(self.args):
                 raise RunError(f"advantage_estimator: {self.args.advantage_estimator} needs cory.ppo's step, which "
                                "this model cannot take (no logits_to_keep, or encoder-decoder); trl's step has GAE only")
             with self.compute(False):
