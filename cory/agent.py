@@ -54,7 +54,8 @@ class Agent:
 
     def make_optimizer(self, policy):
         """trl's default optimizer (Adam at the configured rate); with ``fast_ppo`` in torch's fused form, the
-        same update to float rounding and about 4x faster on CPU (benchmarks/README.md). None: trl builds it."""
+        same update to float rounding and faster on CPU (`python benchmarks/levers.py`, its Adam lever, measures by
+        how much on the machine at hand). None: trl builds it."""
         if not self.cfg.fast_ppo:
             return None
         trainable = [p for p in policy.parameters() if p.requires_grad]
