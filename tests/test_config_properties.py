@@ -150,7 +150,7 @@ BAD_FLOATS = st.sampled_from([math.nan, math.inf, -math.inf])
 OUT_OF_RANGE = {
     **{n: st.integers(max_value=0) for n in ("steps", "batch_size", "mini_batch_size", "gradient_accumulation_steps",
                                              "ppo_epochs", "response_length_min", "save_every", "keep_checkpoints",
-                                             "lora_r", "lora_alpha")},
+                                             "lora_r", "lora_alpha", "num_generations")},
     **{n: st.one_of(below(0), BAD_FLOATS) for n in ("learning_rate", "target", "horizon", "temperature",
                                                      "repetition_penalty")},
     "seed": st.one_of(st.integers(max_value=-1), st.integers(min_value=2 ** 31)),
@@ -172,6 +172,7 @@ OUT_OF_RANGE = {
     "report_to": st.text(max_size=8).filter(lambda t: t not in ("none", "wandb")),
     "on_nonfinite": st.text(max_size=8).filter(lambda t: t not in ("stop", "skip")),
     "value_head_init": st.text(max_size=8).filter(lambda t: t not in ("trl", "zero")),
+    "advantage_estimator": st.text(max_size=8).filter(lambda t: t not in ("gae", "rloo", "grpo")),
     "task": st.text(max_size=8).filter(lambda t: t not in ("imdb", "gsm8k")),
     "dataset": st.text(max_size=8).filter(lambda t: t not in ("auto", "hub", "builtin")),
     "model_name": st.sampled_from(["embedded:nope", "a--b", "x/../y", " ", "org/name/extra"]),
