@@ -183,8 +183,11 @@ def _cpu() -> dict:
             "flags": [f for f in flags if f.startswith(("avx", "fma", "amx"))], "load_before": os.getloadavg()}
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog=PROGRAM, description=__doc__.splitlines()[0])
+def parse(argv):
+    """The flags, checked before any run (a ValueError: the harness's one line, exit 2)."""
+    from harness import add_json_flags, check_json_flags
+
+    p = argparse.ArgumentParser(prog=PROGRAM, description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--before", required=True, help="a checkout of the baseline (git worktree add /tmp/X COMMIT)")
     p.add_argument("--after", default=str(REPO))
     p.add_argument("--method", choices=("ppo", "cory"), default="ppo")
@@ -194,20 +197,46 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=6)
     p.add_argument("--pairs", type=int, default=1)
     p.add_argument("--cpu", type=int, default=None, help="pin every run to this core (taskset)")
-    p.add_argument("--json", required=True)
     p.add_argument("--problems", type=int, default=0, help="instead of whole runs, the changed parts alone "
                    "(generation, base and trained evaluation on this many held-out problems; phases())")
+    add_json_flags(p, "where the pairs go, rewritten after each pair (required)")
     args = p.parse_args(argv)
-    if args.problems:
-        return main_phases(args, argv)
-    doc = {"command": " ".join([PROGRAM, *(argv or sys.argv[1:])]), "cpu": _cpu(), "method": args.method,
+    if args.json is None:
+        raise ValueError("--json: required (the file the pairs are written to)")
+    for name in ("steps", "eval_every", "pairs"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name}: must be >= 1, got {getattr(args, name)}")
+    if args.problems < 0:
+        raise ValueError(f"--problems: must be >= 0 (0: whole runs), got {args.problems}")
+    if args.cpu is not None and not 0 <= args.cpu < (os.cpu_count() or 1):
+        raise ValueError(f"--cpu: no core {args.cpu} here (0 to {(os.cpu_count() or 1) - 1})")
+    for side in ("before", "after"):
+        tree = Path(getattr(args, side))
+        if not (tree / "arithmetic_train" / f"{args.method}.py").is_file():
+            raise ValueError(f"--{side}: {tree} is not a checkout of this project (no arithmetic_train/"
+                             f"{args.method}.py there)")
+    check_json_flags(args, PROGRAM)
+    return args
+
+
+def main(argv=None) -> int:
+    from harness import run_main
+
+    return run_main(parse, lambda args, argv: (main_phases if args.problems else main_runs)(args, argv), argv,
+                    stopped="the pairs finished before it are in --json")
+
+
+def main_runs(args, argv) -> int:
+    from harness import save_json, temporary_folder
+
+    doc = {"command": " ".join([PROGRAM, *argv]), "cpu": _cpu(), "method": args.method,
            "steps": args.steps, "eval_every": args.eval_every, "seed": args.seed, "pairs": []}
-    with tempfile.TemporaryDirectory(prefix="run_cost_") as tmp:
+    with temporary_folder("run_cost_") as tmp:
         for i in range(args.pairs):
             order = ("before", "after") if i % 2 == 0 else ("after", "before")
             pair = {}
             for side in order:
-                pair[side] = one_run(Path(getattr(args, side)).resolve(), args, Path(tmp) / f"{i}_{side}")
+                pair[side] = one_run(Path(getattr(args, side)).resolve(), args, tmp / f"{i}_{side}")
                 print(f"pair {i} {side}: {pair[side]['wall_s']:.0f} s, 12-iteration run estimated "
                       f"{pair[side]['full_run_estimate_s']:.0f} s", flush=True)
             pair["agreement"] = agree(pair["before"], pair["after"])
@@ -217,20 +246,23 @@ def main(argv=None) -> None:
                 pair[side].pop("samples")
             doc["pairs"].append(pair)
             doc["cpu"]["load_after"] = os.getloadavg()
-            Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+            if save_json(args.json, doc):
+                return 1
             print(f"pair {i}: wall {pair['wall_ratio']:.2f}x, 12-iteration run {pair['full_run_ratio']:.2f}x, "
                   f"{pair['agreement']}", flush=True)
+    return 0
 
 
-def main_phases(args, argv) -> None:
-    doc = {"command": " ".join([PROGRAM, *(argv or sys.argv[1:])]), "cpu": _cpu(), "problems": args.problems,
-           "pairs": []}
-    with tempfile.TemporaryDirectory(prefix="run_cost_") as tmp:
+def main_phases(args, argv) -> int:
+    from harness import save_json, temporary_folder
+
+    doc = {"command": " ".join([PROGRAM, *argv]), "cpu": _cpu(), "problems": args.problems, "pairs": []}
+    with temporary_folder("run_cost_") as tmp:
         for i in range(args.pairs):
             order = ("before", "after") if i % 2 == 0 else ("after", "before")
             pair: dict = {}
             for side in order:
-                pair[side] = one_phases(Path(getattr(args, side)).resolve(), args, Path(tmp) / f"{i}_{side}.json")
+                pair[side] = one_phases(Path(getattr(args, side)).resolve(), args, tmp / f"{i}_{side}.json")
                 print(f"pair {i} {side}: " + ", ".join(f"{k} {v:.1f}" for k, v in pair[side].items()
                                                        if k.endswith("_s")), flush=True)
             pair["agreement"] = phases_agree(pair["before"], pair["after"])
@@ -238,8 +270,10 @@ def main_phases(args, argv) -> None:
                               ("generation_s", "base_eval_s", "trained_eval_s")}
             doc["pairs"].append(pair)
             doc["cpu"]["load_after"] = os.getloadavg()
-            Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+            if save_json(args.json, doc):
+                return 1
             print(f"pair {i}: {pair['ratios']}, {pair['agreement']}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
@@ -249,4 +283,4 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:])
     else:
-        main()
+        raise SystemExit(main())

@@ -28,6 +28,7 @@ SMALLEST = {
     "generation.py": ["--model", "tiny", "--batch_size", "2", "--new_tokens", "2", "--calls", "1"],
     "scaling.py": ["--quick", "--iterations", "1", "--warmup", "0"],
     "learned.py": ["--config", "configs/imdb/ppo_tiny.yaml", "--limit_min", "0.1"],
+    "run_cost.py": ["--before", str(REPO), "--preset", "tiny", "--steps", "1", "--eval_every", "1"],
 }
 
 
@@ -122,10 +123,32 @@ def test_a_file_the_benchmark_wrote_is_replaced_without_force(tmp_path):
     import levers
     import scaling
 
+    import run_cost
+
     for module, name in ((generation, "generation.py"), (levers, "levers.py"), (scaling, "scaling.py")):
         own = tmp_path / f"{name}.json"
         own.write_text(json.dumps({"command": f"python benchmarks/{name} --seed 1"}))
         assert module.parse(["--json", str(own)]).json == str(own)
+    own = tmp_path / "run_cost.json"
+    own.write_text(json.dumps({"command": "python benchmarks/run_cost.py --before /tmp/x"}))
+    assert run_cost.parse(["--before", str(REPO), "--json", str(own)]).json == str(own)
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--pairs", "0"], "--pairs: must be >= 1, got 0"),
+    (["--problems", "-1"], "--problems: must be >= 0"),
+    (["--cpu", "4096"], "--cpu: no core 4096 here"),
+    (["--before", "/nonexistent/tree"], "--before: /nonexistent/tree is not a checkout of this project"),
+    (["--json", None], "--json: required"),
+])
+def test_run_costs_mistakes_are_one_line_before_any_run(args, says, tmp_path, tmpdir_env):
+    flags = {**dict(zip(SMALLEST["run_cost.py"][::2], SMALLEST["run_cost.py"][1::2])),
+             "--json": str(tmp_path / "out.json"), **dict(zip(args[::2], args[1::2]))}
+    before = tree(tmp_path)
+    p = bench("run_cost.py", *[x for k, v in flags.items() if v is not None for x in (k, v)], cwd=tmp_path,
+              env={"TMPDIR": str(tmpdir_env)})
+    refused(p, says)
+    assert tree(tmp_path) == before and left_behind(tmpdir_env) == []
 
 
 def test_learned_replaces_its_own_result_of_before_it_named_itself(tmp_path):
