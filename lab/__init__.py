@@ -3,6 +3,7 @@
 experiments      ``python -m lab.experiments``: every (method, seed[, eta]) run of a comparison, then the report
 experiment_plan  what the runner is asked, checked before anything is written: flags, methods, every run's config
 runs             one run of an experiment: what its folder holds, the command that trains it, its record in runs.json
+collect          ``python -m lab.collect``: finished runs made in a clone, brought into the repository's folder
 heldout_runs     the runner's held-out evaluations of every finished run's final models and of the base model
 evaluate         ``python -m lab.evaluate``: trained models on held-out prompts (reward, KL, distinct-n; pass@k)
 evaluation_plan  what lab.evaluate is asked, checked before any model loads: flags, models, base, data, reward
@@ -13,11 +14,15 @@ learning         did the baseline learn? asked before any comparison
 matched_kl       the paper's claim read at matched KL: CORY's held-out reward against PPO's at the same held-out KL
 collapse         the collapse test: do the final models' answers degenerate (CORY against PPO, paired by seed)?
 verdict          the reading at matched iterations: does CORY beat PPO as the paper claims?
+paths            the held-out paths at matched iterations, and each one's fall from its peak (secondary readings)
 frontier         the eta sweep's frontier (paper Fig. 2c), read at matched KL
 stats            the statistics behind the verdicts: one-sided t-tests, their power, Holm's correction
 figures          the plots
 equivalence      ``python -m lab.equivalence``: does a run in one precision learn what a run in another learns?
 search           ``python -m lab.search``: a hyperparameter search's summary (which settings made PPO learn)
+learners         ``python -m lab.learners``: a learner pilot's summary (does each method learn with RLOO or GRPO?)
+transfer         does CORY's observer use the pioneer's answer? the transfer a run recorded, for a report
+transfer_check   ``python -m lab.transfer_check``: the same asked of a base model, before any training
 passk            the unbiased pass@k estimator
 errors           the lab commands' errors, and how a command ends on one (one line, exit status 2, 1 or 130)
 """

@@ -54,3 +54,11 @@ def test_the_lab_and_the_run_loop_are_imported_from_above_only():
         if name not in ("cory.cli",) and not name.startswith("lab"):
             assert "cory.train" not in targets and "cory.cli" not in targets, f"{name} imports the run loop"
     assert "cory.train" not in graph["cory.checkpoint"]
+
+
+def test_the_lab_names_each_of_its_modules():
+    """lab/__init__.py is the lab's table of contents: each module of lab/ has its line there."""
+    import lab
+
+    listed = {line.split()[0] for line in lab.__doc__.splitlines()[2:] if line.strip()}
+    assert listed == {p.stem for p in (ROOT / "lab").glob("*.py") if p.stem != "__init__"}

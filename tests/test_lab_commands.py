@@ -139,3 +139,13 @@ def test_report_ctrl_c_exits_130(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         report.main([str(tmp_path)])
     assert e.value.code == 130 and "interrupted" in capsys.readouterr().err
+
+
+def test_evaluate_help_says_what_its_docstring_says():
+    """lab.evaluation_plan keeps lab.evaluate's first paragraph for --help without importing the model stack; the two
+    copies stay one text."""
+    import lab.evaluate
+    from lab.evaluation_plan import DESCRIPTION, build_parser
+
+    assert DESCRIPTION == lab.evaluate.__doc__.split("\n\n")[0]
+    assert " ".join(DESCRIPTION.split()) in " ".join(build_parser().format_help().split())

@@ -1,0 +1,126 @@
+"""Bring the finished runs of an experiment folder run elsewhere (a clean clone, one runner per clone, as the long
+comparisons run) into the repository's folder of the same experiment.
+
+    python -m lab.collect /tmp/clone_1/results/arithmetic_cpu_horizon results/arithmetic_cpu_horizon
+
+Both folders are the runner's (``lab.experiments``: a runs.json) and of one experiment: the same task, preset, steps,
+η sweep, ``--set`` values and design (its hash). Every run of the source's runs.json must have finished (its last
+attempt exited 0), its runner too, and none may be in the destination already. Then each run's files (those at the
+top of its folder: config, metrics, samples, evaluations; not its checkpoints or final models, which the repository
+does not keep) and its logs are copied, and the destination's runs.json gains the runs and the invocations, written
+last and whole; a stop or a fault before then removes what was copied. The source's base-model evaluation is not
+copied when the destination has one: the folder keeps its first draw (a different one is named). Nothing is
+written before every check has passed.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from cory.targets import write_whole
+from lab.errors import OneLineParser, ReportError, exit_on_error
+
+SAME = ("task", "preset", "steps", "kl_coefs", "set", "design_sha256")
+
+
+def read_runs_json(folder: Path, which: str) -> dict:
+    path = folder / "runs.json"
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ReportError(f"{which} {folder}: no runs.json (not a folder the experiment runner wrote)") from None
+    except (OSError, ValueError) as e:
+        raise ReportError(f"{which} {path}: cannot be read ({type(e).__name__})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("runs"), dict):
+        raise ReportError(f"{which} {path}: not a runs.json of the experiment runner")
+    return doc
+
+
+def _unfinished(doc: dict) -> list[str]:
+    return [i.get("command", "?") for i in doc.get("invocations") or [] if not i.get("finished")]
+
+
+def plan(source: Path, dest: Path) -> tuple[dict, dict, list[tuple[Path, Path]], list[str]]:
+    """(source runs.json, the destination's after the merge, [(file, where it goes)], notes); a ReportError, naming
+    what, where the two cannot be merged."""
+    src, dst = read_runs_json(source, "source"), read_runs_json(dest, "destination")
+    if source.resolve() == dest.resolve():
+        raise ReportError(f"{source}: the source and the destination are one folder")
+    for key in SAME:
+        if src.get(key) != dst.get(key):
+            raise ReportError(f"{key}: the source has {src.get(key)!r}, the destination {dst.get(key)!r}; these "
+                              "are two experiments")
+    for which, doc in (("source", src), ("destination", dst)):
+        if _unfinished(doc):
+            raise ReportError(f"{which}: its runner has not finished ({_unfinished(doc)[0]}); collect once it has")
+    copies, notes = [], []
+    for key, run in sorted(src["runs"].items()):
+        last = (run.get("attempts") or [{}])[-1]
+        if last.get("exit_status") != 0:
+            raise ReportError(f"{key}: its last attempt did not finish (exit status {last.get('exit_status')}); a "
+                              "run cut off is committed as such by hand")
+        if key in dst["runs"] or (dest / "runs" / key).exists():
+            raise ReportError(f"{key}: the destination has it already ({dest / 'runs' / key})")
+        folder = source / "runs" / key
+        if not folder.is_dir():
+            raise ReportError(f"{key}: no folder {folder}")
+        copies += [(f, dest / "runs" / key / f.name) for f in sorted(folder.iterdir()) if f.is_file()]
+        method, _, seed = key.partition("/")
+        for log in (source / "logs" / method / f"{seed}.log", source / "logs" / "eval" / f"{method}_{seed}.log"):
+            if log.is_file():
+                copies.append((log, dest / log.relative_to(source)))
+    for base in sorted(source.glob("eval_base_*.json")):
+        if not (dest / base.name).exists():
+            copies.append((base, dest / base.name))
+        elif json.loads(base.read_text()).get("results") != json.loads((dest / base.name).read_text()).get("results"):
+            notes.append(f"{base.name}: the source's draw differs from the destination's; the destination keeps its "
+                         "own")
+    taken = [to for _, to in copies if to.exists()]
+    if taken:
+        raise ReportError(f"{taken[0]}: already there; nothing is replaced")
+    merged = {**dst, "runs": {**dst["runs"], **src["runs"]},
+              "invocations": (dst.get("invocations") or []) + (src.get("invocations") or []),
+              "methods": [m for m in dict.fromkeys((dst.get("methods") or []) + (src.get("methods") or []))],
+              "seeds": sorted(set(dst.get("seeds") or []) | set(src.get("seeds") or []))}
+    return src, merged, copies, notes
+
+
+def collect(source: str | Path, dest: str | Path) -> tuple[list[str], list[str]]:
+    """Copy and merge (see the module); (the runs brought in, notes)."""
+    source, dest = Path(source), Path(dest)
+    src, merged, copies, notes = plan(source, dest)
+    made: list[Path] = []
+    try:
+        for frm, to in copies:
+            for parent in reversed([to.parent, *to.parent.parents]):
+                if not parent.exists():
+                    parent.mkdir()
+                    made.append(parent)
+            shutil.copy2(frm, to)
+            made.append(to)
+        write_whole(dest / "runs.json", json.dumps(merged, indent=2) + "\n")
+    except BaseException:  # a stop or a full disk: what this call made goes, so that it can be run again
+        for path in reversed(made):
+            path.unlink() if path.is_file() else path.rmdir()
+        raise
+    return sorted(src["runs"]), notes
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = OneLineParser(ReportError, prog="python -m lab.collect", description=__doc__.split("\n\n")[0])
+    p.add_argument("source", help="the experiment folder in the clone that ran the runs")
+    p.add_argument("destination", help="the repository's folder of the same experiment")
+    with exit_on_error((ReportError,), files=lambda: args.destination,
+                       interrupted="nothing was collected (runs.json unchanged)"):
+        args = p.parse_args(sys.argv[1:] if argv is None else argv)
+        runs, notes = collect(args.source, args.destination)
+        for note in notes:
+            print(f"note: {note}")
+        print(f"collected {', '.join(runs) or 'no runs'} into {args.destination}; next: python -m lab.report "
+              f"{args.destination}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""lab.collect brings finished runs made in a clone into the repository's folder of the same experiment: the files and
+logs copied, runs.json merged (runs, invocations, methods, seeds), and nothing written where the two are not one
+experiment, a run has not finished, or a file is already there."""
+import json
+import shutil
+
+import pytest
+
+from conftest import REPO
+from entry_points import lab, refused, succeeded, tree
+from lab.collect import collect
+
+HORIZON = REPO / "results" / "arithmetic_cpu_horizon"
+
+
+def record(keys: list[str]) -> dict:
+    """The committed runs.json as a runner that ran only ``keys`` ("ppo/seed_0", ...) would have written it."""
+    doc = json.loads((HORIZON / "runs.json").read_text())
+    pairs = [k.split("/") for k in keys]
+    return {**doc, "methods": list(dict.fromkeys(m for m, _ in pairs)), "seeds": sorted({int(s[5:]) for _, s in pairs}),
+            "invocations": [i for i in doc["invocations"]
+                            if any(f"--methods {m} --seeds {s[5:]} " in i["command"] for m, s in pairs)],
+            "runs": {k: doc["runs"][k] for k in keys}}
+
+
+def clone_of(folder, key: str):
+    """A clone's experiment folder holding ``folder``'s run ``key`` alone, as its own runner would have left it."""
+    method, seed = key.split("/")
+    folder.mkdir(parents=True)
+    (folder / "runs.json").write_text(json.dumps(record([key]), indent=2))
+    shutil.copytree(HORIZON / "runs" / key, folder / "runs" / key)
+    (folder / "runs" / key / "checkpoints").mkdir()  # not kept by the repository: not collected
+    (folder / "runs" / key / "checkpoints" / "step_10.pt").write_bytes(b"weights")
+    for log in (f"logs/{method}/{seed}.log", f"logs/eval/{method}_{seed}.log"):
+        (folder / log).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(HORIZON / log, folder / log)
+    shutil.copy(HORIZON / "eval_base_arithmetic.json", folder / "eval_base_arithmetic.json")
+    return folder
+
+
+@pytest.fixture
+def repo_folder(tmp_path):
+    """The repository's folder with PPO seed 0 only (CORY seed 0 is to be collected)."""
+    out = tmp_path / "repo"
+    shutil.copytree(HORIZON, out, ignore=shutil.ignore_patterns("cory", "cory_seed_*.log"))
+    (out / "runs.json").write_text(json.dumps(record(["ppo/seed_0"]), indent=2) + "\n")
+    return out
+
+
+def test_a_clones_run_is_collected_whole(repo_folder, tmp_path):
+    source = clone_of(tmp_path / "clone" / "horizon", "cory/seed_0")
+    runs, notes = collect(source, repo_folder)
+    assert runs == ["cory/seed_0"] and notes == []
+    for name in ("runs/cory/seed_0/metrics.jsonl", "runs/cory/seed_0/samples.jsonl", "runs/cory/seed_0/eval.jsonl",
+                 "runs/cory/seed_0/config.yaml", "runs/cory/seed_0/final_evaluation.json", "logs/eval/cory_seed_0.log",
+                 "logs/cory/seed_0.log"):
+        assert (repo_folder / name).read_bytes() == (HORIZON / name).read_bytes(), name
+    assert not (repo_folder / "runs/cory/seed_0/checkpoints").exists()
+    # the two runners' records, as the folder that ran both holds them
+    merged = json.loads((repo_folder / "runs.json").read_text())
+    assert merged == record(["ppo/seed_0", "cory/seed_0"])
+    assert list(merged["runs"]) == ["ppo/seed_0", "cory/seed_0"] and merged["methods"] == ["ppo", "cory"]
+
+
+def test_a_second_collect_is_refused_and_changes_nothing(repo_folder, tmp_path):
+    source = clone_of(tmp_path / "clone" / "horizon", "cory/seed_0")
+    collect(source, repo_folder)
+    before = tree(repo_folder)
+    refused(lab("collect", source, repo_folder), "cory/seed_0: the destination has it already")
+    assert tree(repo_folder) == before
+
+
+@pytest.mark.parametrize("damage,says", [
+    (lambda doc: doc.update(steps=12), "steps: the source has 12, the destination 30"),
+    (lambda doc: doc["runs"]["cory/seed_0"]["attempts"][-1].update(exit_status=143),
+     "cory/seed_0: its last attempt did not finish (exit status 143)"),
+    (lambda doc: doc["invocations"][-1].pop("finished"), "source: its runner has not finished"),
+])
+def test_what_cannot_be_merged_is_one_line_and_nothing_is_written(repo_folder, tmp_path, damage, says):
+    source = clone_of(tmp_path / "clone" / "horizon", "cory/seed_0")
+    doc = json.loads((source / "runs.json").read_text())
+    damage(doc)
+    (source / "runs.json").write_text(json.dumps(doc))
+    before = tree(repo_folder)
+    refused(lab("collect", source, repo_folder), says)
+    assert tree(repo_folder) == before
+
+
+def test_a_base_draw_that_differs_is_named_and_the_first_kept(repo_folder, tmp_path):
+    source = clone_of(tmp_path / "clone" / "horizon", "cory/seed_0")
+    base = json.loads((source / "eval_base_arithmetic.json").read_text())
+    base["results"][0]["task_reward"] = 0.5
+    (source / "eval_base_arithmetic.json").write_text(json.dumps(base))
+    p = succeeded(lab("collect", source, repo_folder))
+    assert "eval_base_arithmetic.json: the source's draw differs from the destination's" in p.stdout
+    kept = repo_folder / "eval_base_arithmetic.json"
+    assert kept.read_bytes() == (HORIZON / "eval_base_arithmetic.json").read_bytes()
