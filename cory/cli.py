@@ -76,9 +76,10 @@ def split_flags(cls, argv: list[str]) -> tuple[str | None, dict[str, str]]:
 
 
 def parse(cls, argv: list[str] | None = None, prog: str | None = None, *, check: bool = True):
-    """The resolved config, checked as far as it can be without loading a model (``check``; a training run
-    leaves the check to ``cory.train``, which makes it once for the whole run). ``--resume DIR`` starts from
-    the config saved in DIR, and only fields that do not change what the run learns may differ from it."""
+    """The resolved config, checked as far as it can be without loading a model (``check``: the values, the model
+    spec, the task's data and reward; ``main`` checks a run's after seeing whether it is a finished run's resume, and
+    ``cory.train`` again with the run folder). ``--resume DIR`` starts from the config saved in DIR, and only fields
+    that do not change what the run learns may differ from it."""
     argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != PRINT_CONFIG]
     if any(a in ("-h", "--help") for a in argv):
         print(_help(cls, prog or Path(sys.argv[0]).name))
@@ -135,7 +136,7 @@ def main(cls, argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     print_config = PRINT_CONFIG in argv
     try:
-        cfg = parse(cls, argv, check=print_config)  # a run is checked by train(), before any model loads
+        cfg = parse(cls, argv, check=print_config)
     except (ConfigError, AssetError) as e:
         print(f"error: {one_line(str(e))}", file=sys.stderr)
         raise SystemExit(2)
@@ -149,6 +150,11 @@ def main(cls, argv: list[str] | None = None) -> None:
     if finished:
         print(finished)
         return
+    try:  # before the training stack (seconds of imports) loads, so that a mistake answers at once
+        preflight.check_config(cfg)
+    except (ConfigError, AssetError) as e:
+        print(f"error: {one_line(str(e))}", file=sys.stderr)
+        raise SystemExit(2)
     # the training stack (torch, trl) loads only now, so that --help and --print_config answer at once
     from cory.train import train
 

@@ -126,6 +126,19 @@ def test_dataset_path_is_never_ignored(tmp_path):
     assert line.startswith("error: dataset_path:")
 
 
+@pytest.mark.parametrize("flags", [["--dataset_path", "/nonexistent/gsm8k"], ["--model_name", "x/../y"],
+                                   ["--reward_model", "VADER"]])
+def test_a_mistake_is_refused_before_the_training_stack_loads(flags):
+    """The checks that need no model run before torch and trl are imported (seconds), not after."""
+    code = ("import runpy, sys\n"
+            f"sys.argv = ['gsm8k_train/cory.py', *{flags!r}]\n"
+            "try:\n    runpy.run_path('gsm8k_train/cory.py', run_name='__main__')\n"
+            "except SystemExit as e:\n    print('exit', e.code, 'torch' in sys.modules, 'trl' in sys.modules)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert p.stdout.split() == ["exit", "2", "False", "False"], (p.stdout, p.stderr[-2000:])
+    assert p.stderr.startswith(f"error: {flags[0][2:]}:") and len(p.stderr.strip().splitlines()) == 1
+
+
 def test_a_script_refuses_a_config_of_another_task(tmp_path):
     line = rejected("imdb", "cory", ["--config", "configs/gsm8k/cory_tiny.yaml", "--output_dir", tmp_path / "r"])
     assert "task" in line and "gsm8k_train/cory.py" in line
