@@ -51,8 +51,8 @@ import sys
 import time
 from pathlib import Path
 
-from harness import (Stopped, UsageError, add_json_flags, check_json_flags, child_error, report_stop, save_json,
-                     stop, stopped_by_signals, temporary_folder)
+from harness import (Stopped, UsageError, add_json_flags, check_json_flags, child_error, cpu_info, report_stop,
+                     save_json, stop, stopped_by_signals, temporary_folder)
 from iteration_worker import OVERRIDES, REPO, worker
 
 PROGRAM = "python benchmarks/iteration.py"
@@ -313,6 +313,10 @@ def parse(argv):
                    help="where prompts come from instead of the preset's: the paper preset's hub dataset needs "
                         "builtin (or a local copy) offline; prompts' lengths come from the task, not the source")
     p.add_argument("--precision", default=None, help="auto | fp32 | tf32 | bf16 (default: the preset's)")
+    p.add_argument("--advantage_estimator", default=None, help="the learner, gae | rloo | grpo (default: the "
+                   "preset's); the authors' loop takes gae only")
+    p.add_argument("--num_generations", type=int, default=None, help="answers per prompt, K (rloo and grpo: 2 or "
+                   "more; the batch counts answers)")
     p.add_argument("--mini_batch_size", type=int, default=None, help="default: the whole batch in one mini-batch")
     p.add_argument("--gradient_accumulation_steps", type=int, default=1)
     p.add_argument("--batch_size", type=int, default=16)
@@ -486,6 +490,7 @@ def settings(args, variant: str) -> dict:
             "model": cfg.model_name, "reward": cfg.reward_model, "precision": f"{precision} ({why})",
             "max_pass_tokens": budget or "no limit",
             "batch": cfg.batch_size, "mini_batch": cfg.mini_batch_size, "ppo_epochs": cfg.ppo_epochs,
+            "learner": cfg.advantage_estimator + (f" K {cfg.num_generations}" if cfg.num_generations > 1 else ""),
             "response_tokens": f"{cfg.response_length_min}-{cfg.response_length_max}"}
 
 
@@ -521,7 +526,9 @@ def main(argv=None) -> int:
     summary = {v: summarize(r, peak) for v, r in raw.items()}
     checks = targets(summary, raw)
     print_table(summary, checks, peak)
-    report = {"command": PROGRAM + " " + " ".join(sys.argv[1:] if argv is None else argv),
+    cpu = cpu_info()
+    print(f"CPU: {cpu['model']}, {cpu['cores']} cores, flags {' '.join(cpu['flags'])}, load {cpu['load']}")
+    report = {"command": PROGRAM + " " + " ".join(sys.argv[1:] if argv is None else argv), "cpu": cpu,
               "matmul_peak_gflops": peak, "wall_s": time.perf_counter() - started, "summary": summary,
               "targets": checks}
     print("\n" + json.dumps({"matmul_peak_gflops": peak, "summary": summary, "targets": checks}, indent=1))

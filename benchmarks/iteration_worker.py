@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 # preset fields settable by flag
 OVERRIDES = ("response_length_min", "response_length_max", "max_pass_tokens", "precision", "model_name",
-             "reward_model", "dataset")
+             "reward_model", "dataset", "advantage_estimator", "num_generations")
 
 
 # ----------------------------------------------------------------------------- measurements

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import runpy
 import shutil
 import subprocess
@@ -176,11 +175,11 @@ def _commit(tree: Path) -> str:
 
 
 def _cpu() -> dict:
-    flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
-    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-                 platform.processor())
-    return {"model": model, "cores": os.cpu_count(),
-            "flags": [f for f in flags if f.startswith(("avx", "fma", "amx"))], "load_before": os.getloadavg()}
+    from harness import cpu_info
+
+    info = cpu_info()
+    info["load_before"] = info.pop("load")
+    return info
 
 
 def parse(argv):

@@ -232,6 +232,15 @@ def test_iteration_benchmark_prints_the_values_a_gpu_figure_runs_at(capsys):
                            "--variants", "ppo", "--dry_run"]) == 0
     line, = capsys.readouterr().out.splitlines()
     assert "task arithmetic" in line and "model embedded:smollm2-135m" in line and "mini_batch 8" in line, line
+    assert "learner gae," in line
+    # the learner switch, as a run takes it, and its mistakes refused as a run refuses them (the flag named)
+    assert iteration.main(["--task", "arithmetic", "--preset", "cpu", "--batch_size", "32", "--mini_batch_size", "8",
+                           "--variants", "ppo,cory", "--advantage_estimator", "rloo", "--num_generations", "4",
+                           "--dry_run"]) == 0
+    assert all("learner rloo K 4," in line for line in capsys.readouterr().out.splitlines())
+    assert iteration.main(["--task", "arithmetic", "--preset", "cpu", "--batch_size", "32", "--variants", "ppo",
+                           "--advantage_estimator", "rloo", "--num_generations", "3", "--dry_run"]) == 2
+    assert "--batch_size: 32 is not divisible by num_generations 3" in capsys.readouterr().err
     # a dataset the task does not take is refused by --dry_run too, as a run would refuse it
     assert iteration.main(["--task", "arithmetic", "--preset", "cpu", "--dataset", "sums_9x9", "--dry_run"]) == 2
     out = capsys.readouterr()
