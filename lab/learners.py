@@ -161,8 +161,9 @@ def transfer_lines(groups: list[tuple[str, Group]]) -> list[str]:
     lines = []
     for est, group in groups:
         if recorded(group):
-            lines += [f"**{METHOD_NAMES.get(group.method, group.method)} with {est}**, in training (each seed's mean over a stint of "
-                      "roles, then over seeds):", "",
+            name = METHOD_NAMES.get(group.method, group.method)
+            lines += [f"**{name} with {est}**, in training (each seed's mean over a stint of roles, then over seeds):",
+                      "",
                       markdown_table(["iterations", "observer", "observer − pioneer", "copy rate",
                                       "correction rate"], training_windows(group)), ""]
     return ([RULE, ""] + lines) if lines else ["No CORY run here recorded the transfer.", ""]
