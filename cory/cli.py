@@ -150,15 +150,12 @@ def main(cls, argv: list[str] | None = None) -> None:
     if finished:
         print(finished)
         return
-    try:  # before the training stack (seconds of imports) loads, so that a mistake answers at once
-        preflight.check_config(cfg)
-    except (ConfigError, AssetError) as e:
-        print(f"error: {one_line(str(e))}", file=sys.stderr)
-        raise SystemExit(2)
-    # the training stack (torch, trl) loads only now, so that --help and --print_config answer at once
-    from cory.train import train
-
     try:
+        # checked before the training stack (torch, trl: seconds of imports) loads, so that a mistake answers at
+        # once; it loads only now, so that --help and --print_config answer at once too
+        preflight.check_config(cfg)
+        from cory.train import train
+
         out = train(cfg)
     except (ConfigError, AssetError) as e:
         print(f"error: {one_line(str(e))}", file=sys.stderr)
