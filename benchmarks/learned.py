@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import (Stopped, add_json_flags, check_json_flags, child_error, report_stop, save_json, stop,
+from harness import (Stopped, add_json_flags, check_json_flags, child_error, cpu_info, report_stop, save_json, stop,
                      stopped_by_signals, temporary_folder)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,10 +33,7 @@ FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
 
 def cpu_flags() -> list[str]:
-    try:
-        words = set(next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split())
-    except (OSError, StopIteration):
-        return []
+    words = set(cpu_info()["flags"])
     return [f for f in FLAGS if f in words]
 
 

@@ -53,8 +53,8 @@ def plan(source: Path, dest: Path) -> tuple[dict, dict, list[tuple[Path, Path]],
             raise ReportError(f"{key}: the source has {src.get(key)!r}, the destination {dst.get(key)!r}; these "
                               "are two experiments")
     for which, doc in (("source", src), ("destination", dst)):
-        if _unfinished(doc):
-            raise ReportError(f"{which}: its runner has not finished ({_unfinished(doc)[0]}); collect once it has")
+        if unfinished := _unfinished(doc):
+            raise ReportError(f"{which}: its runner has not finished ({unfinished[0]}); collect once it has")
     copies, notes = [], []
     for key, run in sorted(src["runs"].items()):
         last = (run.get("attempts") or [{}])[-1]
@@ -82,7 +82,7 @@ def plan(source: Path, dest: Path) -> tuple[dict, dict, list[tuple[Path, Path]],
         raise ReportError(f"{taken[0]}: already there; nothing is replaced")
     merged = {**dst, "runs": {**dst["runs"], **src["runs"]},
               "invocations": (dst.get("invocations") or []) + (src.get("invocations") or []),
-              "methods": [m for m in dict.fromkeys((dst.get("methods") or []) + (src.get("methods") or []))],
+              "methods": list(dict.fromkeys((dst.get("methods") or []) + (src.get("methods") or []))),
               "seeds": sorted(set(dst.get("seeds") or []) | set(src.get("seeds") or []))}
     return src, merged, copies, notes
 
