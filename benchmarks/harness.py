@@ -74,6 +74,18 @@ def cpu_info() -> dict:
             "load": list(os.getloadavg())}
 
 
+def git_commit(tree: str | os.PathLike = REPO) -> str:
+    """The short commit a timing was taken at, ``+dirty`` when tracked files differ from it, "?" without git."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=tree, capture_output=True, text=True).stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "") if head else "?"
+    except OSError:
+        return "?"
+
+
 def write_json(path: str | os.PathLike, doc) -> str | None:
     """``doc`` into ``path`` whole (``cory.targets.write_whole``), so an earlier file stays whole when the disk
     fills, and a target that is no regular file (a pipe, a device) is never replaced; the one-line reason when it

@@ -24,8 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from harness import (Stopped, add_json_flags, check_json_flags, child_error, cpu_info, report_stop, save_json, stop,
-                     stopped_by_signals, temporary_folder)
+from harness import (Stopped, add_json_flags, check_json_flags, child_error, cpu_info, git_commit, report_stop,
+                     save_json, stop, stopped_by_signals, temporary_folder)
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = "python benchmarks/learned.py"
@@ -35,16 +35,6 @@ FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 def cpu_flags() -> list[str]:
     words = set(cpu_info()["flags"])
     return [f for f in FLAGS if f in words]
-
-
-def commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True).stdout.strip()
-        return out.stdout.strip() + ("+dirty" if dirty else "")
-    except OSError:
-        return "?"
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -110,7 +100,7 @@ def main(argv=None) -> int:
         env["OMP_NUM_THREADS"] = str(args.threads)
     result = {"command": " ".join(["python", args.script, "--config", args.config, *passed]),
               "benchmark": " ".join([PROGRAM, *argv]), "gain": args.gain,
-              "threads": args.threads or os.cpu_count(), "cpu_flags": cpu_flags(), "commit": commit(), "rows": []}
+              "threads": args.threads or os.cpu_count(), "cpu_flags": cpu_flags(), "commit": git_commit(), "rows": []}
     try:
         with stopped_by_signals(), temporary_folder("cory_learned_") as tmp:
             child, err = watch(args, passed, env, tmp, result)

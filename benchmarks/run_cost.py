@@ -110,7 +110,7 @@ def one_phases(tree: Path, args, out: Path) -> dict:
     if p.returncode:
         raise SystemExit(f"error: the phases in {tree} failed ({p.returncode}): {p.stderr.strip()[-2000:]}")
     doc = json.loads(out.read_text())
-    doc.update(wall_s=time.perf_counter() - t0, commit=_commit(tree))
+    doc.update(wall_s=time.perf_counter() - t0, commit=_git_commit(tree))
     return doc
 
 
@@ -146,7 +146,7 @@ def one_run(tree: Path, args, out: Path) -> dict:
     fixed = wall - sum(iterations) - base - sum(trained)
     full_evals = FULL_STEPS // FULL_EVAL_EVERY
     return {
-        "tree": str(tree), "commit": _commit(tree), "wall_s": wall, "iterations_s": iterations,
+        "tree": str(tree), "commit": _git_commit(tree), "wall_s": wall, "iterations_s": iterations,
         "evaluations": evals, "fixed_s": fixed,
         "full_run_estimate_s": fixed + base + full_evals * sum(trained) / max(len(trained), 1)
         + FULL_STEPS * sum(iterations) / len(iterations),
@@ -167,11 +167,10 @@ def agree(a: dict, b: dict) -> dict:
             "largest_relative_difference": worst}
 
 
-def _commit(tree: Path) -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=tree,
-                           capture_output=True, text=True).stdout.strip()
-    return out.stdout.strip() + ("+dirty" if dirty else "")
+def _git_commit(tree: Path) -> str:
+    from harness import git_commit
+
+    return git_commit(tree)
 
 
 def _cpu() -> dict:
