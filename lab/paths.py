@@ -68,6 +68,25 @@ def _at(group: Group, seed: int, agent: str, key: str, it: int) -> float | None:
     return group.runs[seed].heldout_series(agent, key).get(it)
 
 
+def _run_cell(group: Group, seed: int, agent: str, it: int) -> str:
+    """One run at one evaluation: "sampled / greedy, KL", and "[copy, correction]" where the agent was read as the
+    observer of the other's held-out answers."""
+    value = {key: _at(group, seed, agent, key, it) for key in
+             ("task_reward", "greedy_reward", "kl", "transfer/copy_rate", "transfer/correction_rate")}
+    if value["task_reward"] is None:
+        return "–"
+    cell = f"{fmt(value['task_reward'])} / {fmt(value['greedy_reward'])}, {fmt(value['kl'])}"
+    if value["transfer/copy_rate"] is not None or value["transfer/correction_rate"] is not None:
+        cell += f" [{fmt(value['transfer/copy_rate'])}, {fmt(value['transfer/correction_rate'])}]"
+    return cell
+
+
+def run_rows(models: list[tuple[Group, str]], iterations: list[int]) -> list[list[str]]:
+    """Each run's held-out path, a row per model and seed: what the means above are taken over."""
+    return [[f"{g.name(a)}, seed {s}", *(_run_cell(g, s, a, i) for i in iterations)]
+            for g, a in models for s in sorted(g.runs)]
+
+
 def along_paths(exp: Experiment) -> str | None:
     """The section's text, or None where the runs' held-out evaluations record no greedy accuracy or there are no
     held-out paths of PPO and CORY."""
@@ -121,4 +140,8 @@ def along_paths(exp: Experiment) -> str | None:
         markdown_table(["model", "seeds", "at the last evaluation", *at_k,
                         f"fell more than {design.margin:g} by the end"], falls), "",
         "Each CORY agent's fall minus PPO's, paired by seed (> 0: the agent fell further):", "",
-        markdown_table(["agent − PPO", "at the last evaluation", *at_k], fall_diffs)])
+        markdown_table(["agent − PPO", "at the last evaluation", *at_k], fall_diffs), "",
+        "**Each run's path**: held-out accuracy sampled / greedy, held-out KL (nats), and for a CORY agent [copy rate, "
+        "correction rate] as the observer of the other agent's held-out answers (n/a where undefined; – where the run "
+        "has no evaluation there):", "",
+        markdown_table(["run", *map(str, iterations)], run_rows(models, iterations))])

@@ -74,3 +74,21 @@ def test_the_report_shows_them_only_where_greedy_accuracy_is_recorded(tmp_path):
     write_paths(tmp_path / "vader", greedy=False)
     assert along_paths(load_experiment(tmp_path / "vader")) is None
     assert "## Along the held-out paths" not in build_report(tmp_path / "vader").read_text()
+
+
+def test_each_runs_path_is_a_row_with_its_transfer_where_read(tmp_path):
+    write_paths(tmp_path, seeds=2)
+    run = tmp_path / "runs" / "cory" / "seed_1" / "eval.jsonl"
+    rows = [json.loads(line) for line in run.read_text().splitlines()]
+    for r in rows:
+        if r["agent"] == "llm2" and r["iterations"] == 6:
+            r.update({"transfer/copy_rate": 0.9, "transfer/correction_rate": None})
+    rows = [r for r in rows if not (r["agent"] == "llm1" and r["iterations"] == 12)]  # an evaluation it lacks
+    run.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = along_paths(load_experiment(tmp_path)).split("**Each run's path**")[1]
+    assert row(table, "PPO, seed 1") == ("| PPO, seed 1 | 0.21 / 0.3, 0 | 0.31 / 0.4, 1 | 0.41 / 0.5, 2 | 0.51 / 0.6, 3 "
+                                         "| 0.61 / 0.7, 4 |")
+    assert row(table, "CORY-LLM2, seed 1").split(" | ")[3] == "0.41 / 0.5, 2 [0.9, n/a]"  # iteration 6
+    assert row(table, "CORY-LLM1, seed 1").endswith("| 0.31 / 0.4, 3 | – |")  # PEAKED, seed 1: +0.01
+    assert [ln.split(" | ")[0] for ln in table.splitlines() if ln.startswith("| CORY")] == [
+        "| CORY-LLM1, seed 0", "| CORY-LLM1, seed 1", "| CORY-LLM2, seed 0", "| CORY-LLM2, seed 1"]
