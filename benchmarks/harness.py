@@ -8,7 +8,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -22,6 +21,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from cory.errors import ConfigError, Stopped, file_fault  # noqa: E402  (light: no torch)
+from cory.memory import cpu_info  # noqa: E402,F401  (the benchmarks' own: beside every timing)
 from cory.run_rules import check_output_json  # noqa: E402
 from cory.targets import write_whole  # noqa: E402
 
@@ -59,19 +59,6 @@ def json_refusal(path: str | os.PathLike, program: str, force: bool, key: str = 
     except ConfigError as e:
         return str(e)
     return None
-
-
-def cpu_info() -> dict:
-    """The CPU a timing was taken on (its model, cores and the vector flags that decide the fastest precision: AVX2,
-    AVX-512, AMX), and the load then, to be written beside every timing."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = []
-    flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), [])
-    model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), platform.processor())
-    return {"model": model, "cores": os.cpu_count(), "flags": [f for f in flags if f.startswith(("avx", "fma", "amx"))],
-            "load": list(os.getloadavg())}
 
 
 def git_commit(tree: str | os.PathLike = REPO) -> str:

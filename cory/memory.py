@@ -1,16 +1,18 @@
-"""Memory: the peak of one stretch of work (an iteration, a benchmark phase), in GiB, and how much this machine has.
+"""Memory: the peak of one stretch of work (an iteration, a benchmark phase), in GiB, and how much this machine has;
+and the CPU a timing was taken on.
 
 On CUDA the peak is the caching allocator's peak of allocated tensors (``torch.cuda.max_memory_allocated``).
 On CPU it is the process's peak resident memory: Linux keeps it as VmHWM and resets it when "5" is
 written to /proc/self/clear_refs, so each stretch gets its own peak; where that cannot be reset the
 figure is the peak since the process started.
 
-``ram_bytes`` and ``gpu_bytes`` read no tensor library (the checks before a run loads anything use it), so torch is imported
+``ram_bytes``, ``gpu_bytes`` and ``cpu_info`` read no tensor library (the checks before a run loads anything use it), so torch is imported
 only by the functions that measure a peak.
 """
 from __future__ import annotations
 
 import os
+import platform
 import re
 import resource
 import shutil
@@ -74,3 +76,17 @@ def gpu_bytes() -> int:
         return max((int(mib) * 2 ** 20 for mib in re.findall(r"^\s*(\d+)\s*$", out, re.M)), default=0)
     except (OSError, subprocess.SubprocessError):
         return 0
+
+
+def cpu_info() -> dict:
+    """The CPU a timing was taken on (its model, cores and the vector flags that decide the fastest precision: AVX2,
+    AVX-512, AMX), and the load then, to be written beside every timing."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        lines = []
+    flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), [])
+    model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), platform.processor())
+    return {"model": model, "cores": os.cpu_count(), "flags": [f for f in flags if f.startswith(("avx", "fma", "amx"))],
+            "load": list(os.getloadavg())}

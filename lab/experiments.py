@@ -39,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from cory.errors import ConfigError
+from cory.memory import cpu_info
 from cory.outputs import RunLock, in_use
 from lab import heldout_runs
 from lab.errors import ExperimentError, ReportError, exit_on_error
@@ -177,6 +178,8 @@ def _record_invocation(record: Record, argv) -> dict:
     invocation = {"command": shlex.join(["python", "-m", "lab.experiments",
                                           *(sys.argv[1:] if argv is None else argv)]),
                   "started": now(), "git_commit": commit, "git_dirty": dirty, "python": sys.version.split()[0],
+                  # the machine beside the runs' wall times: which CPU kind (AVX2, AVX-512 BF16, AMX) they were taken on
+                  "cpu": {k: v for k, v in cpu_info().items() if k != "load"},
                   "ran": 0, "skipped": 0, "failed": 0}
     record.data["invocations"].append(invocation)
     record.save()

@@ -148,6 +148,14 @@ SETTING_FIELDS = ("model_name", "reward_model", "dataset", "steps", "batch_size"
                   "other_reward_coef", "reset_on_swap")
 
 
+def _machine(cpu) -> str:
+    """Where an invocation recorded its CPU (since 2026-11-29): the kind its wall times were taken on."""
+    if not isinstance(cpu, dict):
+        return ""
+    flags = " ".join(cpu.get("flags") or []) or "no AVX flags"
+    return f"; on {cpu.get('model', '?')}, {cpu.get('cores', '?')} cores ({flags})"
+
+
 def provenance_section(exp: Experiment) -> str:
     rj = exp.runs_json
     out = []
@@ -159,7 +167,7 @@ def provenance_section(exp: Experiment) -> str:
             dirty = " (with uncommitted changes)" if inv.get("git_dirty") else ""
             out.append(f"- `{inv.get('command', '?')}` — started {inv.get('started', '?')}, git commit "
                        f"`{commit}`{dirty}; ran {inv.get('ran', '?')}, skipped {inv.get('skipped', '?')}, "
-                       f"failed {inv.get('failed', '?')}")
+                       f"failed {inv.get('failed', '?')}" + _machine(inv.get("cpu")))
         out.append("")
     else:
         out.append("_No runs.json: the commands, commit and wall times are unknown; the settings below come "

@@ -153,6 +153,8 @@ def test_runner_runs_skips_and_resumes(tmp_path, capsys):
     assert attempts(out) == {k: ["new"] for k in ("ppo/seed_0", "ppo/seed_1", "cory/seed_0", "cory/seed_1")}
     record = json.loads((out / "runs.json").read_text())
     assert record["invocations"][0]["ran"] == 4 and record["invocations"][0]["git_commit"]
+    # the machine beside the wall times: the CPU kind decides which precision is fastest
+    assert set(record["invocations"][0]["cpu"]) == {"model", "cores", "flags"}
     for r in record["runs"].values():
         a = r["attempts"][0]
         assert a["exit_status"] == 0 and a["wall_time_s"] > 0 and a["command"].startswith("python imdb_train/")

@@ -248,7 +248,10 @@ def test_samples_and_provenance_in_report(tmp_path):
     synthetic(tmp_path, cory_wins=True)
     runs = {"task": "imdb", "preset": "tiny", "invocations": [
         {"command": "python -m lab.experiments --task imdb --preset tiny --out results/x", "started": "2025-01-01",
-         "git_commit": "abc123", "git_dirty": False, "ran": 6, "skipped": 0, "failed": 0}],
+         "git_commit": "abc123", "git_dirty": False, "ran": 6, "skipped": 0, "failed": 0},
+        {"command": "python -m lab.experiments --task imdb --preset tiny --out results/x --seeds 3",
+         "started": "2025-01-02", "git_commit": "abc123", "git_dirty": False, "ran": 0, "skipped": 6, "failed": 0,
+         "cpu": {"model": "AMD EPYC 7B13", "cores": 2, "flags": ["fma", "avx", "avx2"]}}],
         "runs": {f"ppo/seed_{s}": {"script": "imdb_train/ppo.py", "status": "finished", "attempts": [
             {"mode": "new", "command": f"python imdb_train/ppo.py --seed {s}", "wall_time_s": 30.0,
              "exit_status": 0}]} for s in (0, 1, 2)}}
@@ -260,6 +263,8 @@ def test_samples_and_provenance_in_report(tmp_path):
     assert "[LLM2 observer r=-0.200]" in samples
     run = text.split("## What was run")[1]
     assert "abc123" in run and "python imdb_train/ppo.py --seed 2" in run
+    # the CPU beside the wall times where the invocation recorded it (runs.json before 2026-11-29 did not)
+    assert "failed 0\n" in run and "failed 0; on AMD EPYC 7B13, 2 cores (fma avx avx2)\n" in run
     assert "| ppo | imdb_train/ppo.py | 0, 1, 2 | 90 s | 90 s | 2.0 s |" in run
     assert "In all, 5.2 min of training iterations" in run  # PPO 3 x 15 x 2 s, CORY 3 x 15 x 5 s
     assert "| model_name | tiny | tiny |" in run
