@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from harness import add_json_flags, check_json_flags, run_main, save_json
-from learned import commit, cpu_flags
+from harness import add_json_flags, check_json_flags, git_commit, run_main, save_json
+from learned import cpu_flags
 
 PROGRAM = "python benchmarks/heldout_eval.py"
 VARIANTS = ("left_padded", "shared_prefix", "sampling_logits")
@@ -66,7 +66,7 @@ def measure(args, argv) -> int:
     bench = load(args)
     times, answers = take_turns(bench, args.rounds)
     summary = compare(times, answers)
-    doc = {"command": " ".join([PROGRAM, *argv]), "commit": commit(), "cpu_flags": cpu_flags(),
+    doc = {"command": " ".join([PROGRAM, *argv]), "commit": git_commit(), "cpu_flags": cpu_flags(),
            "threads": args.threads, "model": args.model, "task": "arithmetic", "batch_size": args.batch_size,
            "batches": len(bench.batches), "rounds": args.rounds, "answer_tokens": args.answer_tokens,
            "prompt_tokens": [min(map(len, bench.batches[0])), max(map(len, bench.batches[0]))],

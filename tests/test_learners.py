@@ -52,8 +52,8 @@ def test_the_horizon_runs_read_as_gae_with_their_own_numbers(horizon):
 def test_a_critic_free_folder_names_its_learner_and_the_ratio_to_gae(horizon, tmp_path):
     pilot = tmp_path / "pilot"
     shutil.copytree(horizon / "runs" / "ppo", pilot / "runs" / "ppo")
-    config = pilot / "runs/ppo/seed_0/config.yaml"
-    config.write_text(config.read_text() + "advantage_estimator: rloo\nnum_generations: 4\n")
+    for config in pilot.glob("runs/ppo/seed_*/config.yaml"):  # every seed the horizon folder holds
+        config.write_text(config.read_text() + "advantage_estimator: rloo\nnum_generations: 4\n")
     assert estimator(load_experiment(pilot).groups["ppo"]) == "rloo, K = 4"
     summary = build_summary(pilot, horizon).read_text()
     assert "| pilot | rloo, K = 4 | PPO | 0 | 0.265 | 0.48 (30) |" in summary
