@@ -1,12 +1,14 @@
 """Where a finished experiment's runs spent their time, read from what the folder holds (no run, no timing here):
 each run's wall time (``runs.json``, its last attempt), its iterations' own timers summed (``metrics.jsonl``:
 generation, PPO steps; an iteration's other work, rewards and role exchanges, is under 0.1%) and the remainder
-outside the iterations (its held-out evaluations with their transfer readings, loading, saving). Then, per method, the median shares and the most a
-run could gain if one part cost nothing: the ceiling any speed-up of that part alone can reach.
+outside the iterations (its held-out evaluations with their transfer readings, loading, saving). Then, per method,
+the median shares and the most a run could gain if one part cost nothing: the ceiling any speed-up of that part
+alone can reach.
 
     python benchmarks/run_profile.py results/arithmetic_cpu_horizon [--json benchmarks/data/run_profile_horizon.json]
 
-The folder does not record the CPU its runs ran on: its DESIGN.md names the machine.
+The CPU the runs ran on is in ``runs.json``'s invocations (``cpu``) since 2026-11-29; for older folders, their
+DESIGN.md names the machine.
 """
 from __future__ import annotations
 
@@ -52,7 +54,7 @@ def profile(folder: Path) -> dict:
         rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
         wall = finished[-1]["wall_time_s"]
         out["runs"][name] = {"method": run["method"], "wall_s": wall, "iterations": len(rows),
-                             **{part: s for part, s in run_parts(wall, rows).items()}}
+                             **run_parts(wall, rows)}
     for method in sorted({r["method"] for r in out["runs"].values()}):
         mine = [r for r in out["runs"].values() if r["method"] == method]
         share = {part: statistics.median(r[part] / r["wall_s"] for r in mine) for part in PARTS}

@@ -6,8 +6,8 @@ On CPU it is the process's peak resident memory: Linux keeps it as VmHWM and res
 written to /proc/self/clear_refs, so each stretch gets its own peak; where that cannot be reset the
 figure is the peak since the process started.
 
-``ram_bytes``, ``gpu_bytes`` and ``cpu_info`` read no tensor library (the checks before a run loads anything use it), so torch is imported
-only by the functions that measure a peak.
+``ram_bytes``, ``gpu_bytes`` and ``cpu_info`` read no tensor library (the checks before a run loads anything use
+them), so torch is imported only by the functions that measure a peak.
 """
 from __future__ import annotations
 
