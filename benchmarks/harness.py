@@ -24,6 +24,7 @@ from cory.errors import ConfigError, Stopped, file_fault  # noqa: E402  (light: 
 from cory.memory import cpu_info  # noqa: E402,F401  (the benchmarks' own: beside every timing)
 from cory.run_rules import check_output_json  # noqa: E402
 from cory.targets import write_whole  # noqa: E402
+from lab.runs import git_state  # noqa: E402  (one reading of the commit, the runner's)
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -63,14 +64,8 @@ def json_refusal(path: str | os.PathLike, program: str, force: bool, key: str = 
 
 def git_commit(tree: str | os.PathLike = REPO) -> str:
     """The short commit a timing was taken at, ``+dirty`` when tracked files differ from it, "?" without git."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=tree, capture_output=True, text=True).stdout.strip()
-
-    try:
-        head = git("rev-parse", "--short", "HEAD")
-        return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "") if head else "?"
-    except OSError:
-        return "?"
+    commit, dirty = git_state(tree)
+    return commit[:7] + ("+dirty" if dirty else "") if commit else "?"
 
 
 def write_json(path: str | os.PathLike, doc) -> str | None:
@@ -99,19 +94,25 @@ def signal_name(signum: int) -> str:
     return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
 
 
+# the signal stopped_by_signals caught, if any, and whether ``running`` is starting a process (a signal then waits)
+_caught: list[int] = []
+_starting = False
+
+
 @contextlib.contextmanager
 def stopped_by_signals():
     """Within it, the first Ctrl-C, SIGTERM or SIGHUP raises ``Stopped`` in the main thread, so that the ``finally``
     blocks that stop the benchmark's children and remove its temporary folder run; later signals are ignored while
     they do (each wait there is bounded). Any error raised after the signal is taken for the stop: a library may
     have caught the ``Stopped`` and raised its own (torch.compile raises BackendCompilerFailed)."""
-    caught: list[int] = []
+    _caught.clear()
 
     def handle(signum, frame):
-        if caught:
+        if _caught:
             return
-        caught.append(signum)
-        raise Stopped(f"stopped by {signal_name(signum)}", signum)
+        _caught.append(signum)
+        if not _starting:  # else ``running`` raises it, once the process it starts can be stopped
+            raise Stopped(f"stopped by {signal_name(signum)}", signum)
 
     previous = {s: signal.signal(s, handle) for s in SIGNALS}
     try:
@@ -119,12 +120,31 @@ def stopped_by_signals():
     except Stopped:
         raise
     except BaseException:
-        if caught:  # raised inside a library that wrapped the Stopped in its own error (torch.compile's workers do)
-            raise Stopped(f"stopped by {signal_name(caught[0])}", caught[0]) from None
+        if _caught:  # raised inside a library that wrapped the Stopped in its own error (torch.compile's workers do)
+            raise Stopped(f"stopped by {signal_name(_caught[0])}", _caught[0]) from None
         raise
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def running(cmd: list[str], *, group: bool = False, grace: float = 30.0, **popen):
+    """``subprocess.Popen(cmd, **popen)`` for the block, ended by ``stop`` (``group``, ``grace``) however the block
+    ends. A stop signal that comes while the process starts is raised once it can be stopped: a ``Stopped`` raised
+    inside Popen, between its fork and its return, would leave the child running with no one holding its pid."""
+    global _starting
+    _starting = True
+    try:
+        proc = subprocess.Popen(cmd, **popen)
+    finally:
+        _starting = False
+    try:
+        if _caught:
+            raise Stopped(f"stopped by {signal_name(_caught[0])}", _caught[0])
+        yield proc
+    finally:
+        stop(proc, group=group, grace=grace)
 
 
 def stop(proc: subprocess.Popen, *, group: bool = False, grace: float = 30.0) -> None:

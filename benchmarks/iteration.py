@@ -52,7 +52,7 @@ import time
 from pathlib import Path
 
 from harness import (Stopped, UsageError, add_json_flags, check_json_flags, child_error, cpu_info, report_stop,
-                     save_json, stop, stopped_by_signals, temporary_folder)
+                     running, save_json, stopped_by_signals, temporary_folder)
 from iteration_worker import OVERRIDES, REPO, worker
 
 PROGRAM = "python benchmarks/iteration.py"
@@ -454,11 +454,8 @@ def run_worker(args, variant: str, folder: Path) -> dict:
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU measurement stays on the CPU on a GPU machine
     print(f"running {variant} ...", file=sys.stderr, flush=True)
     with open(log_path, "w") as log:  # a file, not a pipe: nothing to drain while the worker is stopped
-        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log)
-        try:
+        with running(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log) as proc:
             proc.wait()
-        finally:
-            stop(proc)
     output = log_path.read_text(errors="replace")
     if proc.returncode != 0:
         line = child_error(output)

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from harness import (Stopped, add_json_flags, check_json_flags, child_error, cpu_info, git_commit, report_stop,
-                     save_json, stop, stopped_by_signals, temporary_folder)
+                     running, save_json, stopped_by_signals, temporary_folder)
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = "python benchmarks/learned.py"
@@ -137,9 +137,9 @@ def watch(args, passed: list[str], env: dict, tmp: Path, result: dict) -> tuple[
     cmd = [sys.executable, args.script, "--config", args.config, *passed, "--output_dir", str(run_dir)]
     start = time.monotonic()
     with open(tmp / "log.txt", "w") as log:  # not a pipe: the progress bar would fill it and stall the run
-        child = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
-        try:
+        # killed when the block ends: the run and whatever it started, at once
+        with running(cmd, group=True, grace=0, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                     start_new_session=True) as child:
             seen = 0
             while child.poll() is None and time.monotonic() - start < args.limit_min * 60:
                 rows = read_rows(run_dir / "eval.jsonl")
@@ -158,8 +158,6 @@ def watch(args, passed: list[str], env: dict, tmp: Path, result: dict) -> tuple[
                                   minutes=round(hit["seen_after_s"] / 60, 2))
                     break
                 time.sleep(1.0)
-        finally:
-            stop(child, group=True, grace=0)  # killed: the run and whatever it started, at once
     return child, (tmp / "log.txt").read_text(errors="replace")
 
 

@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import add_json_flags, check_json_flags, child_error, run_main, save_json, stop, temporary_folder
+from harness import add_json_flags, check_json_flags, child_error, run_main, running, save_json, temporary_folder
 
 HERE = Path(__file__).resolve().parent
 PROGRAM = "python benchmarks/scaling.py"
@@ -66,11 +66,11 @@ def measure(args, label: str, preset: str, batch: int, rmin, rmax, folder: Path)
     print(f"{label}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
     log_path = folder / "log.txt"
     with open(log_path, "w") as log:  # a file, not a pipe: nothing to drain while the run is stopped
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "TMPDIR": str(folder)})
-        try:
+        # SIGTERM first: iteration.py stops its worker (SIGKILL after its own 30 s) and removes its folder; a longer
+        # grace here, so that a slow stop is not cut short with the worker left running, orphaned
+        with running(cmd, grace=90, stdout=subprocess.DEVNULL, stderr=log,
+                     env={**os.environ, "TMPDIR": str(folder)}) as proc:
             proc.wait()
-        finally:
-            stop(proc)  # SIGTERM first: iteration.py stops its worker and removes its own folder
     if proc.returncode != 0:
         output = log_path.read_text(errors="replace")
         line = child_error(output)

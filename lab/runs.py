@@ -197,11 +197,13 @@ def command(pair: Pair, mode: str) -> list[str]:
     return cmd
 
 
-def git_state() -> tuple[str | None, bool | None]:
+def git_state(tree: str | os.PathLike = REPO) -> tuple[str | None, bool | None]:
+    """The commit ``tree`` is at and whether a tracked file differs from it (untracked files are not the code that
+    runs); None for what git cannot tell."""
     try:
-        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
+        commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True,
                                 timeout=10).stdout.strip() or None
-        status = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+        status = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
                                 capture_output=True, text=True, timeout=10)
         return commit, (bool(status.stdout.strip()) if status.returncode == 0 else None)
     except (OSError, subprocess.SubprocessError):
@@ -253,7 +255,8 @@ class Children:
     checkpoint and stops, and the runner records it. No run is started after the first signal."""
 
     def __init__(self):
-        self.lock = threading.Lock()
+        # re-entrant: the signal handler (``stop``) may run in the main thread while that thread is inside ``start``
+        self.lock = threading.RLock()
         self.running: set[subprocess.Popen] = set()
         self.stopped_by: int | None = None
 
@@ -265,6 +268,9 @@ class Children:
             env = {**(kwargs.pop("env", None) or os.environ), RUNNER_PID: str(os.getpid())}
             proc = subprocess.Popen(cmd, start_new_session=True, env=env, **kwargs)
             self.running.add(proc)
+            if self.stopped_by is not None:  # the signal came while Popen ran, in this thread: it passes on now
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(self.stopped_by)
             return proc
 
     def wait(self, proc: subprocess.Popen) -> int:

@@ -231,11 +231,35 @@ FAKE_TRAINING = textwrap.dedent("""
 """)
 
 
-def gone(pid: int) -> bool:
+def start_time(pid: int) -> str | None:
+    """When ``pid`` started (clock ticks since boot, /proc's stat field 22): with the pid, names one process even
+    after the pid is reused; None when there is no such process."""
     try:
-        return "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+
+
+def gone(pid: int, started: str | None = None) -> bool:
+    """No process ``pid`` (a zombie is one: it has ended), or one started at another time than ``started`` (the pid
+    reused: this machine's pid_max is 32768, and the tests beside start many processes)."""
+    try:
+        if "zombie" in Path(f"/proc/{pid}/status").read_text().lower():
+            return True
     except FileNotFoundError:
         return True
+    return started is not None and start_time(pid) not in (started, None)
+
+
+def all_gone(processes: list[tuple[int, str | None]], within: float = 30) -> bool:
+    """Whether every (pid, start time) is gone, allowing a process already sent SIGKILL the moments the kernel takes
+    to tear it down (a loaded machine stretches them)."""
+    deadline = time.monotonic() + within
+    while not all(gone(pid, started) for pid, started in processes):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def wait_until(condition, proc, timeout: float = 300):
@@ -299,7 +323,7 @@ def test_sigterm_to_a_benchmark_stops_its_children_and_removes_its_folder(name, 
                 found += level
             return found
         wait_until(lambda: len(descendants()) == depth, proc)
-        started = descendants()
+        started = [(pid, start_time(pid)) for pid in descendants()]
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
     finally:
@@ -307,7 +331,8 @@ def test_sigterm_to_a_benchmark_stops_its_children_and_removes_its_folder(name, 
             proc.kill()
     assert proc.returncode == 128 + signal.SIGTERM, log.read_text()[-2000:]
     assert log.read_text().strip().splitlines()[-1].startswith("stopped by SIGTERM: ")
-    assert all(gone(pid) for pid in started)
+    assert all_gone(started), [(pid, Path(f"/proc/{pid}/cmdline").read_bytes()[:200]) for pid, t in started
+                               if not gone(pid, t)]
     assert left_behind(tmpdir_env) == []
 
 

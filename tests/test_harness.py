@@ -38,3 +38,59 @@ def test_the_cpu_info_names_the_vector_flags_and_the_load():
     assert all(f.startswith(("avx", "fma", "amx")) for f in info["flags"])
     assert len(info["load"]) == 3 and info["cores"] >= 1
 
+
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+def _popen_then(monkeypatch, module, then):
+    """Popen that calls ``then()`` before it returns: a signal there comes as one between Popen's fork and its
+    return, where an exception raised leaves the child running with no one holding its pid."""
+    real, made = subprocess.Popen, []
+
+    def popen(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        then()
+        for _ in range(3):  # a few bytecodes, where the interpreter runs the signal's handler
+            pass
+        return made[-1]
+
+    monkeypatch.setattr(module.subprocess, "Popen", popen)
+    return made
+
+
+def test_a_stop_signal_while_a_benchmark_starts_a_child_stops_that_child(monkeypatch):
+    import signal
+
+    made = _popen_then(monkeypatch, harness, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    try:
+        with harness.stopped_by_signals(), harness.running(SLEEPER) as proc:
+            proc.wait()  # not reached: the signal is raised as the block starts
+        raise AssertionError("no Stopped")
+    except harness.Stopped as e:
+        assert e.exit_status == 128 + signal.SIGTERM
+    assert made[0].poll() == -signal.SIGTERM  # stopped and waited for, not left running
+
+
+def test_a_stop_signal_while_the_runner_starts_a_run_reaches_that_run(monkeypatch):
+    """The runner's handler runs in the main thread, which may be inside ``Children.start`` (held-out evaluations
+    start there): it must neither wait on the lock its own thread holds nor miss the run being started."""
+    import signal
+    import threading
+
+    from lab import runs
+
+    children = runs.Children()
+    made = _popen_then(monkeypatch, runs, lambda: children.stop(signal.SIGTERM))  # the handler, in this thread
+    started = []
+    thread = threading.Thread(target=lambda: started.append(children.start(SLEEPER)), daemon=True)
+    thread.start()
+    thread.join(30)
+    try:
+        assert not thread.is_alive(), "Children.start deadlocked on its own lock"
+        assert started == made and children.stopped_by == signal.SIGTERM
+        assert made[0].wait(30) == -signal.SIGTERM
+        assert children.start(SLEEPER) is None  # and no run starts after the signal
+    finally:
+        for proc in made:
+            proc.kill()
