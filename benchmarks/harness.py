@@ -94,6 +94,10 @@ def signal_name(signum: int) -> str:
     return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
 
 
+def _stopped(signum: int) -> Stopped:
+    return Stopped(f"stopped by {signal_name(signum)}", signum)
+
+
 # the signal stopped_by_signals caught, if any, and whether ``running`` is starting a process (a signal then waits)
 _caught: list[int] = []
 _starting = False
@@ -112,7 +116,7 @@ def stopped_by_signals():
             return
         _caught.append(signum)
         if not _starting:  # else ``running`` raises it, once the process it starts can be stopped
-            raise Stopped(f"stopped by {signal_name(signum)}", signum)
+            raise _stopped(signum)
 
     previous = {s: signal.signal(s, handle) for s in SIGNALS}
     try:
@@ -121,7 +125,7 @@ def stopped_by_signals():
         raise
     except BaseException:
         if _caught:  # raised inside a library that wrapped the Stopped in its own error (torch.compile's workers do)
-            raise Stopped(f"stopped by {signal_name(_caught[0])}", _caught[0]) from None
+            raise _stopped(_caught[0]) from None
         raise
     finally:
         for s, handler in previous.items():
@@ -141,7 +145,7 @@ def running(cmd: list[str], *, group: bool = False, grace: float = 30.0, **popen
         _starting = False
     try:
         if _caught:
-            raise Stopped(f"stopped by {signal_name(_caught[0])}", _caught[0])
+            raise _stopped(_caught[0])
         yield proc
     finally:
         stop(proc, group=group, grace=grace)

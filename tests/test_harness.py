@@ -1,7 +1,10 @@
-"""What the benchmarks write beside every timing: the commit it was taken at and the CPU it ran on."""
+"""What the benchmarks write beside every timing (the commit, the CPU), and a stop signal that comes while a
+child process starts."""
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -39,7 +42,6 @@ def test_the_cpu_info_names_the_vector_flags_and_the_load():
     assert len(info["load"]) == 3 and info["cores"] >= 1
 
 
-
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 
 
@@ -60,8 +62,6 @@ def _popen_then(monkeypatch, module, then):
 
 
 def test_a_stop_signal_while_a_benchmark_starts_a_child_stops_that_child(monkeypatch):
-    import signal
-
     made = _popen_then(monkeypatch, harness, lambda: os.kill(os.getpid(), signal.SIGTERM))
     try:
         with harness.stopped_by_signals(), harness.running(SLEEPER) as proc:
@@ -75,9 +75,6 @@ def test_a_stop_signal_while_a_benchmark_starts_a_child_stops_that_child(monkeyp
 def test_a_stop_signal_while_the_runner_starts_a_run_reaches_that_run(monkeypatch):
     """The runner's handler runs in the main thread, which may be inside ``Children.start`` (held-out evaluations
     start there): it must neither wait on the lock its own thread holds nor miss the run being started."""
-    import signal
-    import threading
-
     from lab import runs
 
     children = runs.Children()
