@@ -97,7 +97,7 @@ def seconds_per_iteration(exp: Experiment, seeds: list[int]) -> float | None:
 
 def build(first_dir: str, second_dir: str, upto: int) -> Path:
     first, second = load_experiment(first_dir), load_experiment(second_dir)
-    check_targets(Path(first_dir), "EQUIVALENCE.md")
+    check_targets(Path(first_dir), "EQUIVALENCE.md", writer="lab.equivalence")
     seeds, iterations, points = compare(first, second, upto)
     ok, why = verdict(points, iterations[-1])
     names = [_precision(e) for e in (first, second)]

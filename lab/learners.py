@@ -175,7 +175,7 @@ def build_summary(root: str | Path, against: str | Path | None = None, min_gain:
         raise ReportError(f"{root}: no runs/ folder (an experiment folder written by lab.experiments)")
     if against is not None and not (Path(against) / "runs").is_dir():
         raise ReportError(f"--against {against}: no runs/ folder (an experiment folder written by lab.experiments)")
-    check_targets(root, "SUMMARY.md")
+    check_targets(root, "SUMMARY.md", writer="lab.learners")
     notes: list[str] = []
     exps = [(root.name, load_experiment(root))] + ([(Path(against).name, load_experiment(against))] if against else [])
     read = [(where, read_folder(exp, notes)) for where, exp in exps]

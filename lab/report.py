@@ -428,7 +428,7 @@ def build_report(path: str | Path) -> Path:
     exp = load_experiment(path)
     root = exp.path
     load_design(root)  # a damaged design.yaml is refused before any figure is written
-    check_targets(root, "REPORT.md")
+    check_targets(root, "REPORT.md", writer="lab.report")
     notes = list(exp.notes)
     main = [(exp.main_group(m), a) for m in MAIN_METHODS if exp.main_group(m) is not None
             for a in exp.main_group(m).agents]

@@ -265,7 +265,7 @@ def build_summary(root: str | Path, criterion: Criterion = Criterion(), also: li
     folders = sorted(p for p in root.iterdir() if (p / "runs").is_dir())
     if not folders:
         raise ReportError(f"{root}: no setting folders (sub-folders with runs/ written by lab.experiments)")
-    check_targets(root, "SUMMARY.md")
+    check_targets(root, "SUMMARY.md", writer="lab.search")
     base_config = {}
     if (root / "base" / "runs").is_dir():
         base_group = load_experiment(root / "base").groups.get("ppo")
