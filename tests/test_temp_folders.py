@@ -8,8 +8,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 INNER = '''
-import pytest
-
 def test_passes(tmp_path):
     (tmp_path / "checkpoint.bin").write_bytes(b"x" * 1024)
     (tmp_path.parent.parent / "passed_at").write_text(str(tmp_path))
