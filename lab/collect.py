@@ -5,7 +5,9 @@ comparisons run) into the repository's folder of the same experiment.
 
 Both folders are the runner's (``lab.experiments``: a runs.json) and of one experiment: the same task, preset, steps,
 η sweep, ``--set`` values and design (its hash). Every run of the source's runs.json must have finished (its last
-attempt exited 0), its runner too, and none may be in the destination already. Then each run's files (those at the
+attempt exited 0), its runner too, and none may be in the destination already. A destination with no runs.json yet
+(a folder holding only its design, before its first run comes in) takes the source's record of the experiment, if it
+holds no runs and its design.yaml, if any, is the one the source ran under. Then each run's files (those at the
 top of its folder: config, metrics, samples, evaluations; not its checkpoints or final models, which the repository
 does not keep) and its logs are copied, and the destination's runs.json gains the runs and the invocations, written
 last and whole; a stop or a fault before then removes what was copied. The source's base-model evaluation is not
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from cory.targets import write_whole
 from lab.errors import OneLineParser, ReportError, exit_on_error
+from lab.design import DESIGN_DIGEST, DESIGN_FILE, design_digest
 
 SAME = ("task", "preset", "steps", "kl_coefs", "set", "design_sha256")
 
@@ -42,12 +45,28 @@ def _unfinished(doc: dict) -> list[str]:
     return [i.get("command", "?") for i in doc.get("invocations") or [] if not i.get("finished")]
 
 
+def first_record(src: dict, dest: Path) -> dict:
+    """The runs.json of a destination no runner has written yet: the source's experiment with no runs, once the
+    folder is shown to hold none (a runs/ folder without a record is not the runner's) and its design.yaml, if it
+    has one, to be the one the source's runs were planned under."""
+    if not dest.is_dir():
+        raise ReportError(f"destination {dest}: no such folder; make it (with its DESIGN.md) before the first collect")
+    if (dest / "runs").exists():
+        raise ReportError(f"destination {dest}: has a runs/ folder but no runs.json (not a folder the experiment "
+                          "runner wrote)")
+    if design_digest(dest) != src.get(DESIGN_DIGEST):
+        raise ReportError(f"{DESIGN_FILE}: the destination's (sha256 {str(design_digest(dest))[:12]}) is not the one "
+                          f"the source ran under ({str(src.get(DESIGN_DIGEST))[:12]}); these are two experiments")
+    return {**src, "runs": {}, "invocations": [], "methods": [], "seeds": []}
+
+
 def plan(source: Path, dest: Path) -> tuple[dict, dict, list[tuple[Path, Path]], list[str]]:
     """(source runs.json, the destination's after the merge, [(file, where it goes)], notes); a ReportError, naming
     what, where the two cannot be merged."""
-    src, dst = read_runs_json(source, "source"), read_runs_json(dest, "destination")
+    src = read_runs_json(source, "source")
     if source.resolve() == dest.resolve():
         raise ReportError(f"{source}: the source and the destination are one folder")
+    dst = read_runs_json(dest, "destination") if (dest / "runs.json").exists() else first_record(src, dest)
     for key in SAME:
         if src.get(key) != dst.get(key):
             raise ReportError(f"{key}: the source has {src.get(key)!r}, the destination {dst.get(key)!r}; these "

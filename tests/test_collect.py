@@ -95,3 +95,33 @@ def test_a_base_draw_that_differs_is_named_and_the_first_kept(repo_folder, tmp_p
     assert "eval_base_arithmetic.json: the source's draw differs from the destination's" in p.stdout
     kept = repo_folder / "eval_base_arithmetic.json"
     assert kept.read_bytes() == (HORIZON / "eval_base_arithmetic.json").read_bytes()
+
+
+def test_the_first_run_comes_into_a_folder_that_holds_only_its_design(tmp_path):
+    """A pilot's or a comparison's first collect: the folder holds DESIGN.md (and design.yaml), no runs.json yet."""
+    source = clone_of(tmp_path / "clone" / "horizon", "cory/seed_0")
+    dest = tmp_path / "repo"
+    dest.mkdir()
+    shutil.copy(HORIZON / "DESIGN.md", dest / "DESIGN.md")
+    shutil.copy(HORIZON / "design.yaml", dest / "design.yaml")
+    assert collect(source, dest) == (["cory/seed_0"], [])
+    assert json.loads((dest / "runs.json").read_text()) == record(["cory/seed_0"])
+    assert (dest / "runs/cory/seed_0/metrics.jsonl").read_bytes() == (HORIZON / "runs/cory/seed_0/metrics.jsonl").read_bytes()
+    assert (dest / "eval_base_arithmetic.json").is_file() and not (dest / "runs/cory/seed_0/checkpoints").exists()
+    assert not (dest / "REPORT.md").exists()
+
+
+@pytest.mark.parametrize("prepare,says", [
+    (lambda d: (d / "runs" / "ppo").mkdir(parents=True), "has a runs/ folder but no runs.json"),
+    (lambda d: (d / "design.yaml").write_text("kl_grid: [1, 2]\n"), "design.yaml: the destination's"),
+    (lambda d: shutil.rmtree(d), "no such folder"),
+])
+def test_a_first_collect_is_refused_where_the_folder_is_not_the_experiments(tmp_path, prepare, says):
+    source = clone_of(tmp_path / "clone" / "horizon", "cory/seed_0")
+    dest = tmp_path / "repo"
+    dest.mkdir()
+    shutil.copy(HORIZON / "design.yaml", dest / "design.yaml")
+    prepare(dest)
+    before = tree(dest) if dest.exists() else None
+    refused(lab("collect", source, dest), says)
+    assert (tree(dest) if dest.exists() else None) == before
