@@ -10,7 +10,9 @@ held-out evaluations (``eval.jsonl``, answers sampled as in training; iteration 
 at iteration 0, the best after it and where, the last, and the held-out KL at the last. A seed **learned** when its
 best is at least ``min_gain`` above its own iteration 0 (the pilot's design fixes ``min_gain`` before its runs).
 s / iteration is the median of the run's ``time/iteration_s`` after its first iteration (its evaluations not
-included). The knowledge transfer of the CORY runs is lab.transfer's tables. Descriptive: the pilot says whether a
+included), and a learner's cost is set against GAE's only among runs that computed alike: the same precision on the
+same kind of CPU, as each run's log states it (``precision: bf16 (auto on a CPU with AVX-512 BF16 ...)``), since
+bf16 on AVX-512 BF16 runs an iteration 1.24-1.48x faster than fp32 and a machine can be faster still. The knowledge transfer of the CORY runs is lab.transfer's tables. Descriptive: the pilot says whether a
 comparison of the learners is worth designing, and claims none. SUMMARY.md and fig_learners.png are rebuilt from
 the committed files alone.
 """
@@ -43,6 +45,7 @@ class AgentSeed:
     last: tuple[int, float] | None  # the last evaluation after iteration 0
     last_kl: float | None
     seconds: float | None  # median s / iteration after the first
+    compute: str = "?"     # "bf16, AVX-512 BF16": the precision and the CPU's kind, from the run's log
 
     def learned(self, min_gain: float) -> bool:
         return self.best is not None and self.best[1] - self.base >= min_gain - 1e-12
@@ -55,6 +58,26 @@ def estimator(group: Group) -> str:
     return str(name) if k == 1 else f"{name}, K = {k}"
 
 
+# the CPU's kind as the precision line of a run's log gives it (cory.agent.AUTO_ON_CPU's reasons, CUDA's)
+_KINDS = (("AVX-512 BF16", "AVX-512 BF16"), ("AMX", "AMX"), ("without native bfloat16", "no native bf16"),
+          ("CUDA", "CUDA"), ("as configured", "configured"))
+
+
+def compute_of(root: Path, label: str, seed: int) -> str:
+    """"<precision>, <CPU kind>" from the first ``precision:`` line of the run's log (logs/<label>/seed_<n>.log);
+    "?" where the log or the line is missing."""
+    try:
+        with open(Path(root) / "logs" / label / f"seed_{seed}.log", encoding="utf-8", errors="replace") as f:
+            line = next((ln for ln in f if ln.startswith("precision: ")), None)
+    except OSError:
+        return "?"
+    if line is None:
+        return "?"
+    precision, _, why = line[len("precision: "):].strip().partition(" ")
+    kind = next((name for key, name in _KINDS if key in why), None)
+    return f"{precision}, {kind}" if kind else precision
+
+
 def _median_iteration_s(group: Group, seed: int) -> float | None:
     times = [t for row in group.runs[seed].rows
              if isinstance(row.get("step"), int) and row["step"] > 0
@@ -62,7 +85,7 @@ def _median_iteration_s(group: Group, seed: int) -> float | None:
     return float(np.median(times)) if times else None
 
 
-def read_agent(group: Group, agent: str, seed: int, notes: list[str]) -> AgentSeed | None:
+def read_agent(group: Group, agent: str, seed: int, notes: list[str], root: Path | None = None) -> AgentSeed | None:
     """``agent`` of ``seed``'s run; None (named in ``notes``) without an iteration-0 evaluation and a later one."""
     run = group.runs[seed]
     accuracy, kl = run.heldout_series(agent, "task_reward"), run.heldout_series(agent, "kl")
@@ -73,7 +96,8 @@ def read_agent(group: Group, agent: str, seed: int, notes: list[str]) -> AgentSe
         return None
     best = max(later, key=lambda i: (accuracy[i], -i))  # the earliest of equal bests
     return AgentSeed(group.name(agent), seed, accuracy[0], (best, accuracy[best]), (later[-1], accuracy[later[-1]]),
-                     kl.get(later[-1]), _median_iteration_s(group, seed))
+                     kl.get(later[-1]), _median_iteration_s(group, seed),
+                     compute_of(root, group.label, seed) if root is not None else "?")
 
 
 def read_folder(exp: Experiment, notes: list[str]) -> list[tuple[str, list[AgentSeed]]]:
@@ -83,7 +107,7 @@ def read_folder(exp: Experiment, notes: list[str]) -> list[tuple[str, list[Agent
         if group.method not in METHODS or not group.runs:
             continue
         rows = [r for agent in group.agents for seed in sorted(group.runs)
-                if (r := read_agent(group, agent, seed, notes)) is not None]
+                if (r := read_agent(group, agent, seed, notes, exp.path)) is not None]
         out.append((METHODS.index(group.method), estimator(group), rows))
     return [(est, rows) for _, est, rows in sorted(out, key=lambda t: t[0])]
 
@@ -94,26 +118,30 @@ def _point(p: tuple[int, float] | None) -> str:
 
 def seed_table(folders: list[tuple[str, list[tuple[str, list[AgentSeed]]]]], min_gain: float) -> str:
     rows = [[where, est, a.name, str(a.seed), fmt(a.base), _point(a.best), _point(a.last), fmt(a.last_kl),
-             "**yes**" if a.learned(min_gain) else "no", fmt(a.seconds)]
+             "**yes**" if a.learned(min_gain) else "no", fmt(a.seconds), a.compute]
             for where, groups in folders for est, agents in groups for a in agents]
     return markdown_table(["folder", "learner", "agent", "seed", "iteration 0", "best (at)", "last (at)",
-                           "KL at last", f"learned (≥ +{min_gain:g})", "s / iteration"], rows)
+                           "KL at last", f"learned (≥ +{min_gain:g})", "s / iteration", "precision, CPU"], rows)
 
 
 def cost_lines(folders: list[tuple[str, list[tuple[str, list[AgentSeed]]]]]) -> list[str]:
-    """Per method: each learner's median s / iteration over its seeds, and the ratio to GAE's where both ran."""
-    by_method: dict[str, dict[str, list[float]]] = {}
+    """Per method: each learner's median s / iteration over its seeds, per precision and CPU kind, and the ratio to
+    GAE's where GAE ran alike (an unknown kind, "?", is set against nothing)."""
+    by_method: dict[str, dict[tuple[str, str], list[float]]] = {}
     for _, groups in folders:
         for est, agents in groups:
             method = agents[0].name.split("-")[0] if agents else "?"
-            seen = {a.seed: a.seconds for a in agents if a.seconds is not None}
-            by_method.setdefault(method, {}).setdefault(est, []).extend(seen.values())
+            seen = {(a.seed, a.compute): a.seconds for a in agents if a.seconds is not None}
+            for (_, compute), s in seen.items():
+                by_method.setdefault(method, {}).setdefault((est, compute), []).append(s)
     lines = []
     for method, by_est in by_method.items():
-        medians = {est: float(np.median(v)) for est, v in by_est.items() if v}
-        gae = medians.get("gae")
-        parts = [f"{est}: {fmt(s)} s" + (f" ({fmt(s / gae)}x GAE's)" if gae and est != "gae" else "")
-                 for est, s in medians.items()]
+        medians = {key: float(np.median(v)) for key, v in by_est.items() if v}
+        parts = []
+        for (est, compute), s in medians.items():
+            gae = medians.get(("gae", compute)) if compute != "?" else None
+            ratio = (f" ({fmt(s / gae)}x GAE's alike)" if gae else " (no GAE run alike)") if est != "gae" else ""
+            parts.append(f"{est} on {compute}: {fmt(s)} s ({len(by_est[est, compute])} seeds)" + ratio)
         if parts:
             lines.append(f"- {method}: " + "; ".join(parts))
     return lines
@@ -169,15 +197,17 @@ def transfer_lines(groups: list[tuple[str, Group]]) -> list[str]:
     return ([RULE, ""] + lines) if lines else ["No CORY run here recorded the transfer.", ""]
 
 
-def build_summary(root: str | Path, against: str | Path | None = None, min_gain: float = MIN_GAIN) -> Path:
+def build_summary(root: str | Path, against: str | Path | list | None = None, min_gain: float = MIN_GAIN) -> Path:
     root = Path(root)
+    against = [] if against is None else [against] if isinstance(against, (str, Path)) else list(against)
     if not (root / "runs").is_dir():
         raise ReportError(f"{root}: no runs/ folder (an experiment folder written by lab.experiments)")
-    if against is not None and not (Path(against) / "runs").is_dir():
-        raise ReportError(f"--against {against}: no runs/ folder (an experiment folder written by lab.experiments)")
+    for other in against:
+        if not (Path(other) / "runs").is_dir():
+            raise ReportError(f"--against {other}: no runs/ folder (an experiment folder written by lab.experiments)")
     check_targets(root, "SUMMARY.md", writer="lab.learners")
     notes: list[str] = []
-    exps = [(root.name, load_experiment(root))] + ([(Path(against).name, load_experiment(against))] if against else [])
+    exps = [(root.name, load_experiment(root))] + [(Path(other).name, load_experiment(other)) for other in against]
     read = [(where, read_folder(exp, notes)) for where, exp in exps]
     notes += [f"`{where}`: {note}" for where, exp in exps for note in exp.notes]
     ours = read[0][1]
@@ -186,7 +216,7 @@ def build_summary(root: str | Path, against: str | Path | None = None, min_gain:
     title = f"{setting_name(exps[0][1])}: the learner pilot"
     bases = [a.base for a in agents]
     plot(exps, root / "fig_learners.png", title, float(np.mean(bases)) + min_gain if bases else None)
-    arguments = (root.as_posix() + (f" --against {Path(against).as_posix()}" if against else "")
+    arguments = (root.as_posix() + "".join(f" --against {Path(other).as_posix()}" for other in against)
                  + (f" --min_gain {min_gain:g}" if min_gain != MIN_GAIN else ""))
     invocations = exps[0][1].runs_json.get("invocations") or []
     md = [f"# {title}", "",
@@ -199,8 +229,9 @@ def build_summary(root: str | Path, against: str | Path | None = None, min_gain:
           seed_table(read, min_gain), "",
           "Held-out: the task's held-out questions, answers sampled as in training; \"(at)\": iterations completed. "
           "s / iteration: the median over a run's iterations after the first, its evaluations not included.", "",
-          "**Cost per iteration** (median over seeds; runs of another folder may come from another commit or a "
-          "busier machine, see each folder's runs.json):", "", *cost_lines(read), "",
+          "**Cost per iteration** (median over seeds, per precision and CPU kind as each run's log states them; "
+          "a ratio only against GAE's runs alike; runs of another folder may come from another commit or a busier "
+          "machine, see each folder's runs.json):", "", *cost_lines(read), "",
           "![held-out accuracy](fig_learners.png)", "",
           "## Knowledge transfer", "",
           *transfer_lines([(estimator(g), g) for g in exps[0][1].groups.values() if g.method == "cory" and g.runs])]
@@ -214,7 +245,8 @@ def build_summary(root: str | Path, against: str | Path | None = None, min_gain:
 def main(argv: list[str] | None = None) -> None:
     p = OneLineParser(ReportError, prog="python -m lab.learners", description=__doc__.split("\n\n")[0])
     p.add_argument("folder")
-    p.add_argument("--against", default=None, help="an experiment folder of the same task at GAE, read alongside")
+    p.add_argument("--against", action="append", default=None,
+                   help="an experiment folder of the same task at GAE, read alongside (may be given again)")
     p.add_argument("--min_gain", type=float, default=MIN_GAIN,
                    help=f"held-out accuracy above iteration 0 that counts as learned (default {MIN_GAIN:g})")
     with exit_on_error((ReportError,), files=lambda: args.folder, interrupted="the files written so far are whole"):

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import REPO
 from entry_points import lab, refused, succeeded, tree
-from lab.learners import AgentSeed, build_summary, estimator, read_folder
+from lab.learners import AgentSeed, build_summary, compute_of, estimator, read_folder
 from lab.results import load_experiment
 
 HORIZON = REPO / "results" / "arithmetic_cpu_horizon"
@@ -19,6 +19,7 @@ HORIZON = REPO / "results" / "arithmetic_cpu_horizon"
 def horizon(tmp_path):
     out = tmp_path / "horizon"
     shutil.copytree(HORIZON / "runs", out / "runs")
+    shutil.copytree(HORIZON / "logs", out / "logs", ignore=shutil.ignore_patterns("eval"))  # each run's precision
     shutil.copy(HORIZON / "runs.json", out / "runs.json")
     return out
 
@@ -52,13 +53,33 @@ def test_the_horizon_runs_read_as_gae_with_their_own_numbers(horizon):
 def test_a_critic_free_folder_names_its_learner_and_the_ratio_to_gae(horizon, tmp_path):
     pilot = tmp_path / "pilot"
     shutil.copytree(horizon / "runs" / "ppo", pilot / "runs" / "ppo")
+    shutil.copytree(horizon / "logs" / "ppo", pilot / "logs" / "ppo")  # each run's precision line
     for config in pilot.glob("runs/ppo/seed_*/config.yaml"):  # every seed the horizon folder holds
         config.write_text(config.read_text() + "advantage_estimator: rloo\nnum_generations: 4\n")
     assert estimator(load_experiment(pilot).groups["ppo"]) == "rloo, K = 4"
     summary = build_summary(pilot, horizon).read_text()
     assert "| pilot | rloo, K = 4 | PPO | 0 | 0.265 | 0.48 (30) |" in summary
     assert "| horizon | gae | PPO | 0 | 0.265 | 0.48 (30) |" in summary
-    assert "- PPO: rloo, K = 4: " in summary and "(1x GAE's)" in summary  # the same runs: the same cost
+    # the same runs: the same cost, set against GAE's runs that computed alike
+    assert "- PPO: rloo, K = 4 on fp32, no native bf16: " in summary and "(1x GAE's alike)" in summary
+    assert (pilot / "fig_learners.png").stat().st_size > 0
+
+
+def test_a_cost_is_set_against_gae_only_where_it_computed_alike(horizon, tmp_path):
+    """A run on an AMX CPU is not set against runs on CPUs without native bf16; a run with no log, against none."""
+    pilot = tmp_path / "pilot"
+    shutil.copytree(horizon / "runs" / "ppo", pilot / "runs" / "ppo", ignore=shutil.ignore_patterns("seed_[2-9]"))
+    (pilot / "logs" / "ppo").mkdir(parents=True)
+    (pilot / "logs" / "ppo" / "seed_0.log").write_text(
+        "start\nprecision: fp32 (auto on a CPU with AMX, where bf16 was measured 0.88-1.22x fp32's speed)\n")
+    for config in pilot.glob("runs/ppo/seed_*/config.yaml"):
+        config.write_text(config.read_text() + "advantage_estimator: rloo\nnum_generations: 4\n")
+    assert compute_of(pilot, "ppo", 0) == "fp32, AMX" and compute_of(pilot, "ppo", 1) == "?"
+    assert compute_of(horizon, "cory", 0) == "fp32, no native bf16"
+    summary = build_summary(pilot, horizon).read_text()
+    assert "rloo, K = 4 on fp32, AMX: " in summary and "rloo, K = 4 on ?: " in summary
+    assert "GAE's alike)" not in summary and summary.count("(no GAE run alike)") == 2
+    assert "| pilot | rloo, K = 4 | PPO | 0 | 0.265 | 0.48 (30) | 0.48 (30) | 7.17 | **yes** |" in summary
     assert (pilot / "fig_learners.png").stat().st_size > 0
 
 
