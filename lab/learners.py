@@ -141,7 +141,8 @@ def cost_lines(folders: list[tuple[str, list[tuple[str, list[AgentSeed]]]]]) -> 
         for (est, compute), s in medians.items():
             gae = medians.get(("gae", compute)) if compute != "?" else None
             ratio = (f" ({fmt(s / gae)}x GAE's alike)" if gae else " (no GAE run alike)") if est != "gae" else ""
-            parts.append(f"{est} on {compute}: {fmt(s)} s ({len(by_est[est, compute])} seeds)" + ratio)
+            n = len(by_est[est, compute])
+            parts.append(f"{est} on {compute}: {fmt(s)} s ({n} seed{'' if n == 1 else 's'})" + ratio)
         if parts:
             lines.append(f"- {method}: " + "; ".join(parts))
     return lines
