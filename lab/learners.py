@@ -28,7 +28,8 @@ import numpy as np
 from lab.collapse import markdown_table
 from lab.errors import OneLineParser, ReportError, exit_on_error
 from lab.figures import check_targets, generated_by, save_figure, write_atomically
-from lab.results import METHOD_NAMES, Experiment, Group, finite, fmt, load_experiment, setting_name
+from lab.results import (METHOD_NAMES, Experiment, Group, compute_of, finite, fmt, load_experiment,
+                         setting_name)
 from lab.transfer import RULE, recorded, training_windows
 
 MIN_GAIN = 0.15  # the learner issue's bar: held-out accuracy at least the base model's + 0.15
@@ -56,26 +57,6 @@ def estimator(group: Group) -> str:
     name = group.config_value("advantage_estimator") or "gae"
     k = group.config_value("num_generations") or 1
     return str(name) if k == 1 else f"{name}, K = {k}"
-
-
-# the CPU's kind as the precision line of a run's log gives it (cory.agent.AUTO_ON_CPU's reasons, CUDA's)
-_KINDS = (("AVX-512 BF16", "AVX-512 BF16"), ("AMX", "AMX"), ("without native bfloat16", "no native bf16"),
-          ("CUDA", "CUDA"), ("as configured", "configured"))
-
-
-def compute_of(root: Path, label: str, seed: int) -> str:
-    """"<precision>, <CPU kind>" from the first ``precision:`` line of the run's log (logs/<label>/seed_<n>.log);
-    "?" where the log or the line is missing."""
-    try:
-        with open(Path(root) / "logs" / label / f"seed_{seed}.log", encoding="utf-8", errors="replace") as f:
-            line = next((ln for ln in f if ln.startswith("precision: ")), None)
-    except OSError:
-        return "?"
-    if line is None:
-        return "?"
-    precision, _, why = line[len("precision: "):].strip().partition(" ")
-    kind = next((name for key, name in _KINDS if key in why), None)
-    return f"{precision}, {kind}" if kind else precision
 
 
 def _median_iteration_s(group: Group, seed: int) -> float | None:
