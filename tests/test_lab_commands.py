@@ -74,16 +74,19 @@ def test_figures_and_reports_are_written_whole(tmp_path, monkeypatch):
     from lab import figures
 
     class Broken:
-        def savefig(self, path, format=None):
+        def savefig(self, path, format=None, metadata=None):
             with open(path, "wb") as f:
                 f.write(b"half")
             raise KeyboardInterrupt
 
     target = tmp_path / "fig.png"
-    target.write_bytes(b"old figure")
+    fig, ax = figures._axes("old", "x", "y")
+    ax.plot([0, 1], [1, 0])
+    figures.save_figure(fig, target)  # the lab's own figure, which a new one may replace
+    old = target.read_bytes()
     with pytest.raises(KeyboardInterrupt):
         figures.save_figure(Broken(), target)
-    assert target.read_bytes() == b"old figure" and sorted(p.name for p in tmp_path.iterdir()) == ["fig.png"]
+    assert target.read_bytes() == old and sorted(p.name for p in tmp_path.iterdir()) == ["fig.png"]
 
 
 # ----------------------------------------------------------------------------- Ctrl-C
