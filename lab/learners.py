@@ -28,8 +28,8 @@ import numpy as np
 from lab.collapse import markdown_table
 from lab.errors import OneLineParser, ReportError, exit_on_error
 from lab.figures import check_targets, generated_by, save_figure, write_atomically
-from lab.results import (METHOD_NAMES, Experiment, Group, compute_of, finite, fmt, load_experiment,
-                         setting_name)
+from lab.compute import compute_of
+from lab.results import METHOD_NAMES, Experiment, Group, finite, fmt, load_experiment, setting_name
 from lab.transfer import RULE, recorded, training_windows
 
 MIN_GAIN = 0.15  # the learner issue's bar: held-out accuracy at least the base model's + 0.15

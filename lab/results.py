@@ -27,6 +27,7 @@ import numpy as np
 import yaml
 
 from cory.config import INVOCATION_FIELDS, CoryArgs, on_resume_fields
+from lab.compute import mixed_precision_notes
 from lab.errors import ReportError
 from cory.final import read_evaluation, stale
 from cory.method import CORY, PPO
@@ -302,47 +303,10 @@ def load_experiment(path: str | Path) -> Experiment:
         if group.runs:
             groups[label_dir.name] = group
     _other_tasks(root, groups, notes)
-    _mixed_precision(root, groups, notes)
+    notes += mixed_precision_notes(root, {label: sorted(g.runs) for label, g in groups.items()})
     runs_json = _runs_json(root, groups, notes)
     draws = _evaluations(root / "base_draws", "base_draws", notes) if (root / "base_draws").is_dir() else []
     return Experiment(root, groups, runs_json, notes, _evaluations(root, "", notes), draws)
-
-
-# the CPU's kind as the precision line of a run's log gives it (cory.agent.AUTO_ON_CPU's reasons, CUDA's)
-_KINDS = (("AVX-512 BF16", "AVX-512 BF16"), ("AMX", "AMX"), ("without native bfloat16", "no native bf16"),
-          ("CUDA", "CUDA"), ("as configured", "configured"))
-
-
-def compute_of(root: Path, label: str, seed: int) -> str:
-    """"<precision>, <CPU kind>" from the first ``precision:`` line of the run's log (logs/<label>/seed_<n>.log);
-    "?" where the log or the line is missing."""
-    try:
-        with open(Path(root) / "logs" / label / f"seed_{seed}.log", encoding="utf-8", errors="replace") as f:
-            line = next((ln for ln in f if ln.startswith("precision: ")), None)
-    except OSError:
-        return "?"
-    if line is None:
-        return "?"
-    precision, _, why = line[len("precision: "):].strip().partition(" ")
-    kind = next((name for key, name in _KINDS if key in why), None)
-    return f"{precision}, {kind}" if kind else precision
-
-
-def _mixed_precision(root: Path, groups: dict[str, Group], notes: list[str]) -> None:
-    """A note where the folder's runs computed in different precisions (each run's log says which): ``auto`` picks
-    per CPU, so runs of one comparison made on two machines can differ without a word in their configs."""
-    by_precision: dict[str, list[str]] = {}
-    for label, group in sorted(groups.items()):
-        for seed in sorted(group.runs):
-            compute = compute_of(root, label, seed)
-            if compute != "?":
-                by_precision.setdefault(compute.split(",")[0], []).append(f"{label}/seed_{seed}")
-    if len(by_precision) > 1:
-        parts = [f"{precision} in {', '.join(keys) if len(keys) <= 3 else f'{len(keys)} runs'}"
-                 for precision, keys in sorted(by_precision.items(), key=lambda kv: -len(kv[1]))]
-        notes.append("The runs computed in different precisions (each run's log): " + "; ".join(parts) + ". `auto` "
-                     "picks per CPU (bf16 on AVX-512 BF16 without AMX), so runs made on two machines differ; a "
-                     "comparison pins it (`--set precision=fp32`) or says why not.")
 
 
 def _task_of(run: SeedRun) -> str | None:

@@ -2,7 +2,8 @@
 run over sessions on two machines can mix bf16 and fp32 without a word in its configs (the horizon comparison's PPO
 seed 7 once did)."""
 from lab.report import build_report
-from lab.results import compute_of, load_experiment
+from lab.compute import compute_of
+from lab.results import load_experiment
 from test_report import synthetic
 
 BF16 = "precision: bf16 (auto on a CPU with AVX-512 BF16 (no AMX), where bf16 was measured 1.24-1.48x faster)\n"
