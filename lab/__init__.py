@@ -9,6 +9,7 @@ evaluate         ``python -m lab.evaluate``: trained models on held-out prompts 
 evaluation_plan  what lab.evaluate is asked, checked before any model loads: flags, models, base, data, reward
 report           ``python -m lab.report``: REPORT.md and the figures of an experiment folder
 results          an experiment folder loaded: runs, curves, final values
+compute          what a run computed in, as its log says: the precision and the CPU kind
 design           an experiment folder's design.yaml, fixed before its runs: the primary endpoint and its settings
 learning         did the baseline learn? asked before any comparison
 matched_kl       the paper's claim read at matched KL: CORY's held-out reward against PPO's at the same held-out KL
