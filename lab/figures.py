@@ -64,9 +64,9 @@ def save_figure(fig, path: Path) -> None:
         raise ReportError(f"{path.name}: {path} was not drawn by cory's lab (no \"{FIGURE_MARK[0]}\" mark in the PNG, "
                           "and no lab-written document beside it names it), so it is not replaced: move it away, or "
                           "write the report into another folder")
-    png = (path.suffix.lstrip(".") or "png") == "png"
-    write_atomically(path, lambda tmp: fig.savefig(tmp, format=path.suffix.lstrip(".") or "png",
-                                                   metadata=dict([FIGURE_MARK]) if png else None))
+    kind = path.suffix.lstrip(".") or "png"
+    write_atomically(path, lambda tmp: fig.savefig(tmp, format=kind, metadata=dict([FIGURE_MARK]) if kind == "png"
+                                                   else None))
 
 
 def figure_is_ours(path: Path) -> bool:

@@ -66,7 +66,7 @@ def _median_iteration_s(group: Group, seed: int) -> float | None:
     return float(np.median(times)) if times else None
 
 
-def read_agent(group: Group, agent: str, seed: int, notes: list[str], root: Path | None = None) -> AgentSeed | None:
+def read_agent(group: Group, agent: str, seed: int, notes: list[str]) -> AgentSeed | None:
     """``agent`` of ``seed``'s run; None (named in ``notes``) without an iteration-0 evaluation and a later one."""
     run = group.runs[seed]
     accuracy, kl = run.heldout_series(agent, "task_reward"), run.heldout_series(agent, "kl")
@@ -78,7 +78,7 @@ def read_agent(group: Group, agent: str, seed: int, notes: list[str], root: Path
     best = max(later, key=lambda i: (accuracy[i], -i))  # the earliest of equal bests
     return AgentSeed(group.name(agent), seed, accuracy[0], (best, accuracy[best]), (later[-1], accuracy[later[-1]]),
                      kl.get(later[-1]), _median_iteration_s(group, seed),
-                     compute_of(root, group.label, seed) if root is not None else "?")
+                     compute_of(run.path.parents[2], group.label, seed))  # <folder>/runs/<label>/seed_<n>
 
 
 def read_folder(exp: Experiment, notes: list[str]) -> list[tuple[str, list[AgentSeed]]]:
@@ -88,7 +88,7 @@ def read_folder(exp: Experiment, notes: list[str]) -> list[tuple[str, list[Agent
         if group.method not in METHODS or not group.runs:
             continue
         rows = [r for agent in group.agents for seed in sorted(group.runs)
-                if (r := read_agent(group, agent, seed, notes, exp.path)) is not None]
+                if (r := read_agent(group, agent, seed, notes)) is not None]
         out.append((METHODS.index(group.method), estimator(group), rows))
     return [(est, rows) for _, est, rows in sorted(out, key=lambda t: t[0])]
 
