@@ -131,8 +131,9 @@ def cost_lines(folders: list[tuple[str, list[tuple[str, list[AgentSeed]]]]]) -> 
 
 
 def plot(folders: list[tuple[str, Experiment]], path: Path, title: str, bar: float | None) -> None:
-    """Held-out accuracy against iterations, one panel per agent; each learner a colour, each seed a line; ``bar``:
-    the accuracy that counts as learned (dotted)."""
+    """Held-out accuracy against iterations, one panel per agent; each learner of each folder a colour (GAE's
+    folders may differ in precision and CPU), each seed a line; ``bar``: the accuracy that counts as learned
+    (dotted)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -146,7 +147,8 @@ def plot(folders: list[tuple[str, Experiment]], path: Path, title: str, bar: flo
             if group.method not in METHODS:
                 continue
             est = estimator(group)
-            c = colours.setdefault(est, ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"][len(colours) % 4])
+            c = colours.setdefault((est, where), ["#1f77b4", "#d62728", "#ff7f0e", "#9467bd", "#2ca02c",
+                                                  "#8c564b"][len(colours) % 6])
             for agent in group.agents:
                 ax = axes[names.index(group.name(agent))] if group.name(agent) in names else None
                 for seed, run in sorted(group.runs.items()):
