@@ -14,8 +14,8 @@ included), and a learner's cost is set against GAE's only among runs that comput
 same kind of CPU, as each run's log states it (``precision: bf16 (auto on a CPU with AVX-512 BF16 ...)``), since
 bf16 on AVX-512 BF16 runs an iteration 1.24-1.48x faster than fp32 and a machine can be faster still. The
 knowledge transfer of the CORY runs is lab.transfer's tables, in training and on the held-out questions.
-Descriptive: the pilot says whether a comparison of the learners is worth designing, and claims none. SUMMARY.md and fig_learners.png are rebuilt from
-the committed files alone.
+Descriptive: the pilot says whether a comparison of the learners is worth designing, and claims none. SUMMARY.md
+and fig_learners.png are rebuilt from the committed files alone.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from lab.errors import OneLineParser, ReportError, exit_on_error
 from lab.figures import check_targets, generated_by, save_figure, write_atomically
 from lab.compute import compute_of
 from lab.results import METHOD_NAMES, Experiment, Group, finite, fmt, load_experiment, setting_name
-from lab.transfer import RULE, heldout_rows, recorded, training_windows
+from lab.transfer import NAMES, RULE, heldout_lines, recorded, training_windows
 
 MIN_GAIN = 0.15  # the learner issue's bar: held-out accuracy at least the base model's + 0.15
 METHODS = ("ppo", "cory")
@@ -177,13 +177,10 @@ def transfer_lines(groups: list[tuple[str, Group]]) -> list[str]:
             name = METHOD_NAMES.get(group.method, group.method)
             lines += [f"**{name} with {est}**, in training (each seed's mean over a stint of roles, then over seeds):",
                       "",
-                      markdown_table(["iterations", "observer", "observer − pioneer", "copy rate",
-                                      "correction rate"], training_windows(group)), ""]
-            iterations, rows = heldout_rows(group)
-            if iterations and any(cell != "–" for row in rows for cell in row[2:]):
-                lines += ["On the held-out questions, each agent as the observer of the other's answers, by "
-                          "iterations completed:", "",
-                          markdown_table(["observer", "measure", *map(str, iterations)], rows), ""]
+                      markdown_table(["iterations", "observer", *NAMES.values()], training_windows(group)), ""]
+            held_out = heldout_lines(group)
+            if held_out:
+                lines += [*held_out, ""]
     return ([RULE, ""] + lines) if lines else ["No CORY run here recorded the transfer.", ""]
 
 

@@ -82,6 +82,16 @@ def heldout_rows(group: Group) -> tuple[list[int], list[list[str]]]:
     return iterations, rows
 
 
+def heldout_lines(group: Group) -> list[str]:
+    """The held-out table with its heading, as lab.report and lab.learners show it; none where no evaluation
+    recorded the transfer."""
+    iterations, rows = heldout_rows(group)
+    if not iterations or all(cell == "–" for row in rows for cell in row[2:]):
+        return []
+    return ["**On the held-out questions**, each agent as the observer of the other's answers, by iterations "
+            "completed:", "", markdown_table(["observer", "measure", *map(str, iterations)], rows)]
+
+
 def recorded(group: Group | None) -> bool:
     return group is not None and any(TRANSFER_KEYS[0] in row for r in group.runs.values() for row in r.rows)
 
@@ -94,10 +104,9 @@ def transfer_section(exp: Experiment) -> str | None:
     assert group is not None
     lines = [RULE, "", "**In training** (each seed's mean over a stint of roles, then over seeds):", "",
              markdown_table(["iterations", "observer", *NAMES.values()], training_windows(group))]
-    iterations, rows = heldout_rows(group)
-    if iterations and any(cell != "–" for row in rows for cell in row[2:]):
-        lines += ["", "**On the held-out questions**, each agent as the observer of the other's answers, by "
-                  "iterations completed:", "", markdown_table(["observer", "measure", *map(str, iterations)], rows)]
+    held_out = heldout_lines(group)
+    if held_out:
+        lines += ["", *held_out]
     return "\n".join(lines)
 
 
