@@ -22,6 +22,7 @@ figures          the plots
 equivalence      ``python -m lab.equivalence``: does a run in one precision learn what a run in another learns?
 search           ``python -m lab.search``: a hyperparameter search's summary (which settings made PPO learn)
 learners         ``python -m lab.learners``: a learner pilot's summary (does each method learn with RLOO or GRPO?)
+gate             ``python -m lab.gate``: the over-optimisation gate (does PPO learn and then degrade at a rung?)
 transfer         does CORY's observer use the pioneer's answer? the transfer a run recorded, for a report
 transfer_check   ``python -m lab.transfer_check``: the same asked of a base model, before any training
 passk            the unbiased pass@k estimator
