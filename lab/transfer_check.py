@@ -8,7 +8,14 @@ reward then pays both agents. Here the base model answers ``n`` training questio
 training), and then, as the observer, answers each again from the observer's prompt with that answer as its
 reference, greedy and sampled. Printed and written: the copy rate P(observer right | pioneer right), the correction
 rate P(observer right | pioneer wrong) and the observer's accuracy minus the pioneer's, each with a 95% interval
-(Wilson's for the rates, the normal one for the paired difference). The task's reward must be 0/1
+(Wilson's for the rates, the normal one for the paired difference).
+
+Two controls, the ones conformity studies of multi-agent debate use, read the same way beside it (``controls``):
+**no reference**, the same model answering each question alone again (a fresh draw), so that a copy rate is set
+against how often the question is answered right anyway; and **an unrelated reference**, the pioneer's answer to
+the next question drawn, so that a copy rate is set against writing down whatever it is shown. For the second, the
+echo rate too: P(the observer's answer is right for the question the shown answer belongs to | that answer was
+right there). The task's reward must be 0/1
 (``Task.zero_one_reward``); the answers and the reference are read as the task's reward reads them
 (``clean_response``). A user mistake prints one line and exits with status 2 before any model is loaded.
 """
@@ -34,7 +41,7 @@ from lab.runs import git_state
 from cory.models import load_causal_lm, load_tokenizer
 from cory.outputs import json_safe
 from cory.run_rules import check_output_json
-from cory.rollout import stop_at
+from cory.rollout import checked_scores, stop_at
 from cory.tasks import check_examples, make_task, registered, task_spec
 from cory.tasks.base import zero_one_reward
 
@@ -72,13 +79,22 @@ def rates(pioneer: Sequence[float], observer: Sequence[float]) -> dict:
     }
 
 
+def echo(shown_right: Sequence[float], right_for_shown: Sequence[float]) -> dict:
+    """How often the observer writes down a right answer it was shown for another question: P(its answer is right
+    for that question | the shown answer was right there), with its count and 95% interval."""
+    hits = [r > 0.5 for s, r in zip(shown_right, right_for_shown) if s > 0.5]
+    return {"echo_rate": sum(hits) / len(hits) if hits else None, "echo_n": len(hits),
+            "echo_ci95": wilson(sum(hits), len(hits))}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(EvalError, prog=f"python -m {PROGRAM}", description=__doc__.split("\n\n")[0])
     p.add_argument("--task", required=True, help="a registered task with a 0/1 reward (arithmetic, gsm8k)")
     p.add_argument("--dataset", default="auto", help="the task's data setting (default: auto)")
     p.add_argument("--dataset_path", default=None, help="local data folder, for tasks that read one (gsm8k)")
     p.add_argument("--model", default=SMOLLM2_SPEC, help=f"the base model (default: {SMOLLM2_SPEC})")
-    p.add_argument("--n", type=int, default=400, help="training questions drawn (default 400, at least 1)")
+    p.add_argument("--n", type=int, default=400, help="training questions drawn (default 400, at least 2: the "
+                   "unrelated-reference control shows each question another one's answer)")
     p.add_argument("--seed", type=int, default=0, help="the draws' seed: questions and sampling (default 0)")
     p.add_argument("--max_new_tokens", type=int, default=None, help="answer length (default: the task's evaluation)")
     p.add_argument("--batch_size", type=int, default=BATCH_SIZE, help=f"sequences per call (default {BATCH_SIZE})")
@@ -93,7 +109,7 @@ def plan(argv: Sequence[str]) -> SimpleNamespace:
     if args.task not in registered():
         raise EvalError(f"--task {args.task}: not a registered task; choose one of {', '.join(registered())}")
     spec = task_spec(args.task)
-    for name, minimum in (("n", 1), ("batch_size", 1), ("max_new_tokens", 1), ("seed", 0)):
+    for name, minimum in (("n", 2), ("batch_size", 1), ("max_new_tokens", 1), ("seed", 0)):
         value = getattr(args, name)
         if value is not None and value < minimum:
             raise EvalError(f"--{name} {value}: must be an integer of at least {minimum}")
@@ -108,9 +124,11 @@ def plan(argv: Sequence[str]) -> SimpleNamespace:
     return args
 
 
-def _answers(model, tokenizer, task, examples, texts, args, greedy: bool, label: str) -> tuple[list[str], list[float]]:
-    """``model``'s answers to ``examples`` from ``texts`` (None: the pioneer's prompts) and their task rewards."""
-    torch.manual_seed(args.seed)
+def _answers(model, tokenizer, task, examples, texts, args, greedy: bool, label: str,
+             draw: int = 0) -> tuple[list[str], list[float]]:
+    """``model``'s answers to ``examples`` from ``texts`` (None: the pioneer's prompts) and their task rewards;
+    ``draw``: another seed's sampling (a second answer alone is a fresh draw, not the pioneer's answer again)."""
+    torch.manual_seed(args.seed + draw)
     with tqdm(total=len(examples), desc=label, unit="prompt", leave=False, file=sys.stderr) as bar:
         return answers_and_rewards(model, tokenizer, task, examples, texts, max_new_tokens=args.max_new_tokens,
                                    batch_size=args.batch_size, reward_name=args.reward,
@@ -131,9 +149,23 @@ def run(args) -> dict:
     pioneer_answers, pioneer = _answers(model, tokenizer, task, examples, None, args, greedy=False,
                                         label="pioneer (sampled)")
     observer_prompts = [task.observer_prompt(ex, a) for ex, a in zip(examples, pioneer_answers)]
+    modes = ("greedy", "sampled")
     readings = {mode: rates(pioneer, _answers(model, tokenizer, task, examples, observer_prompts, args,
                                               greedy=mode == "greedy", label=f"observer ({mode})")[1])
-                for mode in ("greedy", "sampled")}
+                for mode in modes}
+    alone = {mode: rates(pioneer, _answers(model, tokenizer, task, examples, None, args, greedy=mode == "greedy",
+                                           label=f"alone ({mode})", draw=1)[1])
+             for mode in modes}
+    # question i is shown the pioneer's answer to question i + 1 (the draws are independent, so it belongs to
+    # another question, whatever the pioneer got right)
+    others = examples[1:] + examples[:1]
+    shown, shown_right = pioneer_answers[1:] + pioneer_answers[:1], pioneer[1:] + pioneer[:1]
+    unrelated, unrelated_prompts = {}, [task.observer_prompt(ex, a) for ex, a in zip(examples, shown)]
+    for mode in modes:
+        answers, own = _answers(model, tokenizer, task, examples, unrelated_prompts, args,
+                                greedy=mode == "greedy", label=f"unrelated reference ({mode})")
+        unrelated[mode] = {**rates(pioneer, own), **echo(shown_right, checked_scores(task, others, answers,
+                                                                                     args.reward))}
     multi_line = sum("\n" in a.strip() for a in pioneer_answers) / len(examples)
     return {"command": args.command, "commit": args.commit, "uncommitted_changes": args.dirty,
             "threads": torch.get_num_threads(),
@@ -143,7 +175,11 @@ def run(args) -> dict:
             "pioneer_sampling": "as in training (top_k 0, top_p 1, temperature 1)",
             "references_over_one_line": multi_line,
             "observer": readings,
-            "example_observer_prompt": observer_prompts[0]}
+            "controls": {"no_reference": alone, "unrelated_reference": unrelated},
+            "controls_read": "rates conditioned on the pioneer's answer to the same question, as the observer's; "
+                             "echo_rate: P(right for the shown answer's question | the shown answer was right)",
+            "example_observer_prompt": observer_prompts[0],
+            "example_unrelated_prompt": unrelated_prompts[0]}
 
 
 def _cell(rate, n, ci) -> str:
@@ -153,13 +189,26 @@ def _cell(rate, n, ci) -> str:
 def table(doc: dict) -> str:
     lines = [f"{doc['task']} ({doc['dataset']}), {doc['model']}: {doc['n']} training questions, seed {doc['seed']}; "
              f"pioneer sampled as in training, accuracy {doc['pioneer_accuracy']:.3f}",
-             "observer   copy rate P(right | pioneer right)   correction rate P(right | pioneer wrong)   "
+             "observer         copy rate P(right | pioneer right)   correction rate P(right | pioneer wrong)   "
              "observer − pioneer"]
+    controls = doc.get("controls", {})
     for mode, r in doc["observer"].items():
-        lo, hi = r["observer_minus_pioneer_ci95"]
-        lines.append(f"{mode:<10} {_cell(r['copy_rate'], r['copy_n'], r['copy_ci95']):<37} "
-                     f"{_cell(r['correction_rate'], r['correction_n'], r['correction_ci95']):<42} "
-                     f"{r['observer_minus_pioneer']:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+        for label, reading in (("", r), ("no reference", controls.get("no_reference", {}).get(mode)),
+                               ("unrelated ref.", controls.get("unrelated_reference", {}).get(mode))):
+            if reading is None:
+                continue
+            lo, hi = reading["observer_minus_pioneer_ci95"]
+            name = mode if not label else f"  {label}"
+            echoed = ("" if "echo_rate" not in reading else
+                      f"   echo {_cell(reading['echo_rate'], reading['echo_n'], reading['echo_ci95'])}")
+            lines.append(f"{name:<16} {_cell(reading['copy_rate'], reading['copy_n'], reading['copy_ci95']):<37} "
+                         f"{_cell(reading['correction_rate'], reading['correction_n'], reading['correction_ci95']):<42} "
+                         f"{reading['observer_minus_pioneer']:+.3f} [{lo:+.3f}, {hi:+.3f}]{echoed}")
+    if controls:
+        lines.append("controls (each observer mode): no reference = the same model alone, a fresh draw; unrelated "
+                     "ref. = shown the pioneer's answer to another question; their rates are conditioned on the "
+                     "pioneer's answer to the same question; echo = P(right for the shown answer's question | it "
+                     "was right there)")
     return "\n".join(lines)
 
 

@@ -10,7 +10,7 @@ from conftest import trained
 from lab.report import build_report
 from lab.results import load_experiment
 from lab.transfer import heldout_rows, training_windows, transfer_section
-from lab.transfer_check import main as transfer_check, rates, wilson
+from lab.transfer_check import echo, main as transfer_check, rates, table as transfer_table, wilson
 from cory.metrics import TRANSFER_KEYS, knowledge_transfer
 from cory.outputs import read_jsonl
 from cory.tasks.arithmetic import ArithmeticTask, build_observer_prompt, first_line
@@ -159,7 +159,8 @@ def test_no_transfer_section_for_runs_that_did_not_record_it(tmp_path):
 
 @pytest.mark.parametrize("argv, says", [
     (["--task", "nope"], "--task nope: not a registered task"),
-    (["--task", "arithmetic", "--n", "0"], "--n 0: must be an integer of at least 1"),
+    (["--task", "arithmetic", "--n", "0"], "--n 0: must be an integer of at least 2"),
+    (["--task", "arithmetic", "--n", "1"], "--n 1: must be an integer of at least 2"),
     (["--task", "arithmetic", "--batch_size", "-1"], "--batch_size -1: must be an integer of at least 1"),
 ])
 def test_the_checks_mistakes_are_one_line(argv, says, capsys):
@@ -185,3 +186,21 @@ def test_the_check_runs_on_the_tiny_model(tmp_path):
     for r in written["observer"].values():
         assert r["copy_n"] + r["correction_n"] == 12
     assert "\nReference: " in written["example_observer_prompt"]
+    controls = written["controls"]
+    assert set(controls) == {"no_reference", "unrelated_reference"}
+    for control in controls.values():
+        assert set(control) == {"greedy", "sampled"}
+        for r in control.values():
+            assert r["copy_n"] + r["correction_n"] == 12  # conditioned on the same pioneer answers
+    assert all(r["echo_n"] <= 12 for r in controls["unrelated_reference"].values())
+    # the first question is shown the answer to another question: the same question, another reference
+    observer, unrelated = written["example_observer_prompt"], written["example_unrelated_prompt"]
+    assert observer.rsplit("\nReference: ", 1)[0] == unrelated.rsplit("\nReference: ", 1)[0]
+    assert "controls (each observer mode)" in transfer_table(doc)
+
+
+def test_the_echo_rate_counts_only_the_references_that_were_right_where_they_belong():
+    # shown answers right, wrong, right, right; the observer's answer right for their questions: yes, yes, no, yes
+    r = echo([1, 0, 1, 1], [1, 1, 0, 1])
+    assert r["echo_n"] == 3 and r["echo_rate"] == pytest.approx(2 / 3) and r["echo_ci95"] == wilson(2, 3)
+    assert echo([0, 0], [1, 1]) == {"echo_rate": None, "echo_n": 0, "echo_ci95": None}
