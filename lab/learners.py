@@ -31,7 +31,7 @@ from lab.errors import OneLineParser, ReportError, exit_on_error
 from lab.figures import check_targets, generated_by, save_figure, write_atomically
 from lab.compute import compute_of
 from lab.results import METHOD_NAMES, Experiment, Group, finite, fmt, load_experiment, setting_name
-from lab.transfer import NAMES, RULE, heldout_lines, recorded, training_windows
+from lab.transfer import NAMES, RULE, heldout_lines, recorded, sawtooth_lines, training_windows
 
 MIN_GAIN = 0.15  # the learner issue's bar: held-out accuracy at least the base model's + 0.15
 METHODS = ("ppo", "cory")
@@ -181,6 +181,9 @@ def transfer_lines(groups: list[tuple[str, Group]]) -> list[str]:
             held_out = heldout_lines(group)
             if held_out:
                 lines += [*held_out, ""]
+            sawtooth = sawtooth_lines(group)
+            if sawtooth:
+                lines += [*sawtooth, ""]
     return ([RULE, ""] + lines) if lines else ["No CORY run here recorded the transfer.", ""]
 
 

@@ -25,7 +25,9 @@ RULE = (
     "of that iteration as its reference; at a held-out evaluation, each agent answered every held-out question as "
     "the observer, with the other agent's held-out answer (sampled as in training) as its reference (iteration 0: "
     "the base model reading its own answers). Mean ± SE over seeds; \"–\" where no seed's value is defined (no "
-    "pioneer answer right, or wrong). Above 0 and a copy rate near 1: the observer uses the reference.")
+    "pioneer answer right, or wrong). Above 0 and a copy rate near 1: the observer uses the reference. **observer − "
+    "itself alone** (held-out; a control): the observer's accuracy with the reference minus its own accuracy "
+    "answering the same questions alone; near 0, the reference changed nothing it would not have got right anyway.")
 
 
 def _cell(values: list[float], of: int) -> str:
@@ -71,15 +73,91 @@ def training_windows(group: Group) -> list[list[str]]:
     return rows
 
 
+ALONE = "observer − itself alone"  # the no-reference control: with the reference against its own answers alone
+
+
+def _with_minus_alone(group: Group, agent: str) -> dict[int, dict[int, float]]:
+    """seed -> iterations -> ``agent``'s held-out accuracy as the observer minus its own accuracy answering alone on
+    the same questions: (observer − pioneer) + the other agent's accuracy alone − its own (all three recorded)."""
+    other = next((a for a in group.agents if a != agent), None)
+    out = {}
+    for seed, run in group.runs.items():
+        gap, mine = run.heldout_series(agent, TRANSFER_KEYS[0]), run.heldout_series(agent, "task_reward")
+        theirs = run.heldout_series(other, "task_reward") if other else {}
+        out[seed] = {i: gap[i] + theirs[i] - mine[i] for i in gap if i in mine and i in theirs}
+    return out
+
+
 def heldout_rows(group: Group) -> tuple[list[int], list[list[str]]]:
-    """(evaluated iterations, one row per agent as the observer and measure, mean ± SE over seeds)."""
+    """(evaluated iterations, one row per agent as the observer and measure, mean ± SE over seeds): the three
+    transfer measures, and the observer with the reference against itself answering alone (a control: a copy rate
+    of 0.9 means little where the observer is right alone as often)."""
     series = {(a, k): {s: r.heldout_series(a, k) for s, r in group.runs.items()}
               for a in group.agents for k in TRANSFER_KEYS}
+    for a in group.agents:
+        series[a, ALONE] = _with_minus_alone(group, a)
     iterations = sorted({i for by_seed in series.values() for d in by_seed.values() for i in d})
-    rows = [[group.name(a), NAMES[k], *(_cell([d[i] for d in series[a, k].values() if i in d], len(group.runs))
-                                       for i in iterations)]
-            for a in group.agents for k in TRANSFER_KEYS]
+    rows = [[group.name(a), NAMES.get(k, k), *(_cell([d[i] for d in series[a, k].values() if i in d],
+                                                     len(group.runs)) for i in iterations)]
+            for a in group.agents for k in (*TRANSFER_KEYS, ALONE)]
     return iterations, rows
+
+
+def stints(group: Group) -> list[tuple[str, int, str, dict[int, float]]]:
+    """The role-phase sawtooth: per agent and stint of roles (``swap_period`` iterations), the change of its held-out
+    accuracy answering alone from the evaluation at the stint's start to the one at its end, per seed, with the role
+    it had in that stint (from the training rows' ``pioneer``). (agent, first iteration, role, seed -> change); a
+    stint counts only where both its ends were evaluated."""
+    period = _swap_period(group)
+    if not period:
+        return []
+    out = []
+    roles: dict[int, dict[int, str]] = {}  # seed -> stint -> its pioneer
+    for seed, run in group.runs.items():
+        for row in run.rows:
+            step = row.get("step")
+            if isinstance(step, int) and not isinstance(step, bool) and isinstance(row.get("pioneer"), str):
+                roles.setdefault(seed, {}).setdefault(step // period, row["pioneer"])
+    last = max((i for r in group.runs.values() for a in group.agents for i in r.heldout_series(a, "task_reward")),
+               default=0)
+    for agent in group.agents:
+        for k in range(last // period):
+            start, end = k * period, (k + 1) * period
+            by_role: dict[str, dict[int, float]] = {}
+            for seed, run in group.runs.items():
+                accuracy, pioneer = run.heldout_series(agent, "task_reward"), roles.get(seed, {}).get(k)
+                if start in accuracy and end in accuracy and pioneer is not None:
+                    role = "pioneer" if pioneer == agent else "observer"
+                    by_role.setdefault(role, {})[seed] = accuracy[end] - accuracy[start]
+            out += [(agent, start, role, changes) for role, changes in sorted(by_role.items())]
+    return out
+
+
+def sawtooth_lines(group: Group) -> list[str]:
+    """The per-stint table and, per agent and role, the mean change per stint and how many stint-seeds fell; none
+    where no stint had both ends evaluated."""
+    found = stints(group)
+    if not found:
+        return []
+    rows = [[group.name(agent), f"{start}-{start + _swap_period(group)}", role, _cell(list(changes.values()),
+                                                                                  len(group.runs)),
+             f"{sum(c < 0 for c in changes.values())} of {len(changes)}"]
+            for agent, start, role, changes in found]
+    summary = []
+    for agent in group.agents:
+        for role in ("pioneer", "observer"):
+            changes = [c for a, _, r, ch in found if a == agent and r == role for c in ch.values()]
+            if changes:
+                mean = float(np.mean(changes))
+                se = float(np.std(changes, ddof=1)) / math.sqrt(len(changes)) if len(changes) > 1 else 0.0
+                summary.append(f"- {group.name(agent)} as the {role}: {fmt(mean)} ± {fmt(se if se > 1e-12 else 0.0)} "
+                               f"per stint (SE over "
+                               f"{len(changes)} stint-seeds, not independent within a seed); fell in "
+                               f"{sum(c < 0 for c in changes)} of {len(changes)}")
+    return ["**Per stint of roles** (the role-phase sawtooth): each agent's held-out accuracy answering alone, its "
+            "change from the evaluation at a stint's start to the one at its end, by the role it had in that stint "
+            "(mean ± SE over seeds; \"fell\": seeds whose accuracy went down):", "",
+            markdown_table(["agent", "iterations", "role", "change", "fell"], rows), "", *summary]
 
 
 def heldout_lines(group: Group) -> list[str]:
@@ -107,6 +185,9 @@ def transfer_section(exp: Experiment) -> str | None:
     held_out = heldout_lines(group)
     if held_out:
         lines += ["", *held_out]
+    sawtooth = sawtooth_lines(group)
+    if sawtooth:
+        lines += ["", *sawtooth]
     return "\n".join(lines)
 
 

@@ -118,7 +118,7 @@ def plan(argv: Sequence[str]) -> SimpleNamespace:
     if args.reward is None:
         raise EvalError(f"--task {args.task}: declares no single reward to score with ({', '.join(spec.rewards)})")
     if args.json:
-        check_output_json(args.json, "--json", PROGRAM, args.force)
+        check_output_json(args.json, "--json", f"python -m {PROGRAM}", args.force)  # its "command" field
     args.config = SimpleNamespace(task=args.task, dataset=args.dataset, dataset_path=args.dataset_path,
                                   reward_model=args.reward, seed=args.seed)
     return args

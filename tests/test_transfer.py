@@ -9,7 +9,7 @@ import pytest
 from conftest import trained
 from lab.report import build_report
 from lab.results import load_experiment
-from lab.transfer import heldout_rows, training_windows, transfer_section
+from lab.transfer import heldout_rows, sawtooth_lines, stints, training_windows, transfer_section
 from lab.transfer_check import echo, main as transfer_check, rates, table as transfer_table, wilson
 from cory.metrics import TRANSFER_KEYS, knowledge_transfer
 from cory.outputs import read_jsonl
@@ -146,6 +146,49 @@ def test_the_report_reads_transfer_along_training(tmp_path):
     assert (tmp_path / "fig_transfer.png").stat().st_size > 0
 
 
+def test_the_alone_control_is_the_observer_with_the_reference_against_itself_alone(tmp_path):
+    write_run(tmp_path, "cory", 0, cory_rows(*[np.zeros(5)] * 4), config={"swap_period": 5}, heldout=None)
+    # LLM1 alone 0.40, LLM2 alone 0.30; LLM1 observing LLM2's answers: 0.30 + 0.15 = 0.45, i.e. 0.05 over itself
+    evals = [{"iterations": 5, "agent": a, "task_reward": acc, "kl": 1.0, GAP: gap, COPY: 0.9, CORRECTION: 0.1}
+             for a, acc, gap in (("llm1", 0.40, 0.15), ("llm2", 0.30, -0.05))]
+    (tmp_path / "runs/cory/seed_0/eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    _, rows = heldout_rows(load_experiment(tmp_path).main_group("cory"))
+    alone = {r[0]: r[2] for r in rows if r[1] == "observer − itself alone"}
+    assert alone == {"CORY-LLM1": "0.05", "CORY-LLM2": "0.05"}  # LLM2: 0.40 − 0.05 − 0.30
+
+
+def test_the_sawtooth_reads_each_stints_change_by_the_role_the_agent_had(tmp_path):
+    # LLM1 is the pioneer in stints 0 and 2 (cory_rows), the observer in 1 and 3; it gains 0.1 as the pioneer and
+    # loses 0.05 as the observer; LLM2 the other way round, a seed-dependent size
+    for seed in (0, 1):
+        rows = [{**r, GAP: 0.0} for r in cory_rows(*[np.zeros(20)] * 4)]  # a run that recorded the transfer
+        d = write_run(tmp_path, "cory", seed, rows, config={"swap_period": 5}, heldout=None)
+        llm1 = [0.3, 0.4, 0.35, 0.45, 0.40]
+        llm2 = [0.3, 0.3 - 0.02 * (seed + 1), 0.3, 0.3 - 0.02 * (seed + 1), 0.3]
+        evals = [{"iterations": 5 * i, "agent": a, "task_reward": acc[i], "kl": 1.0}
+                 for i in range(5) for a, acc in (("llm1", llm1), ("llm2", llm2))]
+        (d / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    group = load_experiment(tmp_path).main_group("cory")
+    found = {(a, start): (role, changes) for a, start, role, changes in stints(group)}
+    assert found["llm1", 0][0] == "pioneer" and found["llm1", 5][0] == "observer"
+    assert found["llm1", 5][1] == {0: pytest.approx(-0.05), 1: pytest.approx(-0.05)}
+    assert found["llm2", 0] == ("observer", {0: pytest.approx(-0.02), 1: pytest.approx(-0.04)})
+    assert found["llm2", 5][0] == "pioneer" and len(found) == 8
+    text = "\n".join(sawtooth_lines(group))
+    assert "| CORY-LLM1 | 5-10 | observer | -0.05 ± 0 | 2 of 2 |" in text
+    assert "- CORY-LLM1 as the pioneer: 0.1 ± 0 per stint" in text and "fell in 0 of 4" in text
+    assert "- CORY-LLM1 as the observer: -0.05 ± 0 per stint" in text and "fell in 4 of 4" in text
+    assert "- CORY-LLM2 as the observer: -0.03 ± 0.00577 per stint" in text
+    assert "**Per stint of roles**" in transfer_section(load_experiment(tmp_path))
+
+
+def test_no_sawtooth_without_role_exchanges_or_evaluations_at_their_ends(tmp_path):
+    d = write_run(tmp_path, "cory", 0, cory_rows(*[np.zeros(10)] * 4), config={"swap_period": 5}, heldout=None)
+    evals = [{"iterations": i, "agent": a, "task_reward": 0.3, "kl": 1.0} for i in (0, 3, 7) for a in ("llm1", "llm2")]
+    (d / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    assert sawtooth_lines(load_experiment(tmp_path).main_group("cory")) == []
+
+
 def test_no_transfer_section_for_runs_that_did_not_record_it(tmp_path):
     flat = np.zeros(6)
     write_run(tmp_path, "ppo", 0, ppo_rows(flat, flat))
@@ -197,6 +240,10 @@ def test_the_check_runs_on_the_tiny_model(tmp_path):
     observer, unrelated = written["example_observer_prompt"], written["example_unrelated_prompt"]
     assert observer.rsplit("\nReference: ", 1)[0] == unrelated.rsplit("\nReference: ", 1)[0]
     assert "controls (each observer mode)" in transfer_table(doc)
+    # its own --json is replaced by a rerun; a file it did not write is refused, and left as it was
+    again = transfer_check(["--task", "arithmetic", "--model", "tiny", "--n", "12", "--batch_size", "8",
+                            "--max_new_tokens", "4", "--json", str(tmp_path / "t.json")])
+    assert json.loads((tmp_path / "t.json").read_text())["n"] == again["n"] == 12
 
 
 def test_the_echo_rate_counts_only_the_references_that_were_right_where_they_belong():
