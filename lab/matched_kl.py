@@ -162,6 +162,8 @@ class AgentReading:
         if self.left_out:
             out += f" Left out (no grid point both paths reached): seeds {', '.join(map(str, self.left_out))}."
         enough = len(self.values) >= self.design.min_seeds
+        if self.learned is True:  # said as plainly as "did not learn": a reader asks it of every agent
+            out += f" {self.name} learned{self._gain()}."
         if self.learned is False and enough and self.design.agents_tested == "all":
             out += f" {self.name} did not learn{self._gain()}; tested all the same (the design tests every agent)."
         elif self.learned is False and enough:
