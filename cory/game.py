@@ -150,6 +150,9 @@ def agent_metrics(prefix: str, task_rewards: list[float], train_rewards: list[fl
         **degenerate,
         f"{prefix}/entropy": stats.sequence_entropy,
         f"{prefix}/policy_loss": stats.policy_loss,
+        # CleanRL's names: how far each update moved the policy, and the share of tokens whose ratio was clipped
+        f"{prefix}/approx_kl": stats.approx_kl,
+        f"{prefix}/clip_fraction": stats.clip_fraction,
         **({f"{prefix}/value_loss": stats.value_loss, f"{prefix}/explained_variance": stats.explained_variance}
            if critic else {}),
     }

@@ -98,3 +98,18 @@ def test_the_kl_controller_is_trls(adaptive):
     one = kl_controller(config)
     one.update(45.0, 256)
     assert one.value == pytest.approx(0.3 * (1 + (0.2 * 256 / 10000 if adaptive else 0)))
+
+
+def test_a_metrics_row_carries_the_steps_approx_kl_and_clip_fraction_under_cleanrls_names():
+    from cory.game import agent_metrics
+    from cory.ppo import StepStats
+    from cory.rollout import Answers
+
+    stats = StepStats(kl=1.5, sequence_entropy=10.0, kl_coef=0.01, mean_score=0.5, policy_loss=0.1, value_loss=0.2,
+                      total_loss=0.3, token_entropy=2.0, approx_kl=0.0123, clip_fraction=0.25, mean_value=0.0,
+                      mean_return=0.4)
+    answers = Answers(texts=["a b c", "a b d"], ids=[torch.tensor([1, 2, 3]), torch.tensor([1, 2, 4])])
+    row = agent_metrics("policy", [1.0, 0.0], [1.0, 0.0], stats, answers, kl_coef=0.01)
+    assert row["policy/approx_kl"] == 0.0123 and row["policy/clip_fraction"] == 0.25
+    critic_free = agent_metrics("llm1", [1.0, 0.0], [1.0, 0.0], stats, answers, kl_coef=0.01, critic=False)
+    assert critic_free["llm1/clip_fraction"] == 0.25 and "llm1/value_loss" not in critic_free

@@ -14,6 +14,10 @@ RECORDED = json.loads(RECORD.read_text())
 # each agent's explained variance came after the record too (issue 63): the record holds the value head's mean and the
 # returns' mean, not the values themselves, so it is checked to be a number <= 1 as CleanRL's definition allows
 EXPLAINED_VARIANCE = {f"{agent}/explained_variance" for agent in ("policy", "llm1", "llm2")}
+# the step's diagnostics under CleanRL's names came after the record too (issue 74): computed by the step whose
+# losses the record holds (tests/test_ppo_formulas.py holds them to trl's), checked here to be what they can be
+APPROX_KL = {f"{agent}/approx_kl" for agent in ("policy", "llm1", "llm2")}
+CLIP_FRACTION = {f"{agent}/clip_fraction" for agent in ("policy", "llm1", "llm2")}
 # bf16 is held to the record of this CPU's kernel family: AMX's kernels round otherwise than AVX-512 BF16's
 FAMILY = kernel_family(cpu_flags())
 BF16_RECORD = bf16_record_path(FAMILY)
@@ -48,9 +52,14 @@ def same_numbers(name, got, want, *, rel, abs_, norm, share):
         # CORY's knowledge-transfer readings came after the record (issue 59): they are read from the row's own task
         # rewards, so they are checked against those; every recorded key is compared as before
         new = a.keys() - b.keys()
-        assert new <= set(TRANSFER_KEYS) | EXPLAINED_VARIANCE and b.keys() <= a.keys(), (name, new, b.keys() - a.keys())
+        later = set(TRANSFER_KEYS) | EXPLAINED_VARIANCE | APPROX_KL | CLIP_FRACTION
+        assert new <= later and b.keys() <= a.keys(), (name, new, b.keys() - a.keys())
         for key in new & EXPLAINED_VARIANCE:
             assert a[key] <= 1.0, (name, a["step"], key)  # NaN fails too
+        for key in new & APPROX_KL:
+            assert a[key] >= 0.0, (name, a["step"], key)
+        for key in new & CLIP_FRACTION:
+            assert 0.0 <= a[key] <= 1.0, (name, a["step"], key)
         if TRANSFER_KEYS[0] in new:
             observer = next(agent for agent in ("llm1", "llm2") if agent != a["pioneer"])
             assert a[TRANSFER_KEYS[0]] == pytest.approx(a[f"{observer}/task_reward"] - a[f"{a['pioneer']}/task_reward"])
