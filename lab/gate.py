@@ -216,8 +216,10 @@ def seed_rows(rungs: list[Rung], design: GateDesign) -> list[list[str]]:
                              else "no run"])
                 continue
             fall = p.fall()
-            noise = (fmt(noise_probability(p.best[1], len(p.accuracy), p.n_prompts, fall))
-                     if p.best is not None and p.n_prompts and fall is not None and fall > 0 else "–")
+            chance = (noise_probability(p.best[1], len(p.accuracy), p.n_prompts, fall)
+                      if p.best is not None and p.n_prompts and fall is not None and fall > 0 else None)
+            noise = ("–" if chance is None else fmt(chance) if chance > 0
+                     else f"< 1 in {SIMULATED_PATHS:,}")  # none of the simulated paths fell as far
             rows.append([rung.folder.name, str(seed), fmt(p.accuracy.get(0)), _point(p.best), _point(p.last),
                          fmt(fall), fmt(p.kl.get(p.last[0])) if p.last else "–",
                          "**yes**" if p.learned(design) else "no",
