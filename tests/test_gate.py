@@ -118,3 +118,12 @@ def test_the_gate_never_replaces_a_gate_md_it_did_not_write(gate):
     before = tree(gate)
     refused(lab("gate", gate), "GATE.md: ", "was not written by `python -m lab.gate`")
     assert tree(gate) == before
+
+
+def test_the_committed_gate_rebuilds_to_the_same_document(tmp_path):
+    """GATE.md is what `python -m lab.gate` makes of the committed files alone (its command is its first line)."""
+    copy = tmp_path / GATE.name
+    shutil.copytree(GATE, copy)
+    text = build_gate(copy).read_text()
+    committed = (GATE / "GATE.md").read_text()
+    assert text == committed.replace(f"lab.gate results/{GATE.name}`", f"lab.gate {copy.as_posix()}`")
