@@ -360,7 +360,7 @@ class PeriodicEvaluation:
         result, answers, rewards = evaluate_answers(
             model, self.reference, self.tokenizer, self.task, self.examples, max_new_tokens=self.max_new_tokens,
             batch_size=self.batch_size, seed=self.SEED, reward_name=self.reward, allow_early_eos=self.allow_early_eos,
-            progress=False, greedy=self.greedy)
+            label="held-out evaluation", greedy=self.greedy)  # its bar (prompts, ETA) below the run's
         result["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
         return result, answers, rewards
 

@@ -174,7 +174,13 @@ class Run:
     def evaluate(self, done: int) -> None:
         if self.heldout is not None:
             models = {name: agent.policy.pretrained_model for name, agent in self.agents.items()}
-            self.run_dir.log_eval(self.heldout(models, done))
+            rows = self.heldout(models, done)
+            self.run_dir.log_eval(rows)
+            # the numbers where people look: one console line, and eval/ keys beside the training rows' (step: the
+            # iteration just done, the base model's at 0)
+            (self.bar.write if self.bar is not None else print)(eval_line(rows, done), file=sys.stderr)
+            self.logger.log({f"eval/{r['agent']}/{k}": v for r in rows for k, v in r.items()
+                             if k not in ("iterations", "agent")}, max(done - 1, 0))
 
     def stopped_by(self, e: NonFinite, step: int) -> RunError:
         if e.what == "reward":
@@ -362,6 +368,23 @@ class _Logger:
         if self.tensorboard is not None:
             self.tensorboard.close()
         return False
+
+
+def eval_line(rows: list[dict], done: int) -> str:
+    """One held-out evaluation in a line: per agent the task reward (accuracy for a 0/1 task), greedy where
+    measured, the held-out KL, and as the observer its copy and correction rates where defined."""
+    parts = []
+    for r in rows:
+        words = [f"reward {r['task_reward']:.3f}"]
+        if isinstance(r.get("greedy_reward"), float):
+            words.append(f"greedy {r['greedy_reward']:.3f}")
+        words.append(f"KL {r['kl']:.2f}")
+        for key, name in (("transfer/copy_rate", "copy"), ("transfer/correction_rate", "correction")):
+            value = r.get(key)
+            if isinstance(value, float) and value == value:
+                words.append(f"{name} {value:.2f}")
+        parts.append(f"{r['agent']} " + ", ".join(words))
+    return f"held-out after {done} iterations: " + "; ".join(parts)
 
 
 def _postfix(row: dict) -> dict:

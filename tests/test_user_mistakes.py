@@ -557,3 +557,26 @@ def test_the_projects_environment_variables_act_only_where_they_mean_something(t
     assert p.returncode == 0, p.stderr[-2000:]
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [0, 1] and (out / "final").is_dir()
     assert "CORY_RUNNER_PID=1 is not this run's parent process" in p.stderr and "gone" not in p.stderr
+
+
+@pytest.mark.slow
+def test_a_heldout_evaluation_shows_its_bar_prints_its_line_and_reaches_tensorboard(tmp_path):
+    """A tiny run with eval_every: the evaluation's bar and one line per evaluation on the console, and its numbers
+    under eval/ in TensorBoard at the iteration just done (the base model's at 0)."""
+    out = tmp_path / "run"
+    p = subprocess.run([sys.executable, str(REPO / "arithmetic_train/ppo.py"), "--config",
+                        str(REPO / "configs/arithmetic/ppo_tiny.yaml"), "--steps", "2", "--eval_every", "1",
+                        "--report_to", "tensorboard", "--output_dir", str(out)],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "held-out evaluation" in p.stderr  # the bar's label
+    for done in (0, 1, 2):
+        line = next(ln for ln in p.stderr.replace("\r", "\n").splitlines()
+                    if ln.startswith(f"held-out after {done} iterations: "))
+        assert "policy reward " in line and ", KL " in line
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(out / "tensorboard")).Reload()
+    assert [e.step for e in events.Scalars("eval/policy/task_reward")] == [0, 0, 1]
+    rows = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
+    assert [e.value for e in events.Scalars("eval/policy/task_reward")] == pytest.approx(
+        [r["task_reward"] for r in rows])
