@@ -172,9 +172,11 @@ def provenance_section(exp: Experiment) -> str:
     else:
         out.append("_No runs.json: the commands, commit and wall times are unknown; the settings below come "
                    "from each run's config.yaml._\n")
-    if rj.get("preset") or rj.get("task"):
-        out.append(f"Task `{rj.get('task', '?')}`, preset `{rj.get('preset', '?')}` "
-                   f"(`configs/{rj.get('task', '<task>')}/<ppo|cory>_{rj.get('preset', '<preset>')}.yaml`).\n")
+    if rj.get("preset"):
+        out.append(f"Task `{rj.get('task', '?')}`, preset `{rj.get('preset')}` "
+                   f"(`configs/{rj.get('task', '<task>')}/<ppo|cory>_{rj.get('preset')}.yaml`).\n")
+    elif rj.get("task"):  # a task file's runs: the script's own values, no preset file
+        out.append(f"Task `{rj.get('task')}`, no preset (the training script's own values).\n")
     runs = rj.get("runs") or {}
     rows = []
     for g in _ordered_groups(exp):

@@ -268,6 +268,11 @@ def test_samples_and_provenance_in_report(tmp_path):
     assert "| ppo | imdb_train/ppo.py | 0, 1, 2 | 90 s | 90 s | 2.0 s |" in run
     assert "In all, 5.2 min of training iterations" in run  # PPO 3 x 15 x 2 s, CORY 3 x 15 x 5 s
     assert "| model_name | tiny | tiny |" in run
+    assert "Task `imdb`, preset `tiny` (`configs/imdb/<ppo|cory>_tiny.yaml`)." in run
+    # a task file's runs have no preset: said so, not "preset None (configs/<task>/..._None.yaml)"
+    (tmp_path / "runs.json").write_text(json.dumps({**runs, "preset": None}))
+    run = build_report(tmp_path).read_text().split("## What was run")[1]
+    assert "Task `imdb`, no preset (the training script's own values)." in run and "None" not in run
 
 
 def test_cli(tmp_path):
