@@ -24,6 +24,7 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -246,7 +247,7 @@ def plot(rungs: list[Rung], design: GateDesign, path: Path, title: str) -> None:
     ran = [r for r in rungs if r.paths] or rungs[:1]
     fig = Figure(figsize=(4 * len(ran), 6), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(2, len(ran), sharey="row", squeeze=False)
+    axes: Any = fig.subplots(2, len(ran), sharey="row", squeeze=False)  # rows of Axes
     for col, rung in enumerate(ran):
         top, bottom = axes[0][col], axes[1][col]
         for seed, p in sorted(rung.paths.items()):
