@@ -35,7 +35,7 @@ import os
 import shlex
 import signal
 import sys
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from cory.errors import ConfigError
@@ -45,8 +45,8 @@ from lab import heldout_runs
 from lab.errors import ExperimentError, ReportError, exit_on_error
 from lab.experiment_plan import build_parser, plan
 from lab.report import build_report
-from lab.runs import (REPO, Children, Pair, Record, cut_off_elsewhere, execute, git_state, lost_by, mismatch, now,
-                      pair_state, rel, set_aside)
+from lab.runs import (REPO, Children, Pair, Progress, Record, cut_off_elsewhere, execute, git_state, lost_by,
+                      mismatch, now, pair_state, rel, set_aside)
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -202,10 +202,11 @@ def _train(todo: list, total: int, spec: dict, record: Record, invocation: dict,
 
     previous = {s: signal.signal(s, stop) for s in STOP_SIGNALS}
     pool = ThreadPoolExecutor(max_workers=spec["jobs"])
+    progress = Progress()
     try:
-        futures = {pool.submit(execute, pair, state, record, out, env, why, children): pair
+        futures = {pool.submit(execute, pair, state, record, out, env, why, children, progress): pair
                    for pair, state, why in todo}
-        for fut in as_completed(futures):
+        for fut in _as_completed(futures, lambda: bar.set_postfix_str(progress.line(), refresh=True)):
             pair, attempt = futures[fut], fut.result()
             invocation["ran"] += 1
             if attempt["exit_status"] is None:  # never started: the runner was stopping
@@ -237,6 +238,15 @@ def _train(todo: list, total: int, spec: dict, record: Record, invocation: dict,
         invocation["finished"] = now()
         record.save()
     return failed
+
+
+def _as_completed(futures, tick, every_s: float = 10.0):
+    """``as_completed`` that calls ``tick`` every ``every_s`` seconds while it waits (the running runs' progress)."""
+    pending = set(futures)
+    while pending:
+        done, pending = wait(pending, timeout=every_s, return_when=FIRST_COMPLETED)
+        tick()
+        yield from done
 
 
 # a hang-up (the terminal or the ssh session the runner ran in closed) stops the runs as SIGTERM does: each saves a

@@ -293,13 +293,13 @@ STOPPED = (130, 143, -signal.SIGINT, -signal.SIGTERM)
 
 
 def execute(pair: Pair, mode: str, record: Record, out: Path, env: dict, why: str = "",
-            children: Children | None = None) -> dict:
+            children: Children | None = None, progress: Progress | None = None) -> dict:
     """Run one training process to the end; its output goes to OUT/logs/."""
     from tqdm.auto import tqdm
 
     cmd = command(pair, mode)
-    tqdm.write(f"start  {pair.key} ({why}): {_display(cmd)}")
     log = out / "logs" / pair.label / f"seed_{pair.seed}.log"
+    tqdm.write(f"start  {pair.key} ({why}): {_display(cmd)}\n       its output (the run's own bar): {rel(log)}")
     log.parent.mkdir(parents=True, exist_ok=True)
     attempt = {"mode": mode, "command": _display(cmd), "started": now(), "wall_time_s": None,
                "exit_status": None, "log": rel(log)}
@@ -313,6 +313,8 @@ def execute(pair: Pair, mode: str, record: Record, out: Path, env: dict, why: st
         f.write(f"\n==== {attempt['started']} {attempt['command']}\n")
         f.flush()
         children = children or Children()
+        if progress is not None:
+            progress.start(pair)
         proc = children.start(cmd, cwd=pair.workdir, stdout=f, stderr=subprocess.STDOUT, env=env,
                               stdin=subprocess.DEVNULL)
         if proc is not None:
@@ -320,6 +322,8 @@ def execute(pair: Pair, mode: str, record: Record, out: Path, env: dict, why: st
                 attempt["pid"] = proc.pid
             record.save()
         status = None if proc is None else children.wait(proc)
+    if progress is not None:
+        progress.end(pair)
     with record.lock:
         attempt["wall_time_s"] = round(time.perf_counter() - t0, 1)
         attempt["exit_status"] = status
@@ -329,6 +333,46 @@ def execute(pair: Pair, mode: str, record: Record, out: Path, env: dict, why: st
                          "interrupted" if status is None or status in STOPPED else "failed")
     record.save()
     return attempt
+
+
+class Progress:
+    """Where each running run stands, for the runner's bar: ``ppo/seed_0 12/30 ETA 8m``, read from the
+    iterations its metrics.jsonl holds (the rate from this attempt's own iterations, so a resumed run's earlier
+    ones do not make it look fast)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.running: dict[str, tuple[Pair, int, float]] = {}  # key -> (pair, iterations at start, start time)
+
+    @staticmethod
+    def done(pair: Pair) -> int:
+        path = pair.run_dir / "metrics.jsonl"
+        return len(_logged_steps(pair.run_dir)) if path.is_file() else 0  # never opens a pipe put there
+
+    def start(self, pair: Pair) -> None:
+        with self.lock:
+            self.running[pair.key] = (pair, self.done(pair), time.monotonic())
+
+    def end(self, pair: Pair) -> None:
+        with self.lock:
+            self.running.pop(pair.key, None)
+
+    def line(self) -> str:
+        with self.lock:
+            running = list(self.running.values())
+        parts = []
+        for pair, at_start, t0 in running:
+            done = self.done(pair)
+            part = f"{pair.key} {done}/{pair.steps}"
+            if done > at_start:
+                eta = (time.monotonic() - t0) / (done - at_start) * max(pair.steps - done, 0)
+                part += f" ETA {_minutes(eta)}"
+            parts.append(part)
+        return ", ".join(parts)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 3600:.1f}h" if seconds >= 5400 else f"{math.ceil(seconds / 60):.0f}m"
 
 
 def _last_error(log: Path) -> str:

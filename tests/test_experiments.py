@@ -335,3 +335,21 @@ def test_a_runner_killed_outright_takes_its_run_down_checkpointed(tmp_path):
     log = (out / "logs" / "ppo" / "seed_0.log").read_text()
     assert "Traceback" not in log and "is gone: stopping after this iteration" in log, log[-2000:]
     assert "stopped (its experiment runner, pid " in log and "checkpoint of" in log, log[-2000:]
+
+
+def test_the_runner_bar_shows_each_running_run_s_iteration_and_eta(tmp_path, monkeypatch):
+    from lab.runs import Pair, Progress
+    run_dir = tmp_path / "runs" / "ppo" / "seed_0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("".join(f'{{"step": {i}}}\n' for i in range(2)))
+    pair = Pair(method="ppo", seed=0, kl_coef=None, script="x.py", preset=None, flags=[], run_dir=run_dir,
+                steps=10, intended={})
+    clock = iter([100.0, 160.0])
+    monkeypatch.setattr("lab.runs.time.monotonic", lambda: next(clock))
+    progress = Progress()
+    progress.start(pair)  # resumed at 2 of 10: those two do not count towards the rate
+    assert progress.line() == "ppo/seed_0 2/10"
+    (run_dir / "metrics.jsonl").write_text("".join(f'{{"step": {i}}}\n' for i in range(4)))
+    assert progress.line() == "ppo/seed_0 4/10 ETA 3m"  # 2 iterations in 60 s, 6 to go: 180 s
+    progress.end(pair)
+    assert progress.line() == ""
