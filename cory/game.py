@@ -153,8 +153,9 @@ def agent_metrics(prefix: str, task_rewards: list[float], train_rewards: list[fl
         # CleanRL's names: how far each update moved the policy, and the share of tokens whose ratio was clipped
         f"{prefix}/approx_kl": stats.approx_kl,
         f"{prefix}/clip_fraction": stats.clip_fraction,
+        f"{prefix}/frac_minibatches_skipped": stats.frac_minibatches_skipped,
         **({f"{prefix}/value_loss": stats.value_loss, f"{prefix}/explained_variance": stats.explained_variance}
-           if critic else {}),
+           if critic else {f"{prefix}/frac_reward_zero_std": stats.frac_reward_zero_std}),
     }
 
 

@@ -223,6 +223,12 @@ def advantages(estimator: str, scores: torch.Tensor, values: torch.Tensor | None
     return rewards, non_score, returns.detach(), returns
 
 
+def frac_reward_zero_std(scores: torch.Tensor, k: int) -> float:
+    """The share of prompts whose ``k`` answers all score alike (``scores`` as ``leave_one_out``'s)."""
+    grouped = scores.reshape(-1, k)
+    return (grouped == grouped[:, :1]).all(dim=1).float().mean().item()
+
+
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, masks: torch.Tensor) -> float:
     """How much of the returns' variance the value head explains, over the response tokens (CleanRL's
     ``1 − Var(returns − values) / Var(returns)``): 1 = perfect, 0 = no better than a constant, below 0 = worse;
@@ -319,6 +325,11 @@ class StepStats:
     # CleanRL's 1 − Var(returns − values) / Var(returns) on the rollout's values (``explained_variance``); trl's
     # step: its ppo/val/var_explained, the mean over mini-batches on each one's current values; NaN without a critic
     explained_variance: float = float("nan")
+    # the share of the step's mini-batches whose update ratio_threshold zeroed (NaN from trl's step, which does not
+    # say), and a critic-free learner's share of prompts whose K scores are all equal, where the group baseline
+    # leaves no signal (trl's GRPOTrainer's frac_reward_zero_std; NaN with GAE)
+    frac_minibatches_skipped: float = float("nan")
+    frac_reward_zero_std: float = float("nan")
     seconds: dict = field(default_factory=dict)  # forward_pass, optimize_step, total (trl's time/ppo/*)
 
     TRL_KEYS = {"kl": "objective/kl", "sequence_entropy": "objective/entropy", "kl_coef": "objective/kl_coef",
@@ -408,6 +419,8 @@ class AgentTrainer(PPOTrainer):
         # 5. the statistics, then η's update from this batch's KL (``KLController``: fixed, or adapted towards the
         # target KL)
         stats = self._statistics(batch, minibatches, kl_coef, seconds)
+        if not has_critic(self.args):
+            stats.frac_reward_zero_std = frac_reward_zero_std(scores, self.args.num_generations)
         if batch.values is not None:
             stats.explained_variance = explained_variance(batch.values, batch.returns, batch.masks)
         self.kl_ctl.update(stats.kl, self.args.batch_size * self.accelerator.num_processes)
@@ -497,6 +510,7 @@ class AgentTrainer(PPOTrainer):
         stats = StepStats(kl=(batch.kl * batch.masks).sum(-1).mean().item(),
                           sequence_entropy=(-batch.logprobs * batch.masks).sum(-1).mean().item(),
                           kl_coef=float(kl_coef), mean_score=batch.scores.float().mean().item(), **per_step,
+                          frac_minibatches_skipped=float(np.mean([m.skipped for m in minibatches])),
                           seconds=seconds)
         if self.is_distributed:
             names = list(stats.scalars())

@@ -109,6 +109,10 @@ def test_a_critic_free_learner_loads_no_value_head_and_takes_no_value_loss(ppo_b
     assert stats.value_loss == 0.0 and stats.total_loss == stats.policy_loss
     assert math.isnan(stats.mean_value) and math.isnan(stats.explained_variance)
     assert math.isfinite(stats.policy_loss) and (after - before).abs().max() > 0
+    assert stats.frac_reward_zero_std == 0.0  # K = 2: (1, -0.5) and (0.25, 2) both differ
+    assert stats.frac_minibatches_skipped == 0.0
+    again = agent.step(queries, responses, [1.0, 1.0, 0.25, 2.0])
+    assert again.frac_reward_zero_std == 0.5
 
 
 def test_gae_steps_log_the_value_heads_explained_variance(ppo_step, tmp_path):
@@ -175,6 +179,8 @@ def test_rloo_runs_end_to_end_on_the_tiny_presets(tmp_path, script, preset):
         for agent in agents:
             assert f"{agent}/value_loss" not in r and f"{agent}/explained_variance" not in r
             assert math.isfinite(r[f"{agent}/policy_loss"])
+            assert 0.0 <= r[f"{agent}/frac_reward_zero_std"] <= 1.0  # the share of prompts the baseline left silent
+            assert 0.0 <= r[f"{agent}/frac_minibatches_skipped"] <= 1.0
     samples = read_jsonl(tmp_path / "run" / "samples.jsonl")
     assert samples[0]["query"] == samples[1]["query"]  # K = 2: the first prompt's two answers side by side
 

@@ -113,3 +113,36 @@ def test_a_metrics_row_carries_the_steps_approx_kl_and_clip_fraction_under_clean
     assert row["policy/approx_kl"] == 0.0123 and row["policy/clip_fraction"] == 0.25
     critic_free = agent_metrics("llm1", [1.0, 0.0], [1.0, 0.0], stats, answers, kl_coef=0.01, critic=False)
     assert critic_free["llm1/clip_fraction"] == 0.25 and "llm1/value_loss" not in critic_free
+
+
+def test_the_step_logs_the_share_of_minibatches_skipped_and_of_prompts_whose_k_scores_are_alike():
+    from cory.game import agent_metrics
+    from cory.ppo import StepStats, frac_reward_zero_std
+    from cory.rollout import Answers
+
+    # K = 3: prompt 0 all right, prompt 1 mixed, prompt 2 all wrong, prompt 3 mixed: 2 of 4 give no group signal
+    scores = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0])
+    assert frac_reward_zero_std(scores, 3) == 0.5
+    assert frac_reward_zero_std(torch.tensor([0.3, 0.3, 0.7, 0.3]), 2) == 0.5
+    stats = StepStats(kl=1.5, sequence_entropy=10.0, kl_coef=0.01, mean_score=0.5, policy_loss=0.1, value_loss=0.2,
+                      total_loss=0.3, token_entropy=2.0, approx_kl=0.0123, clip_fraction=0.25, mean_value=0.0,
+                      mean_return=0.4, frac_minibatches_skipped=0.25, frac_reward_zero_std=0.5)
+    answers = Answers(texts=["a b c", "a b d"], ids=[torch.tensor([1, 2, 3]), torch.tensor([1, 2, 4])])
+    gae = agent_metrics("policy", [1.0, 0.0], [1.0, 0.0], stats, answers, kl_coef=0.01)
+    assert gae["policy/frac_minibatches_skipped"] == 0.25 and "policy/frac_reward_zero_std" not in gae
+    critic_free = agent_metrics("llm1", [1.0, 0.0], [1.0, 0.0], stats, answers, kl_coef=0.01, critic=False)
+    assert critic_free["llm1/frac_reward_zero_std"] == 0.5
+
+
+def test_a_minibatch_past_the_ratio_threshold_counts_as_skipped():
+    from types import SimpleNamespace
+
+    from cory.ppo import PPOBatch, minibatch_stats
+
+    masks = torch.ones(2, 3)
+    old = torch.zeros(2, 3)
+    mb = PPOBatch(None, None, None, old, None, masks, None, None)
+    mb.advantages, mb.returns = torch.ones(2, 3), torch.ones(2, 3)
+    config = SimpleNamespace(cliprange=0.2, cliprange_value=0.2, vf_coef=0.1, ratio_threshold=10.0)
+    assert not minibatch_stats(mb, old, None, torch.zeros(2, 3), config).skipped
+    assert minibatch_stats(mb, old + 3.0, None, torch.zeros(2, 3), config).skipped  # ratio e^3 ≈ 20 > 10

@@ -18,6 +18,8 @@ EXPLAINED_VARIANCE = {f"{agent}/explained_variance" for agent in ("policy", "llm
 # losses the record holds (tests/test_ppo_formulas.py holds them to trl's), checked here to be what they can be
 APPROX_KL = {f"{agent}/approx_kl" for agent in ("policy", "llm1", "llm2")}
 CLIP_FRACTION = {f"{agent}/clip_fraction" for agent in ("policy", "llm1", "llm2")}
+SHARES = {f"{agent}/{name}" for agent in ("policy", "llm1", "llm2")
+          for name in ("frac_minibatches_skipped", "frac_reward_zero_std")}
 # bf16 is held to the record of this CPU's kernel family: AMX's kernels round otherwise than AVX-512 BF16's
 FAMILY = kernel_family(cpu_flags())
 BF16_RECORD = bf16_record_path(FAMILY)
@@ -52,13 +54,13 @@ def same_numbers(name, got, want, *, rel, abs_, norm, share):
         # CORY's knowledge-transfer readings came after the record (issue 59): they are read from the row's own task
         # rewards, so they are checked against those; every recorded key is compared as before
         new = a.keys() - b.keys()
-        later = set(TRANSFER_KEYS) | EXPLAINED_VARIANCE | APPROX_KL | CLIP_FRACTION
+        later = set(TRANSFER_KEYS) | EXPLAINED_VARIANCE | APPROX_KL | CLIP_FRACTION | SHARES
         assert new <= later and b.keys() <= a.keys(), (name, new, b.keys() - a.keys())
         for key in new & EXPLAINED_VARIANCE:
             assert a[key] <= 1.0, (name, a["step"], key)  # NaN fails too
         for key in new & APPROX_KL:
             assert a[key] >= 0.0, (name, a["step"], key)
-        for key in new & CLIP_FRACTION:
+        for key in new & (CLIP_FRACTION | SHARES):
             assert 0.0 <= a[key] <= 1.0, (name, a["step"], key)
         if TRANSFER_KEYS[0] in new:
             observer = next(agent for agent in ("llm1", "llm2") if agent != a["pioneer"])
