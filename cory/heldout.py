@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from cory.metrics import degeneration, knowledge_transfer
+from cory.metrics import degeneration, knowledge_transfer, unrelated_reference
 # prompts that begin alike (a one-shot example) read that beginning once per batch
 from cory.generation import left_pad as _left_pad
 from cory.generation import positions as _positions
@@ -253,10 +253,32 @@ def observer_transfer(model, tokenizer, task, examples, pioneer_answers: Sequenc
     in training; its rewards are read against the pioneer's (``pioneer_rewards``) on the same questions."""
     torch.manual_seed(seed)
     extra = stop_at(tokenizer, task.stop) if allow_early_eos else {"min_new_tokens": max_new_tokens}
-    texts = [task.observer_prompt(ex, answer) for ex, answer in zip(examples, pioneer_answers)]
-    _, rewards = answers_and_rewards(model, tokenizer, task, examples, texts, max_new_tokens=max_new_tokens,
-                                     batch_size=batch_size, reward_name=reward_name, extra=extra)
-    return knowledge_transfer(list(pioneer_rewards), rewards, zero_one_reward(task))
+    control = zero_one_reward(task) and len(examples) >= 2
+    with tqdm(total=len(examples) * (1 + control), desc="held-out transfer", unit="prompt", dynamic_ncols=True,
+              leave=False, file=sys.stderr) as bar:
+        texts = [task.observer_prompt(ex, answer) for ex, answer in zip(examples, pioneer_answers)]
+        _, rewards = answers_and_rewards(model, tokenizer, task, examples, texts, max_new_tokens=max_new_tokens,
+                                         batch_size=batch_size, reward_name=reward_name, extra=extra,
+                                         on_batch=bar.update)
+        out = knowledge_transfer(list(pioneer_rewards), rewards, zero_one_reward(task))
+        if control:
+            out.update(_unrelated_reference(model, tokenizer, task, examples, pioneer_answers, pioneer_rewards,
+                                            max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                            reward_name=reward_name, extra=extra, on_batch=bar.update))
+    return out
+
+
+def _unrelated_reference(model, tokenizer, task, examples, pioneer_answers, pioneer_rewards, *, max_new_tokens,
+                         batch_size, reward_name, extra, on_batch) -> dict[str, float]:
+    # the control: question i shown the pioneer's answer to question i + 1 (cory.metrics.UNRELATED_KEYS)
+    others = list(examples[1:]) + list(examples[:1])
+    shown, shown_right = list(pioneer_answers[1:]) + list(pioneer_answers[:1]), \
+        list(pioneer_rewards[1:]) + list(pioneer_rewards[:1])
+    texts = [task.observer_prompt(ex, answer) for ex, answer in zip(examples, shown)]
+    answers, own = answers_and_rewards(model, tokenizer, task, examples, texts, max_new_tokens=max_new_tokens,
+                                       batch_size=batch_size, reward_name=reward_name, extra=extra, on_batch=on_batch)
+    return unrelated_reference(list(pioneer_rewards), own, shown_right, checked_scores(task, others, answers,
+                                                                                       reward_name))
 
 
 # On a CPU a decoding step's matrix products run at about half speed at 32 rows (the vocabulary projection, the

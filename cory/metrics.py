@@ -50,6 +50,12 @@ def degeneration(texts: Sequence[str], ids: Sequence[Sequence[int]]) -> dict[str
 # and for a 0/1 reward P(observer right | pioneer right) and P(observer right | pioneer wrong). Undefined (NaN,
 # written as null) where no pioneer answer was right (or wrong), and the rates where the reward is not 0/1.
 TRANSFER_KEYS = ("transfer/observer_minus_pioneer", "transfer/copy_rate", "transfer/correction_rate")
+# The control for copying (0/1 rewards, held-out evaluations only): each question shown the pioneer's answer to the next
+# question instead, an answer that belongs elsewhere. The copy rate under it (P(observer right | the pioneer's answer
+# to this question was right), though it was not shown) says how much of the copy rate is easy questions; the echo
+# rate (P(the observer's answer is right for the shown answer's question | that answer was right)) how often the
+# observer writes down what it is shown whatever the question.
+UNRELATED_KEYS = ("transfer/unrelated_copy_rate", "transfer/echo_rate")
 
 
 def _rate(hits: list[bool]) -> float:
@@ -69,3 +75,14 @@ def knowledge_transfer(pioneer: Sequence[float], observer: Sequence[float], zero
         copy = _rate([o > 0.5 for p, o in zip(pioneer, observer) if p > 0.5])
         correction = _rate([o > 0.5 for p, o in zip(pioneer, observer) if p <= 0.5])
     return dict(zip(TRANSFER_KEYS, (float(gap), copy, correction)))
+
+
+def unrelated_reference(pioneer: Sequence[float], observer: Sequence[float], shown: Sequence[float],
+                        right_for_shown: Sequence[float]) -> dict[str, float]:
+    """The two ``UNRELATED_KEYS`` of 0/1 rewards: ``pioneer[i]``, the pioneer's reward on question i (its answer not
+    shown); ``observer[i]``, the observer's there when shown the answer ``shown[i]`` scored on its own question;
+    ``right_for_shown[i]``, the observer's answer scored on that other question."""
+    if not len(pioneer) == len(observer) == len(shown) == len(right_for_shown):
+        raise ValueError("unrelated_reference: the four reward lists differ in length")
+    return {UNRELATED_KEYS[0]: _rate([o > 0.5 for p, o in zip(pioneer, observer) if p > 0.5]),
+            UNRELATED_KEYS[1]: _rate([r > 0.5 for s, r in zip(shown, right_for_shown) if s > 0.5])}

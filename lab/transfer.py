@@ -13,10 +13,11 @@ import numpy as np
 
 from lab.collapse import markdown_table
 from lab.results import Experiment, Group, finite, fmt
-from cory.metrics import TRANSFER_KEYS
+from cory.metrics import TRANSFER_KEYS, UNRELATED_KEYS
 
 NAMES = {"transfer/observer_minus_pioneer": "observer − pioneer", "transfer/copy_rate": "copy rate",
-         "transfer/correction_rate": "correction rate"}
+         "transfer/correction_rate": "correction rate",
+         "transfer/unrelated_copy_rate": "copy rate, unrelated ref.", "transfer/echo_rate": "echo, unrelated ref."}
 
 RULE = (
     "_Descriptive._ **observer − pioneer**: the observer's mean task reward minus the pioneer's on the same "
@@ -28,6 +29,12 @@ RULE = (
     "pioneer answer right, or wrong). Above 0 and a copy rate near 1: the observer uses the reference. **observer − "
     "itself alone** (held-out; a control): the observer's accuracy with the reference minus its own accuracy "
     "answering the same questions alone; near 0, the reference changed nothing it would not have got right anyway.")
+CONTROL_RULE = (
+    "**copy rate, unrelated ref.** and **echo, unrelated ref.** (held-out, where recorded; a control): each question "
+    "shown the other agent's answer to the next question instead; P(observer right | the other agent's answer to "
+    "this question was right, unseen), and P(the observer's answer is right for the shown answer's question | that "
+    "answer was right): a copy rate with the reference no higher than this one is easy questions, not the reference; "
+    "a high echo is an observer writing down what it is shown.")
 
 
 def _cell(values: list[float], of: int) -> str:
@@ -92,14 +99,17 @@ def heldout_rows(group: Group) -> tuple[list[int], list[list[str]]]:
     """(evaluated iterations, one row per agent as the observer and measure, mean ± SE over seeds): the three
     transfer measures, and the observer with the reference against itself answering alone (a control: a copy rate
     of 0.9 means little where the observer is right alone as often)."""
+    # the unrelated-reference control where the runs recorded it (runs before it have no such rows)
+    controls = [k for k in UNRELATED_KEYS if any(r.heldout_series(a, k) for r in group.runs.values()
+                                                 for a in group.agents)]
     series = {(a, k): {s: r.heldout_series(a, k) for s, r in group.runs.items()}
-              for a in group.agents for k in TRANSFER_KEYS}
+              for a in group.agents for k in (*TRANSFER_KEYS, *controls)}
     for a in group.agents:
         series[a, ALONE] = _with_minus_alone(group, a)
     iterations = sorted({i for by_seed in series.values() for d in by_seed.values() for i in d})
     rows = [[group.name(a), NAMES.get(k, k), *(_cell([d[i] for d in series[a, k].values() if i in d],
                                                      len(group.runs)) for i in iterations)]
-            for a in group.agents for k in (*TRANSFER_KEYS, ALONE)]
+            for a in group.agents for k in (*TRANSFER_KEYS, ALONE, *controls)]
     return iterations, rows
 
 
@@ -166,8 +176,10 @@ def heldout_lines(group: Group) -> list[str]:
     iterations, rows = heldout_rows(group)
     if not iterations or all(cell == "–" for row in rows for cell in row[2:]):
         return []
+    controls = [NAMES[k] for k in UNRELATED_KEYS if any(row[1] == NAMES[k] for row in rows)]
     return ["**On the held-out questions**, each agent as the observer of the other's answers, by iterations "
-            "completed:", "", markdown_table(["observer", "measure", *map(str, iterations)], rows)]
+            "completed:", "", markdown_table(["observer", "measure", *map(str, iterations)], rows),
+            *(["", CONTROL_RULE] if controls else [])]
 
 
 def recorded(group: Group | None) -> bool:

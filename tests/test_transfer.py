@@ -38,6 +38,21 @@ def test_transfer_of_hand_written_rewards():
         knowledge_transfer([1.0], [1.0, 0.0], zero_one=True)
 
 
+def test_the_unrelated_reference_control_by_hand():
+    from cory.metrics import UNRELATED_KEYS, unrelated_reference
+    unrelated_copy, echo = UNRELATED_KEYS
+    pioneer = [1, 1, 0, 0]         # the pioneer's own answers to questions 0-3 (not shown)
+    observer = [1, 0, 1, 0]        # the observer on questions 0-3, shown the answers to questions 1, 2, 3, 0
+    shown = [1, 0, 0, 1]           # those shown answers, right where they belong
+    right_for_shown = [0, 1, 1, 1]  # the observer's answers, read against the shown answer's question
+    t = unrelated_reference(pioneer, observer, shown, right_for_shown)
+    assert t[unrelated_copy] == 0.5  # right on 1 of the 2 questions the pioneer got right
+    assert t[echo] == 0.5  # of the 2 right answers shown, 1 written down (a wrong one echoed does not count)
+    assert np.isnan(unrelated_reference([0], [1], [0], [1])[echo])
+    with pytest.raises(ValueError):
+        unrelated_reference([1], [1], [1, 0], [1])
+
+
 def test_only_a_task_that_says_so_has_a_zero_one_reward():
     assert zero_one_reward(ArithmeticTask("sums_2x1"))
     assert not zero_one_reward(object()) and not zero_one_reward(type("T", (), {"zero_one_reward": 1})())
@@ -110,6 +125,8 @@ def test_a_tiny_cory_run_records_transfer_on_every_row_and_evaluation(tmp_path):
     evals = read_jsonl(out / "eval.jsonl")
     assert {(e["iterations"], e["agent"]) for e in evals} == {(i, a) for i in (0, 2, 3) for a in ("llm1", "llm2")}
     assert all(set(TRANSFER_KEYS) <= set(e) for e in evals)
+    from cory.metrics import UNRELATED_KEYS
+    assert all(set(UNRELATED_KEYS) <= set(e) for e in evals)  # the unrelated-reference control at every evaluation
     base = [e for e in evals if e["iterations"] == 0]
     assert base[0][GAP] == base[1][GAP]  # both agents are the base model: one reading
 
@@ -155,6 +172,23 @@ def test_the_alone_control_is_the_observer_with_the_reference_against_itself_alo
     _, rows = heldout_rows(load_experiment(tmp_path).main_group("cory"))
     alone = {r[0]: r[2] for r in rows if r[1] == "observer − itself alone"}
     assert alone == {"CORY-LLM1": "0.05", "CORY-LLM2": "0.05"}  # LLM2: 0.40 − 0.05 − 0.30
+    assert not any("unrelated" in r[1] for r in rows)  # not recorded: no rows for it
+
+
+def test_the_held_out_table_shows_the_unrelated_reference_control_beside_the_others(tmp_path):
+    from cory.metrics import UNRELATED_KEYS
+    from lab.transfer import CONTROL_RULE, heldout_lines
+    write_run(tmp_path, "cory", 0, cory_rows(*[np.zeros(5)] * 4), config={"swap_period": 5}, heldout=None)
+    evals = [{"iterations": 5, "agent": a, "task_reward": 0.4, "kl": 1.0, GAP: 0.1, COPY: 0.9, CORRECTION: 0.1,
+              UNRELATED_KEYS[0]: 0.55, UNRELATED_KEYS[1]: 0.7} for a in ("llm1", "llm2")]
+    (tmp_path / "runs/cory/seed_0/eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    group = load_experiment(tmp_path).main_group("cory")
+    _, rows = heldout_rows(group)
+    measures = [r[1] for r in rows if r[0] == "CORY-LLM1"]
+    assert measures == ["observer − pioneer", "copy rate", "correction rate", "observer − itself alone",
+                        "copy rate, unrelated ref.", "echo, unrelated ref."]
+    assert [r[2] for r in rows if r[0] == "CORY-LLM1"][4:] == ["0.55", "0.7"]
+    assert CONTROL_RULE in heldout_lines(group)
 
 
 def test_the_sawtooth_reads_each_stints_change_by_the_role_the_agent_had(tmp_path):
