@@ -5,24 +5,14 @@ CORY copies the pretrained model into two agents, LLM1 and LLM2. In each iterati
 1. the pioneer answers the query;
 2. the observer answers the query after reading the pioneer's answer (knowledge transfer);
 3. both answers are scored by the task reward, each on the query and its own answer;
-4. each agent takes a PPO step on the collective reward r1 + r2 (trl adds each agent's own KL penalty
-   to the frozen original model);
+4. each agent takes a PPO step on the collective reward r1 + r2, less its own KL penalty to the frozen original
+   model (``cory.ppo.per_token_rewards``);
 5. every ``swap_period`` iterations the agents exchange roles.
 
-**K answers per prompt** (``num_generations``; the critic-free learners ``rloo`` and ``grpo`` need K ≥ 2, and
-take each answer's baseline over the other answers to its prompt, ``cory.ppo.CRITIC_FREE``). The batch counts
-answers: ``answers_per_prompt`` puts each of batch_size / K prompts K times side by side, and the game runs on
-that batch as on any other. So in CORY each of the K pioneer answers gets ONE observer answer, written after
-reading that pioneer answer; the pair's collective reward is r1_k + r2_k; and each agent's baseline is taken over
-its own K answers to the same query (rows g·K … g·K + K − 1 of both agents' batches). Why this form:
-
-* it keeps the paper's unit, one pioneer answer and the observer's answer to it, so knowledge transfer and the
-  collective reward mean what they mean at K = 1, and K = 1 is the paper's game exactly;
-* the cost stays the batch's: 2 × batch_size answers per iteration, as at K = 1 (K observer answers per pioneer
-  answer would make K² pairs per prompt);
-* each agent's K answers are K draws of its own policy for one query (the observer's through K different pioneer
-  answers, which are part of what it is judged on), so a baseline over them is that agent's own group baseline;
-  grouping the observer by pioneer answer would leave it groups of one.
+**K answers per prompt** (``num_generations``, for the critic-free learners' group baselines): the batch counts
+answers, ``answers_per_prompt`` puts each of batch_size / K prompts K times side by side, and the game runs on that
+batch as on any other: each pioneer answer gets ONE observer answer, the pair's collective reward is r1_k + r2_k,
+and each agent's baseline is taken over its own K answers to the query (why this form: docs/learners.md).
 
 Single-agent PPO, the paper's baseline, is the same iteration with one agent and no partner. The pure
 rules come first (with table tests in tests/test_rules.py), then the two iterations; the run loop

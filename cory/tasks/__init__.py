@@ -2,7 +2,7 @@
 scored, behind one protocol (``cory.tasks.base.Task``) and one registry (``cory.tasks.registry``).
 
 Built in: every module of this package registers its own task when imported (``imdb``: the subjective sentiment
-reward; ``gsm8k``: objective 0/1 correctness), and importing the package imports them all. A new task is one
+reward; ``gsm8k``: objective 0/1 correctness; ``arithmetic``: small sums in GSM8K's prompt form, 0/1), and importing the package imports them all. A new task is one
 class and one ``register_task`` call (docs/adding_a_task.md); nothing outside its module needs to know it by name.
 """
 from __future__ import annotations
