@@ -249,21 +249,30 @@ def whiten(x: torch.Tensor, masks: torch.Tensor, shift_mean: bool = True) -> tor
     return whitened if shift_mean else whitened + mean
 
 
+def surrogate_terms(mb: PPOBatch, logprobs: torch.Tensor, config, rows=slice(None)):
+    """(ratio, −A·ratio, −A·clip(ratio, 1 ± ε)), [len(rows), W] each: the clipped surrogate's two sides, which the loss
+    takes the larger of and ``clip_fraction`` counts where the clipped side won."""
+    ratio = torch.exp(logprobs - mb.logprobs[rows])
+    advantages = mb.advantages[rows]
+    return ratio, -advantages * ratio, -advantages * torch.clamp(ratio, 1.0 - config.cliprange, 1.0 + config.cliprange)
+
+
 def clipped_losses(mb: PPOBatch, logprobs: torch.Tensor, vpreds: torch.Tensor | None, config, rows=slice(None)):
     """(policy loss, value loss): PPO's clipped surrogate and the clipped squared value error, token means over
     the samples ``rows`` of the mini-batch ``mb``; ``logprobs``, ``vpreds``: [len(rows), W], the current policy's.
     The update minimises policy + ``vf_coef`` × value. Without a critic (``vpreds`` None) the value loss is 0."""
-    old, masks = mb.logprobs[rows], mb.masks[rows]
-    advantages, returns = mb.advantages[rows], mb.returns[rows]
-    ratio = torch.exp(logprobs - old)
-    clipped_ratio = torch.clamp(ratio, 1.0 - config.cliprange, 1.0 + config.cliprange)
-    policy_loss = masked_mean(torch.max(-advantages * ratio, -advantages * clipped_ratio), masks)
+    _, unclipped, clipped = surrogate_terms(mb, logprobs, config, rows)
+    policy_loss = masked_mean(torch.max(unclipped, clipped), mb.masks[rows])
+    return policy_loss, clipped_value_loss(mb, vpreds, config, rows, policy_loss.device)
+
+
+def clipped_value_loss(mb: PPOBatch, vpreds: torch.Tensor | None, config, rows=slice(None), device=None):
+    """The clipped squared value error over ``rows`` (0 without a critic)."""
     if vpreds is None or mb.values is None:
-        return policy_loss, torch.zeros((), device=policy_loss.device)
-    values = mb.values[rows]
+        return torch.zeros((), device=device)
+    masks, returns, values = mb.masks[rows], mb.returns[rows], mb.values[rows]
     vpred_clipped = torch.clamp(vpreds, values - config.cliprange_value, values + config.cliprange_value)
-    value_loss = 0.5 * masked_mean(torch.max((vpreds - returns) ** 2, (vpred_clipped - returns) ** 2), masks)
-    return policy_loss, value_loss
+    return 0.5 * masked_mean(torch.max((vpreds - returns) ** 2, (vpred_clipped - returns) ** 2), masks)
 
 
 # ----------------------------------------------------------------------------- the statistics
@@ -288,10 +297,10 @@ def minibatch_stats(mb: PPOBatch, logprobs, vpreds, token_entropy, config) -> Mi
     """``MinibatchStats`` of the mini-batch ``mb`` for the current policy's ``logprobs``, ``vpreds`` and per-token
     ``token_entropy`` ([B, W] each, detached)."""
     masks = mb.masks
-    policy_loss, value_loss = clipped_losses(mb, logprobs, vpreds, config)
-    ratio = torch.exp(logprobs - mb.logprobs)
-    clipped = torch.gt(-mb.advantages * torch.clamp(ratio, 1.0 - config.cliprange, 1.0 + config.cliprange),
-                       -mb.advantages * ratio).float()
+    ratio, unclipped, clipped_side = surrogate_terms(mb, logprobs, config)  # read once for the loss and the clip share
+    policy_loss = masked_mean(torch.max(unclipped, clipped_side), masks)
+    value_loss = clipped_value_loss(mb, vpreds, config, device=policy_loss.device)
+    clipped = torch.gt(clipped_side, unclipped).float()
     kept = masked_mean(ratio, masks).item() <= config.ratio_threshold  # else trl zeroes the batch's losses
     return MinibatchStats(skipped=not kept,
         policy_loss=policy_loss.item() * kept, value_loss=value_loss.item() * kept,
