@@ -126,7 +126,7 @@ def collapse_test(exp: Experiment) -> Collapse:
     ppo_models = final_models(ppo, POLICY, floor)
     known = [m for m in ppo_models.values() if m.collapsed is not None]
     ppo_count = sum(1 for m in known if m.collapsed)
-    ppo_line = (f"- PPO: collapsed in {ppo_count} of {len(known)} seeds; final held-out distinct-2 "
+    ppo_line = (f"- {ppo.name(eta=False)}: collapsed in {ppo_count} of {len(known)} seeds; final held-out distinct-2 "
                 f"{_mean_sd([m.distinct_2 for m in known])}, reward {_mean_sd([m.reward for m in known if m.reward is not None])}.")
     readings, models = [], [(ppo.name(POLICY), ppo_models)]
     for agent in cory.agents:

@@ -15,8 +15,8 @@ import numpy as np
 
 from cory.errors import ConfigError
 from lab.errors import ReportError
-from lab.results import (AGENT_NAMES, LLM1, LLM2, METHOD_NAMES, POLICY, REWARD_RANGES, curve, Experiment, Group,
-                              heldout_curve, heldout_value, setting_name)
+from lab.results import (LLM1, LLM2, POLICY, REWARD_RANGES, curve, Experiment, Group, heldout_curve, heldout_value,
+                         setting_name)
 from cory.targets import target_refusal, text_refusal, write_whole
 
 # key in metrics.jsonl after "<agent>/" -> (title, y-axis label; {reward} is the reward's unit)
@@ -241,7 +241,8 @@ def plot_sweep(exp: Experiment, path: Path, points) -> None:
         y = np.array([p[1].mean for p in pts])
         xerr = np.array([p[2].std if p[2].n >= 2 else 0.0 for p in pts])
         yerr = np.array([p[1].std if p[1].n >= 2 else 0.0 for p in pts])
-        name = METHOD_NAMES.get(method, method) + AGENT_NAMES.get(agent, f"-{agent}")
+        group = next(g for g in exp.groups.values() if g.method == method)  # a sweep shares its learner
+        name = group.name(agent, eta=False)
         for _, r, kl in pts:  # one point per seed, matched by seed
             kl_by_seed = dict(zip(kl.seeds, kl.per_seed))
             xs = [kl_by_seed[s] for s in r.seeds if s in kl_by_seed]

@@ -60,6 +60,15 @@ def estimator(group: Group) -> str:
     return str(name) if k == 1 else f"{name}, K = {k}"
 
 
+def _load(folder: str | Path) -> Experiment:
+    """The folder's runs, their names without the learner: the summary names it beside each (its learner column,
+    its legend, its headings), as ``estimator`` writes it."""
+    exp = load_experiment(folder)
+    for group in exp.groups.values():
+        group.learner_in_name = False
+    return exp
+
+
 def _median_iteration_s(group: Group, seed: int) -> float | None:
     times = [t for row in group.runs[seed].rows
              if isinstance(row.get("step"), int) and row["step"] > 0
@@ -197,7 +206,7 @@ def build_summary(root: str | Path, against: str | Path | list | None = None, mi
             raise ReportError(f"--against {other}: no runs/ folder (an experiment folder written by lab.experiments)")
     check_targets(root, "SUMMARY.md", writer="lab.learners")
     notes: list[str] = []
-    exps = [(root.name, load_experiment(root))] + [(Path(other).name, load_experiment(other)) for other in against]
+    exps = [(root.name, _load(root))] + [(Path(other).name, _load(other)) for other in against]
     read = [(where, read_folder(exp, notes)) for where, exp in exps]
     notes += [f"`{where}`: {note}" for where, exp in exps for note in exp.notes]
     ours = read[0][1]

@@ -431,3 +431,53 @@ def test_confounds_in_report_figures_and_verdict(tmp_path):
     assert "| CORY with the authors' resets-LLM1 (η=0.01) | 0.4 |" in table
     assert "`cory_authors_kl0.01`: its runs started from init_kl_coef 0.4" in text
     assert ("cory_authors", "llm1") not in results.sweep_points(load_experiment(tmp_path))
+
+
+def _drawn(monkeypatch) -> dict:
+    """The figures a report draws, by file name, kept instead of written (their legends and axes to read)."""
+    from pathlib import Path
+
+    from lab import figures
+
+    drawn = {}  # lab.transfer imports save_figure from lab.figures when it draws
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path: drawn.__setitem__(Path(path).name, fig))
+    return drawn
+
+
+def _legend(fig) -> list[str]:
+    return [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+
+
+def test_a_critic_free_folder_names_its_learner_and_k_in_every_label(tmp_path, monkeypatch):
+    """Single-agent GRPO is not labelled plain "PPO": the title, the learners' line, every table row, the samples'
+    headings and the figures' legends name the learner and K; a GAE folder's names stay as they were."""
+    synthetic(tmp_path / "gae", cory_wins=True)
+    synthetic(tmp_path / "grpo", cory_wins=True)
+    for config in (tmp_path / "grpo").glob("runs/*/seed_*/config.yaml"):
+        config.write_text(config.read_text() + "advantage_estimator: grpo\nnum_generations: 4\n")
+    drawn = _drawn(monkeypatch)
+    text = build_report(tmp_path / "grpo").read_text()
+    assert text.startswith("# CORY vs PPO (GRPO, K = 4): IMDB\n")
+    assert "**Learners**" in text and "PPO (GRPO, K = 4): `advantage_estimator: grpo`, `num_generations: 4`" in text
+    assert "| PPO (GRPO, K = 4) | 0.2 | 3 |" in text and "| CORY-LLM2 (GRPO, K = 4) | 0.2 | 3 |" in text
+    assert "**PPO (GRPO, K = 4)** (seed 0: first and last iteration" in text
+    assert "- PPO (GRPO, K = 4): collapsed in 0 of 3 seeds" in text  # the collapse test's lines
+    assert "| PPO |" not in text and "| CORY-LLM1 |" not in text and "**PPO**" not in text
+    assert _legend(drawn["fig_task_reward.png"]) == [
+        "PPO (GRPO, K = 4) (3 seeds)", "CORY-LLM1 (GRPO, K = 4) (3 seeds)", "CORY-LLM2 (GRPO, K = 4) (3 seeds)"]
+    drawn.clear()
+    text = build_report(tmp_path / "gae").read_text()
+    assert text.startswith("# CORY vs PPO: IMDB\n") and "**Learners**" not in text and "| PPO | 0.2 | 3 |" in text
+    assert _legend(drawn["fig_task_reward.png"]) == ["PPO (3 seeds)", "CORY-LLM1 (3 seeds)", "CORY-LLM2 (3 seeds)"]
+
+
+def test_a_learner_is_named_by_the_runs_configs():
+    from lab.labels import learner_name
+
+    assert learner_name(None, None) is None and learner_name("gae", 1) is None  # before the switch: GAE's
+    assert learner_name("rloo", 4) == "RLOO, K = 4" and learner_name("grpo", 8) == "GRPO, K = 8"
+    assert learner_name("gae", 2) == "GAE, K = 2" and learner_name("varies by seed", 4) == "learner varies by seed"
+    g = results.Group("ppo_kl0.01", "ppo", 0.01, {0: results.SeedRun(0, None, ppo_rows([1.0], [0.0]),
+                                                                     {"advantage_estimator": "rloo",
+                                                                      "num_generations": 4})})
+    assert g.name("policy") == "PPO (RLOO, K = 4, η=0.01)" and g.name(eta=False) == "PPO (RLOO, K = 4)"
