@@ -15,7 +15,8 @@ from cory import assets, models
 from cory.assets import locate
 from cory.heldout import evaluate_reward, sequence_kl
 from lab.evaluate import main
-from cory.metrics import distinct_n
+from cory.metrics import degeneration, distinct_n
+from cory.outputs import json_safe
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +46,11 @@ def test_distinct_n_hand_examples():
     collapsed = ["great great great great"]
     assert distinct_n(collapsed, 1) == pytest.approx(1 / 4)
     assert distinct_n(collapsed, 2) == pytest.approx(1 / 3)
-    assert distinct_n([], 1) == 0.0
-    assert distinct_n(["word"], 2) == 0.0
+    # undefined, not 0, where no answer is n words long: one-word answers say nothing of collapse
+    assert distinct_n([], 1) is None and distinct_n(["word"], 2) is None and distinct_n(["7", "12"], 2) is None
+    assert distinct_n(["7", "twelve words", "twelve words"], 2) == pytest.approx(1 / 2)  # over the two-word answers
+    row = json.loads(json.dumps(json_safe(degeneration(["7", "12"], [[7], [1, 2]]))))
+    assert row["distinct_2"] is None and row["distinct_1"] == 1.0 and row["repeat4_share"] == 0.0
 
 
 def _hand_kl(model, reference, prompt, response):
