@@ -219,8 +219,9 @@ def build_summary(root: str | Path, against: str | Path | list | None = None, mi
                  + (f" --min_gain {min_gain:g}" if min_gain != MIN_GAIN else ""))
     invocations = exps[0][1].runs_json.get("invocations") or []
     md = [f"# {title}", "",
-          generated_by("lab.learners", arguments) + f" from the metrics in the folder{'s' if against else ''}; the "
-          "design, fixed before the runs, is in [DESIGN.md](DESIGN.md). Descriptive: no comparison is claimed.", "",
+          generated_by("lab.learners", arguments) + f" from the metrics in the folder{'s' if against else ''}; "
+          + ("the design, fixed before the runs, is in [DESIGN.md](DESIGN.md). " if (root / "DESIGN.md").is_file()
+             else "") + "Descriptive: no comparison is claimed.", "",
           *(["Runs: " + "; ".join(f"`{i.get('command')}` at {str(i.get('git_commit'))[:7]}" for i in invocations), ""]
             if invocations else []),
           f"**Learned** (best held-out accuracy after iteration 0 at least {min_gain:g} above the run's own "

@@ -149,6 +149,9 @@ def test_figures_written_and_nonempty(tmp_path):
         data = (tmp_path / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name
         assert f"]({name})" in md.read_text()
+    import re
+    links = re.findall(r"\]\(([^)\s#]+)", md.read_text())  # every file the report links is there
+    assert links and not [t for t in links if not re.match(r"[a-z]+:", t) and not (tmp_path / t).exists()]
     # the sweep holds the two swept etas plus the preset's own (0.2, from the unsuffixed runs)
     points = results.sweep_points(load_experiment(tmp_path))
     assert [p[0] for p in points[("ppo", "policy")]] == [0.01, 0.1, 0.2]
