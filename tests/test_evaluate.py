@@ -108,6 +108,25 @@ def test_imdb_evaluation_of_a_run_folder(tiny_run, capsys):
     assert saved["results"] == json.loads(json.dumps(doc["results"]))
 
 
+def test_rows_of_several_folders_are_named_by_their_path_from_the_common_parent(tiny_run, tmp_path, capsys):
+    """Two runs of the same seed in two method folders: ``ppo/seed_0/llm1`` and ``cory/seed_0/llm1``, not
+    ``seed_0/llm1`` and ``seed_0/llm1#2``; a model given twice keeps #2, and the printout says what it means."""
+    from lab.evaluation_plan import expand_model
+
+    for method in ("ppo", "cory"):
+        shutil.copytree(tiny_run, tmp_path / "exp" / method / "seed_0", ignore=shutil.ignore_patterns("eval_*"))
+    gae, grpo = tmp_path / "exp" / "ppo" / "seed_0", tmp_path / "exp" / "cory" / "seed_0"
+    assert [e.label for e in expand_model(str(gae))] == ["seed_0/llm1", "seed_0/llm2"]  # alone: as before
+    doc = main(["--task", "imdb", "--model", str(gae), "--model", str(grpo), "--model", str(grpo / "final" / "llm2"),
+                "--limit", "2", "--max_new_tokens", "2", "--batch_size", "2", "--json", str(tmp_path / "e.json")])
+    assert [r["name"] for r in doc["results"]] == ["base", "ppo/seed_0/llm1", "ppo/seed_0/llm2", "cory/seed_0/llm1",
+                                                    "cory/seed_0/llm2", "cory/seed_0/llm2#2"]
+    out = capsys.readouterr().out
+    assert "ppo/seed_0/llm2" in out and "cory/seed_0/llm2#2" in out
+    assert (f"note: cory/seed_0/llm2#2 is cory/seed_0/llm2 given again (the same model, {grpo / 'final' / 'llm2'}; "
+            "row 2 of it)") in out
+
+
 def test_gsm8k_pass_at_k_on_generated_problems(tiny_run, tmp_path, capsys):
     out_json = tmp_path / "sub" / "gsm8k.json"
     doc = main(["--task", "gsm8k", "--model", str(tiny_run / "final" / "llm2"), "--dataset", "generated",
