@@ -169,6 +169,15 @@ def _axes(title: str, xlabel: str, ylabel: str, size=(7.5, 4.6)):
     return fig, ax
 
 
+def integer_iterations(*axes) -> None:
+    """Iterations on the x axis are whole numbers: ticks at integers only (on a short run matplotlib would put them
+    at 0.5 steps)."""
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _reward_unit(exp: Experiment, scored: bool = False) -> str:
     """The training reward's unit; ``scored``: the unit an evaluation scores in (a shaped reward's own)."""
     name = exp.any_config("reward_model")
@@ -199,6 +208,7 @@ def plot_metric(exp: Experiment, path: Path, metric: str, series: list[tuple[Gro
     head, ylabel = METRICS[metric]
     fig, ax = _axes(f"{setting_name(exp)}: {title or head} per iteration (mean ± std over seeds)",
                     "iteration", ylabel.format(reward=_reward_unit(exp)))
+    integer_iterations(ax)
     notes = []
     drawn = 0
     for (group, agent), is_ref in [(s, False) for s in series] + [(r, True) for r in refs]:
@@ -269,6 +279,7 @@ def plot_heldout(exp: Experiment, path: Path, series: list[tuple[Group, str]], b
     grey line. False (and nothing drawn) when no run was evaluated."""
     fig, ax = _axes(f"{setting_name(exp)}: held-out task reward (mean ± std over seeds)",
                     "iterations completed", f"held-out task reward ({_reward_unit(exp, scored=True)})")
+    integer_iterations(ax)
     drawn = 0
     for group, agent in series:
         style = dict(color=colour(group.method), linestyle=LINESTYLES.get(agent, "-"))
@@ -339,6 +350,7 @@ def plot_distinct_2(exp: Experiment, path: Path, series: list[tuple[Group, str]]
     False when no run has a held-out path."""
     fig, ax = _axes(f"{setting_name(exp)}: held-out distinct-2 along training (collapse: under the dashed line)",
                     "iterations completed", "held-out distinct-2 (distinct bigrams / bigrams)")
+    integer_iterations(ax)
     drawn = 0
     for group, agent in series:
         c = heldout_curve(group, agent, "distinct_2")

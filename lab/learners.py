@@ -28,7 +28,7 @@ import numpy as np
 
 from lab.collapse import markdown_table
 from lab.errors import OneLineParser, ReportError, exit_on_error
-from lab.figures import check_targets, generated_by, save_figure, write_atomically
+from lab.figures import check_targets, generated_by, integer_iterations, save_figure, write_atomically
 from lab.compute import compute_of
 from lab.results import METHOD_NAMES, Experiment, Group, finite, fmt, load_experiment, setting_name
 from lab.transfer import NAMES, RULE, heldout_lines, recorded, sawtooth_lines, training_windows
@@ -171,6 +171,7 @@ def plot(folders: list[tuple[str, Experiment]], path: Path, title: str, bar: flo
             ax.axhline(bar, color="#777777", linestyle=":", linewidth=1, label="learned from here")
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("iterations", fontsize=9)
+        integer_iterations(ax)
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)

@@ -140,3 +140,18 @@ def test_the_summary_links_the_design_only_where_the_folder_has_one(horizon):
     summary = build_summary(horizon)
     assert "the design, fixed before the runs, is in [DESIGN.md](DESIGN.md)" in summary.read_text()
     assert not _broken_links(summary)
+
+
+def test_the_learners_figure_ticks_whole_iterations_and_labels_its_axes(horizon, monkeypatch):
+    from lab import learners
+
+    drawn = []
+    monkeypatch.setattr(learners, "save_figure", lambda fig, path: drawn.append(fig))
+    build_summary(horizon)
+    (fig,) = drawn
+    for ax in fig.axes:
+        ax.set_xlim(0, 3)  # a short run's range, where matplotlib would tick at 0.5 steps
+        fig.canvas.draw()
+        assert all(float(t).is_integer() for t in ax.get_xticks()), ax.get_xticks()
+        assert ax.get_xlabel() == "iterations"
+    assert fig.axes[0].get_ylabel() == "held-out accuracy (sampled)"  # the panels share it

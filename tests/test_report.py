@@ -484,3 +484,26 @@ def test_a_learner_is_named_by_the_runs_configs():
                                                                      {"advantage_estimator": "rloo",
                                                                       "num_generations": 4})})
     assert g.name("policy") == "PPO (RLOO, K = 4, η=0.01)" and g.name(eta=False) == "PPO (RLOO, K = 4)"
+
+
+def test_per_iteration_figures_have_integer_iteration_ticks_and_label_every_axis(tmp_path, monkeypatch):
+    """A 4-iteration run (matplotlib would tick it at 0.5 steps): every figure along iterations ticks whole
+    iterations only, and every axis of every figure is labelled (the transfer panels' y axes too)."""
+    synthetic(tmp_path, cory_wins=True, steps=4)
+    for seed in (0, 1, 2):
+        metrics = tmp_path / "runs" / "cory" / f"seed_{seed}" / "metrics.jsonl"
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+        metrics.write_text("".join(json.dumps({**r, "transfer/observer_minus_pioneer": 0.1, "transfer/copy_rate": 0.5,
+                                               "transfer/correction_rate": 0.2}) + "\n" for r in rows))
+    drawn = _drawn(monkeypatch)
+    build_report(tmp_path)
+    along = ["fig_task_reward.png", "fig_kl.png", "fig_combined_reward.png", "fig_response_length.png",
+             "fig_heldout_reward.png", "fig_transfer.png"]
+    assert set(along) <= set(drawn), sorted(drawn)
+    for name, fig in drawn.items():
+        for ax in fig.axes:
+            assert ax.get_xlabel() and ax.get_ylabel(), (name, ax.get_title())
+            if name in along:
+                ax.figure.canvas.draw()
+                ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+                assert ticks and all(float(t).is_integer() for t in ticks), (name, ticks)
