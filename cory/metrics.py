@@ -11,14 +11,16 @@ from typing import Sequence
 REPEAT_RUN = 4  # a token this many times in a row marks an answer as repeating itself
 
 
-def distinct_n(texts: Sequence[str], n: int) -> float:
-    """Unique n-grams / total n-grams over all ``texts`` (whitespace words; n-grams never span two
-    texts). 0.0 when there is no n-gram at all. A collapsed policy repeating itself scores low."""
+def distinct_n(texts: Sequence[str], n: int) -> float | None:
+    """Unique n-grams / total n-grams over all ``texts`` (whitespace words; n-grams never span two texts), so over
+    the answers of ``n`` words or more: a shorter answer holds no n-gram. None (null in JSON, "n/a" in a table)
+    when no answer does: distinct-2 of one-word answers is undefined, not 0, and says nothing of collapse. A
+    collapsed policy repeating itself scores low."""
     grams: list[tuple[str, ...]] = []
     for text in texts:
         words = text.split()
         grams.extend(tuple(words[i:i + n]) for i in range(len(words) - n + 1))
-    return len(set(grams)) / len(grams) if grams else 0.0
+    return len(set(grams)) / len(grams) if grams else None
 
 
 def longest_run(ids: Sequence[int]) -> int:
@@ -38,8 +40,9 @@ def repeat_share(answers: Sequence[Sequence[int]], run: int = REPEAT_RUN) -> flo
     return sum(longest_run(a) >= run for a in answers) / len(answers) if answers else 0.0
 
 
-def degeneration(texts: Sequence[str], ids: Sequence[Sequence[int]]) -> dict[str, float]:
-    """distinct-1 and distinct-2 of the answers' words, and the share of answers repeating a token 4+ times."""
+def degeneration(texts: Sequence[str], ids: Sequence[Sequence[int]]) -> dict[str, float | None]:
+    """distinct-1 and distinct-2 of the answers' words (None where no answer has 1 or 2 words), and the share of
+    answers repeating a token 4+ times."""
     return {"distinct_1": distinct_n(texts, 1), "distinct_2": distinct_n(texts, 2),
             f"repeat{REPEAT_RUN}_share": repeat_share(ids)}
 

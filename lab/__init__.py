@@ -9,6 +9,7 @@ evaluate         ``python -m lab.evaluate``: trained models on held-out prompts 
 evaluation_plan  what lab.evaluate is asked, checked before any model loads: flags, models, base, data, reward
 report           ``python -m lab.report``: REPORT.md and the figures of an experiment folder
 results          an experiment folder loaded: runs, curves, final values
+labels           what a document names a method, an agent and a learner ("PPO (GRPO, K = 4)"); its number formats
 compute          what a run computed in, as its log says: the precision and the CPU kind
 design           an experiment folder's design.yaml, fixed before its runs: the primary endpoint and its settings
 learning         did the baseline learn? asked before any comparison

@@ -50,6 +50,20 @@ class FinalModel:
     reward: float | None
     collapsed: bool | None
     sample: str = ""
+    undefined: bool = False  # evaluated, and distinct-2 undefined: no held-out answer of two words or more
+
+
+def undefined_distinct_2(result: dict | None) -> bool:
+    """Whether an evaluation recorded distinct-2 as undefined (null: none of its answers holds two words, as a
+    one-word task's do; ``cory.metrics.distinct_n``), not missing: such a model is neither collapsed nor not."""
+    return isinstance(result, dict) and "distinct_2" in result and result["distinct_2"] is None
+
+
+def _undefined_text(models) -> str:
+    """" (distinct-2 undefined for seed 3: ...)" for the models whose held-out answers hold no two words."""
+    seeds = [m.seed for m in models if m.undefined]
+    return (f" (distinct-2 undefined for seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}: no held-out "
+            "answer of two words or more, so not judged)" if seeds else "")
 
 
 def final_models(group: Group, agent: str, floor: float) -> dict[int, FinalModel]:
@@ -61,7 +75,7 @@ def final_models(group: Group, agent: str, floor: float) -> dict[int, FinalModel
         first = samples[0] if samples and isinstance(samples[0], dict) else {}
         text = f"{first.get('query', '')}{first.get('response', '')}"
         out[seed] = FinalModel(seed, d2, heldout_value(result), None if d2 is None else d2 < floor,
-                               " ".join(text.split())[:160])
+                               " ".join(text.split())[:160], undefined_distinct_2(result))
     return out
 
 
@@ -69,6 +83,7 @@ def final_models(group: Group, agent: str, floor: float) -> dict[int, FinalModel
 class AgentCollapse:
     name: str
     pairs: list[tuple[FinalModel, FinalModel]]  # (PPO's, the agent's) per seed where both are known
+    undefined: str = ""  # the seeds whose final model's distinct-2 is undefined (``_undefined_text``)
     p: float = float("nan")
     answer: str = "not tested"
 
@@ -87,7 +102,7 @@ class AgentCollapse:
     def line(self, judged: bool = True) -> str:
         d2 = [b.distinct_2 for _, b in self.pairs if b.distinct_2 is not None]
         reward = [b.reward for _, b in self.pairs if b.reward is not None]
-        out = (f"- {self.name}: collapsed in {self.count} of {len(self.pairs)} seeds; final held-out distinct-2 "
+        out = (f"- {self.name}: collapsed in {self.count} of {len(self.pairs)} seeds{self.undefined}; final held-out distinct-2 "
                f"{_mean_sd(d2)}, reward {_mean_sd(reward)}; seeds where only PPO collapsed {self.wins}, only "
                f"{self.name} {self.losses}")
         return out + (f": one-sided exact p {fmt(self.p)} — **{self.answer}**." if judged else " (not judged).")
@@ -118,6 +133,10 @@ def collapse_test(exp: Experiment) -> Collapse:
     design = load_design(exp.path)
     ppo, cory = exp.main_group("ppo"), exp.main_group("cory")
     base, floor = threshold(exp, design)
+    if ppo is not None and cory is not None and undefined_distinct_2(exp.base_evaluation()):
+        return Collapse(NOT_DECIDED, "**not decided** — distinct-2 is undefined here: the base model's held-out "
+                                     "answers hold no two words (answers shorter than two words, as a one-word task's "
+                                     "are), so there is no threshold and no model is called collapsed or not.")
     if ppo is None or cory is None or base is None:
         return Collapse(NOT_DECIDED, "**not decided** — it needs PPO and CORY runs and the base model's held-out "
                                      "distinct-2.")
@@ -126,7 +145,8 @@ def collapse_test(exp: Experiment) -> Collapse:
     ppo_models = final_models(ppo, POLICY, floor)
     known = [m for m in ppo_models.values() if m.collapsed is not None]
     ppo_count = sum(1 for m in known if m.collapsed)
-    ppo_line = (f"- PPO: collapsed in {ppo_count} of {len(known)} seeds; final held-out distinct-2 "
+    ppo_line = (f"- {ppo.name(eta=False)}: collapsed in {ppo_count} of {len(known)} seeds"
+                f"{_undefined_text(ppo_models.values())}; final held-out distinct-2 "
                 f"{_mean_sd([m.distinct_2 for m in known])}, reward {_mean_sd([m.reward for m in known if m.reward is not None])}.")
     readings, models = [], [(ppo.name(POLICY), ppo_models)]
     for agent in cory.agents:
@@ -134,7 +154,7 @@ def collapse_test(exp: Experiment) -> Collapse:
         models.append((cory.name(agent), mine))
         pairs = [(ppo_models[s], mine[s]) for s in sorted(set(ppo_models) & set(mine))
                  if ppo_models[s].collapsed is not None and mine[s].collapsed is not None]
-        reading = AgentCollapse(cory.name(agent), pairs)
+        reading = AgentCollapse(cory.name(agent), pairs, undefined=_undefined_text(mine.values()))
         reading.p = sign_test_p(reading.wins, reading.losses)
         readings.append(reading)
     samples = _samples(models)
@@ -268,6 +288,11 @@ def at_matched_kl(exp: Experiment) -> MatchedCollapse | None:
                     if point.seeds:
                         points.append(point)
                         rows.append(point.cells(len(paths)))
+        if not pairs and key == "distinct_2" and any(undefined_distinct_2(r) for g in (ppo, *corys)
+                                                     for run in g.runs.values() for r in run.heldout):
+            lines += ["", f"{name} is undefined along these paths (null where no held-out answer holds two words, "
+                          "as a one-word task's do): not read."]
+            continue
         if not pairs:
             if key in ALWAYS_RECORDED:
                 missing.append(key)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from lab.errors import OneLineParser, ReportError, exit_on_error
-from lab.figures import _axes, check_targets, generated_by, save_figure, write_atomically
+from lab.figures import _axes, check_targets, generated_by, integer_iterations, save_figure, write_atomically
 from lab.results import POLICY, Experiment, fmt, load_experiment
 from lab.runs import rel
 
@@ -152,6 +152,7 @@ def _figure(first: Experiment, second: Experiment, names: list[str], upto: int, 
     fig, ax = _axes("held-out reward (left) and KL (right) along training", "iterations completed",
                     "held-out reward")
     ax2 = ax.twinx()
+    integer_iterations(ax)
     for exp, name, style in ((first, names[0], "-"), (second, names[1], "--")):
         for (metric, _), axis, colour in zip(METRICS, (ax, ax2), ("#1f77b4", "#d62728")):
             p = paths(exp, metric, upto)

@@ -181,6 +181,10 @@ def run(p: Plan) -> dict:
     if p.final_weights is not None:
         doc[RECORD] = p.final_weights
     print(_table(columns, [(r["name"], r) for r in results]))
+    for e in p.rows:
+        if e.repeat > 1:  # the same model given twice: its rows are told apart by #n
+            print(f"note: {e.label} is {e.label.rsplit('#', 1)[0]} given again (the same model, {e.spec}; "
+                  f"row {e.repeat} of it)")
     note = task_spec(p.task).evaluation.note
     if note is not None and note(task):
         print(f"note: {note(task)}")

@@ -41,6 +41,18 @@ class ModelEntry:
     label: str
     spec: str                   # what the loaders take: a folder, 'tiny', 'embedded:...' or a hub id
     run_dir: Path | None = None  # the training run it came from (for its config.yaml)
+    # a folder's model: the path that names it (RUN/NAME for RUN/final/NAME, else the model folder) and the folder
+    # its label is relative to (RUN's parent, the model folder's); ``_rows`` moves that up to the rows' common parent
+    identity: Path | None = None
+    anchor: Path | None = None
+    repeat: int = 1             # the n-th row of the same model (given twice), labelled LABEL#n
+
+
+def _folder_entry(path: Path, run: Path | None) -> ModelEntry:
+    """The model folder ``path`` (``run``: the run whose final/ holds it), named by RUN/NAME or its own name."""
+    identity = run.resolve() / path.name if run is not None else path.resolve()
+    anchor = run.resolve().parent if run is not None else path.resolve().parent
+    return ModelEntry(identity.relative_to(anchor).as_posix(), str(path), run, identity, anchor)
 
 
 def _is_builtin_spec(spec: str) -> bool:
@@ -74,8 +86,7 @@ def expand_model(arg: str) -> list[ModelEntry]:
         run = path.parent.parent if path.parent.name == "final" else None
         if run is not None and not (run / "config.yaml").is_file():
             run = None
-        label = f"{run.resolve().name}/{path.name}" if run is not None else path.resolve().name
-        return [ModelEntry(label, str(path), run)]
+        return [_folder_entry(path, run)]
     final = path / "final"
     if final.is_dir() and any(final.iterdir()) and not final_complete(path):  # written before it was written whole
         raise EvalError(f"--model {arg}: {final} is incomplete (a model folder without its weights: the save was cut "
@@ -84,7 +95,7 @@ def expand_model(arg: str) -> list[ModelEntry]:
     for d in models:
         _check_causal_lm(d, f"--model {arg}")
     if models:
-        return [ModelEntry(f"{path.resolve().name}/{d.name}", str(d), path) for d in models]
+        return [_folder_entry(d, path) for d in models]
     if (path / "config.yaml").is_file():
         raise EvalError(f"--model {arg}: run folder has no trained models in final/ (has training finished?)")
     raise EvalError(f"--model {arg}: not a model folder (no config.json) nor a run folder (no final/)")
@@ -341,13 +352,21 @@ def _reference(args, entries: list[ModelEntry], configs: dict, passk: bool) -> s
 
 
 def _rows(args, entries: list[ModelEntry], reference: str | None) -> list[ModelEntry]:
-    """The models to evaluate, the base model first (unless --no_base), each under a label of its own."""
+    """The models to evaluate, the base model first (unless --no_base), each under a label of its own: a folder's
+    model by its path from the rows' common parent folder (``ppo/seed_0/policy`` and ``cory/seed_0/llm1``; one run's
+    models, or runs side by side, as ``seed_0/llm1``), the same model given again as LABEL#2."""
     rows = [] if args.no_base else [ModelEntry("base", reference)]
     rows += [e for e in entries if args.no_base or e.spec != reference]
+    anchors = [e.anchor for e in rows if e.anchor is not None]
+    common = Path(os.path.commonpath(anchors)) if anchors else None
+    for e in rows:
+        if e.identity is not None and common is not None:
+            e.label = e.identity.relative_to(common).as_posix()
     labels: dict[str, int] = {}
-    for e in rows:  # the same folder name in two runs must stay two rows
+    for e in rows:  # the same model given twice stays two rows
         labels[e.label] = labels.get(e.label, 0) + 1
         if labels[e.label] > 1:
+            e.repeat = labels[e.label]
             e.label = f"{e.label}#{labels[e.label]}"
     return rows
 

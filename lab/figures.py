@@ -15,8 +15,8 @@ import numpy as np
 
 from cory.errors import ConfigError
 from lab.errors import ReportError
-from lab.results import (AGENT_NAMES, LLM1, LLM2, METHOD_NAMES, POLICY, REWARD_RANGES, curve, Experiment, Group,
-                              heldout_curve, heldout_value, setting_name)
+from lab.results import (LLM1, LLM2, POLICY, REWARD_RANGES, curve, Experiment, Group, heldout_curve, heldout_value,
+                         setting_name)
 from cory.targets import target_refusal, text_refusal, write_whole
 
 # key in metrics.jsonl after "<agent>/" -> (title, y-axis label; {reward} is the reward's unit)
@@ -169,6 +169,15 @@ def _axes(title: str, xlabel: str, ylabel: str, size=(7.5, 4.6)):
     return fig, ax
 
 
+def integer_iterations(*axes) -> None:
+    """Iterations on the x axis are whole numbers: ticks at integers only (on a short run matplotlib would put them
+    at 0.5 steps)."""
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _reward_unit(exp: Experiment, scored: bool = False) -> str:
     """The training reward's unit; ``scored``: the unit an evaluation scores in (a shaped reward's own)."""
     name = exp.any_config("reward_model")
@@ -199,6 +208,7 @@ def plot_metric(exp: Experiment, path: Path, metric: str, series: list[tuple[Gro
     head, ylabel = METRICS[metric]
     fig, ax = _axes(f"{setting_name(exp)}: {title or head} per iteration (mean ± std over seeds)",
                     "iteration", ylabel.format(reward=_reward_unit(exp)))
+    integer_iterations(ax)
     notes = []
     drawn = 0
     for (group, agent), is_ref in [(s, False) for s in series] + [(r, True) for r in refs]:
@@ -241,7 +251,8 @@ def plot_sweep(exp: Experiment, path: Path, points) -> None:
         y = np.array([p[1].mean for p in pts])
         xerr = np.array([p[2].std if p[2].n >= 2 else 0.0 for p in pts])
         yerr = np.array([p[1].std if p[1].n >= 2 else 0.0 for p in pts])
-        name = METHOD_NAMES.get(method, method) + AGENT_NAMES.get(agent, f"-{agent}")
+        group = next(g for g in exp.groups.values() if g.method == method)  # a sweep shares its learner
+        name = group.name(agent, eta=False)
         for _, r, kl in pts:  # one point per seed, matched by seed
             kl_by_seed = dict(zip(kl.seeds, kl.per_seed))
             xs = [kl_by_seed[s] for s in r.seeds if s in kl_by_seed]
@@ -268,6 +279,7 @@ def plot_heldout(exp: Experiment, path: Path, series: list[tuple[Group, str]], b
     grey line. False (and nothing drawn) when no run was evaluated."""
     fig, ax = _axes(f"{setting_name(exp)}: held-out task reward (mean ± std over seeds)",
                     "iterations completed", f"held-out task reward ({_reward_unit(exp, scored=True)})")
+    integer_iterations(ax)
     drawn = 0
     for group, agent in series:
         style = dict(color=colour(group.method), linestyle=LINESTYLES.get(agent, "-"))
@@ -338,6 +350,7 @@ def plot_distinct_2(exp: Experiment, path: Path, series: list[tuple[Group, str]]
     False when no run has a held-out path."""
     fig, ax = _axes(f"{setting_name(exp)}: held-out distinct-2 along training (collapse: under the dashed line)",
                     "iterations completed", "held-out distinct-2 (distinct bigrams / bigrams)")
+    integer_iterations(ax)
     drawn = 0
     for group, agent in series:
         c = heldout_curve(group, agent, "distinct_2")

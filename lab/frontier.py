@@ -63,7 +63,7 @@ def frontier(exp: Experiment) -> MatchedKL | None:
     heldout = all(run.final_evaluation(a) is not None for g, a in everyone for run in g.runs.values())
     readings = []
     for agent in agents:
-        reading = AgentReading(next(iter(cory.values())).name(agent).split(" (")[0], [], [], design)
+        reading = AgentReading(next(iter(cory.values())).name(agent, eta=False), [], [], design)
         seeds = sorted(set.intersection(*(set(g.runs) for g in (*ppo.values(), *cory.values()))))
         for seed in seeds:
             mine, base = frontier_path(cory, seed, agent, heldout), frontier_path(ppo, seed, POLICY, heldout)

@@ -28,7 +28,7 @@ import numpy as np
 
 from lab.collapse import markdown_table
 from lab.errors import OneLineParser, ReportError, exit_on_error
-from lab.figures import check_targets, generated_by, save_figure, write_atomically
+from lab.figures import check_targets, generated_by, integer_iterations, save_figure, write_atomically
 from lab.compute import compute_of
 from lab.results import METHOD_NAMES, Experiment, Group, finite, fmt, load_experiment, setting_name
 from lab.transfer import NAMES, RULE, heldout_lines, recorded, sawtooth_lines, training_windows
@@ -58,6 +58,15 @@ def estimator(group: Group) -> str:
     name = group.config_value("advantage_estimator") or "gae"
     k = group.config_value("num_generations") or 1
     return str(name) if k == 1 else f"{name}, K = {k}"
+
+
+def _load(folder: str | Path) -> Experiment:
+    """The folder's runs, their names without the learner: the summary names it beside each (its learner column,
+    its legend, its headings), as ``estimator`` writes it."""
+    exp = load_experiment(folder)
+    for group in exp.groups.values():
+        group.learner_in_name = False
+    return exp
 
 
 def _median_iteration_s(group: Group, seed: int) -> float | None:
@@ -162,6 +171,7 @@ def plot(folders: list[tuple[str, Experiment]], path: Path, title: str, bar: flo
             ax.axhline(bar, color="#777777", linestyle=":", linewidth=1, label="learned from here")
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("iterations", fontsize=9)
+        integer_iterations(ax)
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
@@ -197,7 +207,7 @@ def build_summary(root: str | Path, against: str | Path | list | None = None, mi
             raise ReportError(f"--against {other}: no runs/ folder (an experiment folder written by lab.experiments)")
     check_targets(root, "SUMMARY.md", writer="lab.learners")
     notes: list[str] = []
-    exps = [(root.name, load_experiment(root))] + [(Path(other).name, load_experiment(other)) for other in against]
+    exps = [(root.name, _load(root))] + [(Path(other).name, _load(other)) for other in against]
     read = [(where, read_folder(exp, notes)) for where, exp in exps]
     notes += [f"`{where}`: {note}" for where, exp in exps for note in exp.notes]
     ours = read[0][1]
@@ -210,8 +220,9 @@ def build_summary(root: str | Path, against: str | Path | list | None = None, mi
                  + (f" --min_gain {min_gain:g}" if min_gain != MIN_GAIN else ""))
     invocations = exps[0][1].runs_json.get("invocations") or []
     md = [f"# {title}", "",
-          generated_by("lab.learners", arguments) + f" from the metrics in the folder{'s' if against else ''}; the "
-          "design, fixed before the runs, is in [DESIGN.md](DESIGN.md). Descriptive: no comparison is claimed.", "",
+          generated_by("lab.learners", arguments) + f" from the metrics in the folder{'s' if against else ''}; "
+          + ("the design, fixed before the runs, is in [DESIGN.md](DESIGN.md). " if (root / "DESIGN.md").is_file()
+             else "") + "Descriptive: no comparison is claimed.", "",
           *(["Runs: " + "; ".join(f"`{i.get('command')}` at {str(i.get('git_commit'))[:7]}" for i in invocations), ""]
             if invocations else []),
           f"**Learned** (best held-out accuracy after iteration 0 at least {min_gain:g} above the run's own "

@@ -110,7 +110,7 @@ def along_paths(exp: Experiment) -> str | None:
             for i in iterations[1:]:
                 pairs = [(_at(cory, s, a, key, i), _at(ppo, s, POLICY, key, i)) for s in paired]
                 cells.append(_signed([x - y for x, y in pairs if x is not None and y is not None], len(paired)))
-            diffs.append([f"{cory.name(a)} − PPO", name, *cells])
+            diffs.append([f"{cory.name(a)} − {ppo.name(eta=False)}", name, *cells])
 
     points = (None, *design.kl_grid)  # None: the last evaluation
     # per model: seed -> the fall at each point (None where the path never reached that KL)
@@ -124,7 +124,7 @@ def along_paths(exp: Experiment) -> str | None:
     theirs = falls_of[0]
     for a, mine in zip(cory.agents, falls_of[1:]):
         both = [s for s in paired if s in mine and s in theirs]
-        fall_diffs.append([f"{cory.name(a)} − PPO", *(
+        fall_diffs.append([f"{cory.name(a)} − {ppo.name(eta=False)}", *(
             _signed([mine[s][j] - theirs[s][j] for s in both if mine[s][j] is not None and theirs[s][j] is not None],
                     len(both)) for j in range(len(points)))])
 

@@ -86,6 +86,21 @@ def final_table(exp: Experiment) -> str:
                    "r_c", "response length (tokens)", "distinct-2", "repeat-4 share"], rows)
 
 
+def learner_line(exp: Experiment) -> str | None:
+    """What learned, where a run group's learner is not GAE with one answer per prompt (None for a GAE folder):
+    every name in the report carries it, and the PPO baseline of a critic-free learner is no PPO with a critic."""
+    groups = [g for g in _ordered_groups(exp) if g.runs]
+    if all(g.learner is None for g in groups):
+        return None
+    each = "; ".join(f"{g.name(eta=False) if g.learner else g.name(eta=False) + ' (GAE)'}: `advantage_estimator: "
+                     f"{g.config_value('advantage_estimator') or 'gae'}`, `num_generations: "
+                     f"{g.config_value('num_generations') or 1}`" for g in groups)
+    return ("**Learners** (each run's config.yaml; K: answers per prompt, the group baseline of RLOO and GRPO; the "
+            "names below carry the learner where it is not GAE with K = 1): " + each + ". Under RLOO or GRPO, "
+            "\"PPO\" is the single-agent baseline trained with that learner and no value head, not PPO with GAE's "
+            "critic.")
+
+
 def _one_line(text) -> str:
     return str(text).replace("```", "'''").replace("\n", " ⏎ ")
 
@@ -121,7 +136,7 @@ def samples_section(exp: Experiment, per_step: int = 3, per_other_seed: int = 2)
                 blocks.append(f"seed {seed}, iteration {step}:")
                 for r in [r for r in rows if r["step"] == step][:k]:
                     blocks += _sample_lines(r)
-        parts.append(f"**{METHOD_NAMES.get(g.method, g.method)}** (seed {lowest}: first and last iteration; other "
+        parts.append(f"**{g.name()}** (seed {lowest}: first and last iteration; other "
                      "seeds: last iteration):\n\n```text\n" + "\n".join(blocks) + "\n```")
     return "\n\n".join(parts) if parts else "_No samples._"
 
@@ -334,7 +349,7 @@ def draw_figures(exp: Experiment, main: list[tuple[Group, str]]) -> tuple[list[t
             name = f"fig_confounds_{metric}.png"
             notes += plot_metric(exp, root / name, metric, confounds, refs=main,
                                  title=f"confounds, {METRICS[metric][0]}")
-            present = " and ".join(METHOD_NAMES[m] for m in CONFOUND_METHODS if exp.main_group(m) is not None)
+            present = " and ".join(g.name(eta=False) for m in CONFOUND_METHODS if (g := exp.main_group(m)) is not None)
             figures.append((name, f"{METRICS[metric][0]}: confounds ({present}), PPO and CORY as thin reference "
                                   "lines"))
     ablations = [(g, a) for m in ABLATION_METHODS for g in [exp.groups.get(m)] if g is not None for a in g.agents]
@@ -449,15 +464,20 @@ def build_report(path: str | Path) -> Path:
 
     generated = (generated_by("lab.report", _rel(root)) + " from the metrics in this folder; "
                  "rerun it to rebuild this file and the figures.")
+    learners = learner_line(exp)
+    generated += f"\n\n{learners}" if learners else ""
     missing = [m for m in MAIN_METHODS if exp.main_group(m) is None]
     if missing:  # one side only (a baseline folder, or a comparison whose other side has not run yet)
-        held = ", ".join(METHOD_NAMES.get(g.method, g.label) for g in _ordered_groups(exp) if g.runs) or "no"
+        held = ", ".join(g.name(eta=False) if g.method in METHOD_NAMES else g.label
+                         for g in _ordered_groups(exp) if g.runs) or "no"
         lacking = " or ".join(METHOD_NAMES[m] for m in missing)
         md = [f"# {held} runs: {setting_name(exp)}", "", generated, "", "## No comparison", "",
               f"This folder holds {held} runs with metrics and no {lacking} runs, so there is nothing to compare: "
               "no claim, collapse test or verdict. The sections below describe the runs it holds.", ""]
     else:
-        md = [f"# CORY vs PPO: {setting_name(exp)}", "", generated, "", *comparison_sections(exp, main)]
+        shared = {g.learner for g, _ in main}
+        learner = f" ({shared.pop()})" if len(shared) == 1 and None not in shared else ""
+        md = [f"# CORY vs PPO{learner}: {setting_name(exp)}", "", generated, "", *comparison_sections(exp, main)]
     md += ["## Figures", ""]
     md += [f"![{cap}]({name})\n\n_{name}: {cap}._\n" for name, cap in figures] or ["_No figures: no metrics yet._\n"]
     md += ["## Final values", "",

@@ -5,8 +5,8 @@ An experiment folder, as ``python -m lab.experiments`` writes it, holds
 ``load_experiment`` reads it into an ``Experiment`` of ``Group``s (one per folder under runs/) of ``SeedRun``s;
 ``curve`` aligns one metric of one agent over the seeds of a group, ``final_value`` takes each seed's mean over the
 last ``LAST_N`` aligned iterations. The method names and the number formats that the report, the verdict and the
-figures share live here too: lab.report, lab.verdict and lab.figures import this module, and it imports none of
-them.
+figures share are lab.labels', re-exported here: lab.report, lab.verdict and lab.figures import this module, and it
+imports none of them.
 
 Conventions:
 * curves are aligned by ``step``; the mean and the band use only the steps that every seed of a method
@@ -29,24 +29,13 @@ import yaml
 from cory.config import INVOCATION_FIELDS, CoryArgs, on_resume_fields
 from lab.compute import mixed_precision_notes
 from lab.errors import ReportError
+from lab.labels import (AGENT_NAMES, LLM1, LLM2, METHOD_NAMES, POLICY, fmt,  # noqa: F401 (re-exported)
+                        learner_name)
 from cory.final import read_evaluation, stale
 from cory.method import CORY, PPO
 from cory.outputs import MANIFEST, read_jsonl, read_manifest
 
 LAST_N = 10
-POLICY = PPO.agents[0]
-LLM1, LLM2 = CORY.agents
-AGENT_NAMES = {POLICY: "", LLM1: "-LLM1", LLM2: "-LLM2"}
-METHOD_NAMES = {
-    "ppo": "PPO",
-    "cory": "CORY",
-    "cory_no_kt": "CORY w/o knowledge transfer",
-    "cory_no_swap": "CORY w/o role exchange",
-    "ppo_2x": "PPO, 2x model",
-    "ppo_norm": "PPO with score normalisation",
-    "cory_authors": "CORY with the authors' resets",
-    "cory_norm": "CORY with score normalisation",
-}
 MAIN_METHODS = ("ppo", "cory")
 # the differences between the authors' runs and a like-for-like comparison (see lab.experiments)
 CONFOUND_METHODS = ("ppo_norm", "cory_norm", "cory_authors")
@@ -142,6 +131,7 @@ class Group:
     method: str
     kl_coef: float | None  # from the folder name (the eta sweep)
     runs: dict[int, SeedRun] = field(default_factory=dict)
+    learner_in_name: bool = True  # off where a document names the learner beside each name (lab.learners)
 
     @property
     def agents(self) -> list[str]:
@@ -169,9 +159,19 @@ class Group:
         cfg = self.config_eta
         return cfg if cfg is not None else self.kl_coef
 
-    def name(self, agent: str) -> str:
-        base = METHOD_NAMES.get(self.method, self.method) + AGENT_NAMES.get(agent, f"-{agent}")
-        return base if self.kl_coef is None else f"{base} (η={self.kl_coef:g})"
+    @property
+    def learner(self) -> str | None:
+        """The runs' learner where it is not GAE with one answer per prompt, "GRPO, K = 4" (``lab.labels``)."""
+        return learner_name(self.config_value("advantage_estimator"), self.config_value("num_generations"))
+
+    def name(self, agent: str | None = None, eta: bool = True) -> str:
+        """"PPO", "CORY-LLM1", and in brackets the learner where it is not GAE and the sweep's η (``eta``):
+        "PPO (GRPO, K = 4)", "CORY-LLM2 (RLOO, K = 4, η=0.01)"; ``agent`` None names the method."""
+        base = METHOD_NAMES.get(self.method, self.method)
+        base += "" if agent is None else AGENT_NAMES.get(agent, f"-{agent}")
+        extra = [t for t in (self.learner if self.learner_in_name else None,
+                             f"η={self.kl_coef:g}" if eta and self.kl_coef is not None else None) if t]
+        return f"{base} ({', '.join(extra)})" if extra else base
 
     def without_config(self) -> list[int]:
         """The seeds whose config.yaml is missing or unreadable while others have one: their settings cannot be
@@ -570,13 +570,6 @@ def sweep_points(exp: Experiment) -> dict[tuple[str, str], list[tuple[float, Fin
 
 
 # ----------------------------------------------------------------------------- labels and numbers
-
-def fmt(x: float, digits: int = 3) -> str:
-    """A number in the report: 3 significant digits, "n/a" for None or not finite."""
-    if x is None or not math.isfinite(x):
-        return "n/a"
-    return f"{x:.{digits}g}" if abs(x) >= 1e-3 or x == 0 else f"{x:.2e}"
-
 
 def fmt_final(f: Final | None) -> str:
     """A final value in the report: "mean ± std" over seeds, "mean (1 seed)", or "n/a"."""

@@ -217,10 +217,11 @@ def summary_table(settings: list[Setting], against: str = "changes from `base`",
 
 
 def plot(settings: list[Setting], path: Path, metric: str, ylabel: str, base: float | None, task: str = "IMDB") -> None:
-    from lab.figures import _axes, save_figure
+    from lab.figures import _axes, integer_iterations, save_figure
 
     fig, ax = _axes(f"{task}, CPU search: held-out {metric.replace('_', ' ')} of PPO (mean over seeds)",
                     "iterations completed", ylabel, size=(8.5, 5.2))
+    integer_iterations(ax)
     cmap = __import__("matplotlib").colormaps["tab20"]
     for k, s in enumerate(settings):
         steps = sorted(set.intersection(*(set(r.points) for r in s.seeds))) if s.seeds else []

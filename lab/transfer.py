@@ -18,6 +18,9 @@ from cory.metrics import TRANSFER_KEYS, UNRELATED_KEYS
 NAMES = {"transfer/observer_minus_pioneer": "observer − pioneer", "transfer/copy_rate": "copy rate",
          "transfer/correction_rate": "correction rate",
          "transfer/unrelated_copy_rate": "copy rate, unrelated ref.", "transfer/echo_rate": "echo, unrelated ref."}
+Y_LABELS = {"transfer/observer_minus_pioneer": "observer's task reward − pioneer's",
+            "transfer/copy_rate": "P(observer right | pioneer right)",
+            "transfer/correction_rate": "P(observer right | pioneer wrong)"}
 
 RULE = (
     "_Descriptive._ **observer − pioneer**: the observer's mean task reward minus the pioneer's on the same "
@@ -216,7 +219,7 @@ def plot_transfer(exp: Experiment, path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from lab.figures import LINESTYLES, colour, save_figure
+    from lab.figures import LINESTYLES, colour, integer_iterations, save_figure
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for ax, key in zip(axes, TRANSFER_KEYS):
@@ -243,6 +246,8 @@ def plot_transfer(exp: Experiment, path: Path) -> bool:
             ax.axhline(0, color="#555555", linestyle=":", linewidth=1)
         ax.set_title(NAMES[key], fontsize=10)
         ax.set_xlabel("iterations")
+        ax.set_ylabel(Y_LABELS[key])
+        integer_iterations(ax)
     axes[0].legend(fontsize=7, loc="best")
     fig.suptitle(f"knowledge transfer: {len(group.runs)} CORY seed(s), mean (± SE held-out)", fontsize=10)
     save_figure(fig, path)

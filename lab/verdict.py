@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from lab.learning import baseline_learned
-from lab.results import (LAST_N, METHOD_NAMES, POLICY, REWARD_RANGES, curve, Experiment, Final, final_value, fmt,
+from lab.results import (LAST_N, POLICY, REWARD_RANGES, curve, Experiment, Final, final_value, fmt,
                               fmt_final, Group, heldout_final, heldout_value)
 from lab.stats import (ALPHA, POWER_TARGET, Diff, difference, holm, holm_adjusted, min_detectable, p_two_sided,
                             p_value, pct, power, trend)
@@ -545,7 +545,7 @@ def ablation_lines(exp: Experiment) -> str:
                          f"difference {fmt(d.mean)} ± {fmt(d.se)} (SE{corr}), two-sided p = {fmt(p)}, Holm-adjusted "
                          f"over the {m} tests {fmt(pa)}: {'beyond noise' if rej else 'not beyond noise'}; smallest "
                          f"difference detectable at 80% power (α/{m}/2 each side): {fmt(min_detectable(d, ALPHA / m / 2))}.")
-        parts.append(f"{METHOD_NAMES.get(method, method)} vs {METHOD_NAMES.get(of, of)}, iterations "
+        parts.append(f"{abl.name(eta=False)} vs {ref.name(eta=False)}, iterations "
                      f"{window[0]}–{window[1]}, {pair.why}:\n\n" + "\n".join(lines))
     if not parts:
         return ""

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from lab.collapse import PPO_DID_NOT_COLLAPSE, at_matched_kl, collapse_test, sign_test_p
+from lab.collapse import PPO_DID_NOT_COLLAPSE, RULE, at_matched_kl, collapse_test, sign_test_p
 from lab.report import build_report
 from lab.results import load_experiment
 from test_report import cory_rows, ppo_rows, write_run
@@ -160,3 +160,45 @@ def test_no_reading_without_held_out_paths_of_both(tmp_path):
         p.unlink()
     assert at_matched_kl(load_experiment(tmp_path)) is None
     assert "Collapse at matched held-out KL" not in build_report(tmp_path).read_text()
+
+
+def _one_word(root, base_d2, finals):
+    """``finals``: per seed, PPO's and the two CORY agents' final held-out distinct-2 (None: undefined, the answers
+    of a one-word task); ``base_d2`` the base model's."""
+    flat = np.zeros(STEPS)
+    for s, (p, a, b) in enumerate(finals):
+        for label, agents, rows in (("ppo", {"policy": p}, ppo_rows(flat, flat)),
+                                    ("cory", {"llm1": a, "llm2": b}, cory_rows(flat, flat, flat, flat))):
+            d = write_run(root, label, s, rows, heldout=None)
+            evals = []
+            for agent, d2 in agents.items():
+                evals += [{"iterations": 0, "agent": agent, "task_reward": 0.1, "kl": 0.0, "distinct_2": base_d2},
+                          {"iterations": STEPS, "agent": agent, "task_reward": 0.6, "kl": 20.0, "distinct_2": d2,
+                           "samples": [{"query": "Count the words: a b c.", "response": " 3"}]}]
+            (d / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+
+
+def test_a_one_word_task_is_not_called_collapsed(tmp_path):
+    """distinct-2 of one-word answers is undefined (null), not 0: the base model's undefined, nothing is tested
+    and no model is called collapsed, in the test, its descriptive reading and the report."""
+    _one_word(tmp_path, None, [(None, None, None)] * 6)
+    (tmp_path / "design.yaml").write_text("endpoint: collapse\n")
+    v = collapse_test(load_experiment(tmp_path))
+    assert v.answer == "not decided" and "distinct-2 is undefined here" in v.text
+    assert "no model is called collapsed or not" in v.text
+    text = build_report(tmp_path).read_text()
+    section = text.split("## The collapse test\n")[1].split("\n## ")[0].replace(RULE, "")  # the rule names both
+    assert "(collapsed)" not in section and "collapsed in" not in section, section
+    assert "Held-out distinct-2 is undefined along these paths" in section
+    assert "distinct-2 was not recorded" not in section
+
+
+def test_a_final_model_with_undefined_distinct_2_is_not_judged(tmp_path):
+    """The base model wrote sentences; the final models of seeds 0 and 1 answer in one word: they are named, and
+    counted neither collapsed nor not (before, their distinct-2 of 0 read as collapsed)."""
+    _one_word(tmp_path, BASE_D2, [(None, None, 0.9), (None, 0.9, 0.9)] + [(0.1, 0.9, 0.9)] * 4)
+    v = collapse_test(load_experiment(tmp_path))
+    assert "- PPO: collapsed in 4 of 4 seeds (distinct-2 undefined for seeds 0, 1: no held-out answer of two words " \
+           "or more, so not judged); final held-out distinct-2 0.1 ± 0" in v.text, v.text
+    assert "- CORY-LLM1: collapsed in 0 of 4 seeds (distinct-2 undefined for seed 0: no held-out answer" in v.text
+    assert "- CORY-LLM2: collapsed in 0 of 4 seeds; final" in v.text

@@ -15,7 +15,8 @@ from cory import assets, models
 from cory.assets import locate
 from cory.heldout import evaluate_reward, sequence_kl
 from lab.evaluate import main
-from cory.metrics import distinct_n
+from cory.metrics import degeneration, distinct_n
+from cory.outputs import json_safe
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +46,11 @@ def test_distinct_n_hand_examples():
     collapsed = ["great great great great"]
     assert distinct_n(collapsed, 1) == pytest.approx(1 / 4)
     assert distinct_n(collapsed, 2) == pytest.approx(1 / 3)
-    assert distinct_n([], 1) == 0.0
-    assert distinct_n(["word"], 2) == 0.0
+    # undefined, not 0, where no answer is n words long: one-word answers say nothing of collapse
+    assert distinct_n([], 1) is None and distinct_n(["word"], 2) is None and distinct_n(["7", "12"], 2) is None
+    assert distinct_n(["7", "twelve words", "twelve words"], 2) == pytest.approx(1 / 2)  # over the two-word answers
+    row = json.loads(json.dumps(json_safe(degeneration(["7", "12"], [[7], [1, 2]]))))
+    assert row["distinct_2"] is None and row["distinct_1"] == 1.0 and row["repeat4_share"] == 0.0
 
 
 def _hand_kl(model, reference, prompt, response):
@@ -102,6 +106,25 @@ def test_imdb_evaluation_of_a_run_folder(tiny_run, capsys):
     assert "distinct-2" in out and "run/llm2" in out
     saved = json.loads((tiny_run / "eval_imdb.json").read_text())
     assert saved["results"] == json.loads(json.dumps(doc["results"]))
+
+
+def test_rows_of_several_folders_are_named_by_their_path_from_the_common_parent(tiny_run, tmp_path, capsys):
+    """Two runs of the same seed in two method folders: ``ppo/seed_0/llm1`` and ``cory/seed_0/llm1``, not
+    ``seed_0/llm1`` and ``seed_0/llm1#2``; a model given twice keeps #2, and the printout says what it means."""
+    from lab.evaluation_plan import expand_model
+
+    for method in ("ppo", "cory"):
+        shutil.copytree(tiny_run, tmp_path / "exp" / method / "seed_0", ignore=shutil.ignore_patterns("eval_*"))
+    gae, grpo = tmp_path / "exp" / "ppo" / "seed_0", tmp_path / "exp" / "cory" / "seed_0"
+    assert [e.label for e in expand_model(str(gae))] == ["seed_0/llm1", "seed_0/llm2"]  # alone: as before
+    doc = main(["--task", "imdb", "--model", str(gae), "--model", str(grpo), "--model", str(grpo / "final" / "llm2"),
+                "--limit", "2", "--max_new_tokens", "2", "--batch_size", "2", "--json", str(tmp_path / "e.json")])
+    assert [r["name"] for r in doc["results"]] == ["base", "ppo/seed_0/llm1", "ppo/seed_0/llm2", "cory/seed_0/llm1",
+                                                    "cory/seed_0/llm2", "cory/seed_0/llm2#2"]
+    out = capsys.readouterr().out
+    assert "ppo/seed_0/llm2" in out and "cory/seed_0/llm2#2" in out
+    assert (f"note: cory/seed_0/llm2#2 is cory/seed_0/llm2 given again (the same model, {grpo / 'final' / 'llm2'}; "
+            "row 2 of it)") in out
 
 
 def test_gsm8k_pass_at_k_on_generated_problems(tiny_run, tmp_path, capsys):

@@ -122,3 +122,36 @@ def test_the_summary_never_replaces_a_summary_md_it_did_not_write(horizon, their
     refused(lab("learners", horizon), f"SUMMARY.md: {horizon / 'SUMMARY.md'} was not written by `python -m "
                                       "lab.learners`", "move it away, or give lab.learners another folder")
     assert tree(horizon) == before
+
+
+def _broken_links(document) -> list[str]:
+    """The relative links of a generated document whose file is not beside it."""
+    import re
+
+    return [t for t in re.findall(r"\]\(([^)\s#]+)", document.read_text())
+            if not re.match(r"[a-z]+:", t) and not (document.parent / t).exists()]
+
+
+def test_the_summary_links_the_design_only_where_the_folder_has_one(horizon):
+    summary = build_summary(horizon)
+    assert not (horizon / "DESIGN.md").exists() and "DESIGN.md" not in summary.read_text()
+    assert not _broken_links(summary)
+    (horizon / "DESIGN.md").write_text("# The pilot's design\n")
+    summary = build_summary(horizon)
+    assert "the design, fixed before the runs, is in [DESIGN.md](DESIGN.md)" in summary.read_text()
+    assert not _broken_links(summary)
+
+
+def test_the_learners_figure_ticks_whole_iterations_and_labels_its_axes(horizon, monkeypatch):
+    from lab import learners
+
+    drawn = []
+    monkeypatch.setattr(learners, "save_figure", lambda fig, path: drawn.append(fig))
+    build_summary(horizon)
+    (fig,) = drawn
+    for ax in fig.axes:
+        ax.set_xlim(0, 3)  # a short run's range, where matplotlib would tick at 0.5 steps
+        fig.canvas.draw()
+        assert all(float(t).is_integer() for t in ax.get_xticks()), ax.get_xticks()
+        assert ax.get_xlabel() == "iterations"
+    assert fig.axes[0].get_ylabel() == "held-out accuracy (sampled)"  # the panels share it

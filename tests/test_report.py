@@ -149,6 +149,9 @@ def test_figures_written_and_nonempty(tmp_path):
         data = (tmp_path / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name
         assert f"]({name})" in md.read_text()
+    import re
+    links = re.findall(r"\]\(([^)\s#]+)", md.read_text())  # every file the report links is there
+    assert links and not [t for t in links if not re.match(r"[a-z]+:", t) and not (tmp_path / t).exists()]
     # the sweep holds the two swept etas plus the preset's own (0.2, from the unsuffixed runs)
     points = results.sweep_points(load_experiment(tmp_path))
     assert [p[0] for p in points[("ppo", "policy")]] == [0.01, 0.1, 0.2]
@@ -431,3 +434,76 @@ def test_confounds_in_report_figures_and_verdict(tmp_path):
     assert "| CORY with the authors' resets-LLM1 (η=0.01) | 0.4 |" in table
     assert "`cory_authors_kl0.01`: its runs started from init_kl_coef 0.4" in text
     assert ("cory_authors", "llm1") not in results.sweep_points(load_experiment(tmp_path))
+
+
+def _drawn(monkeypatch) -> dict:
+    """The figures a report draws, by file name, kept instead of written (their legends and axes to read)."""
+    from pathlib import Path
+
+    from lab import figures
+
+    drawn = {}  # lab.transfer imports save_figure from lab.figures when it draws
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path: drawn.__setitem__(Path(path).name, fig))
+    return drawn
+
+
+def _legend(fig) -> list[str]:
+    return [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+
+
+def test_a_critic_free_folder_names_its_learner_and_k_in_every_label(tmp_path, monkeypatch):
+    """Single-agent GRPO is not labelled plain "PPO": the title, the learners' line, every table row, the samples'
+    headings and the figures' legends name the learner and K; a GAE folder's names stay as they were."""
+    synthetic(tmp_path / "gae", cory_wins=True)
+    synthetic(tmp_path / "grpo", cory_wins=True)
+    for config in (tmp_path / "grpo").glob("runs/*/seed_*/config.yaml"):
+        config.write_text(config.read_text() + "advantage_estimator: grpo\nnum_generations: 4\n")
+    drawn = _drawn(monkeypatch)
+    text = build_report(tmp_path / "grpo").read_text()
+    assert text.startswith("# CORY vs PPO (GRPO, K = 4): IMDB\n")
+    assert "**Learners**" in text and "PPO (GRPO, K = 4): `advantage_estimator: grpo`, `num_generations: 4`" in text
+    assert "| PPO (GRPO, K = 4) | 0.2 | 3 |" in text and "| CORY-LLM2 (GRPO, K = 4) | 0.2 | 3 |" in text
+    assert "**PPO (GRPO, K = 4)** (seed 0: first and last iteration" in text
+    assert "- PPO (GRPO, K = 4): collapsed in 0 of 3 seeds" in text  # the collapse test's lines
+    assert "| PPO |" not in text and "| CORY-LLM1 |" not in text and "**PPO**" not in text
+    assert _legend(drawn["fig_task_reward.png"]) == [
+        "PPO (GRPO, K = 4) (3 seeds)", "CORY-LLM1 (GRPO, K = 4) (3 seeds)", "CORY-LLM2 (GRPO, K = 4) (3 seeds)"]
+    drawn.clear()
+    text = build_report(tmp_path / "gae").read_text()
+    assert text.startswith("# CORY vs PPO: IMDB\n") and "**Learners**" not in text and "| PPO | 0.2 | 3 |" in text
+    assert _legend(drawn["fig_task_reward.png"]) == ["PPO (3 seeds)", "CORY-LLM1 (3 seeds)", "CORY-LLM2 (3 seeds)"]
+
+
+def test_a_learner_is_named_by_the_runs_configs():
+    from lab.labels import learner_name
+
+    assert learner_name(None, None) is None and learner_name("gae", 1) is None  # before the switch: GAE's
+    assert learner_name("rloo", 4) == "RLOO, K = 4" and learner_name("grpo", 8) == "GRPO, K = 8"
+    assert learner_name("gae", 2) == "GAE, K = 2" and learner_name("varies by seed", 4) == "learner varies by seed"
+    g = results.Group("ppo_kl0.01", "ppo", 0.01, {0: results.SeedRun(0, None, ppo_rows([1.0], [0.0]),
+                                                                     {"advantage_estimator": "rloo",
+                                                                      "num_generations": 4})})
+    assert g.name("policy") == "PPO (RLOO, K = 4, η=0.01)" and g.name(eta=False) == "PPO (RLOO, K = 4)"
+
+
+def test_per_iteration_figures_have_integer_iteration_ticks_and_label_every_axis(tmp_path, monkeypatch):
+    """A 4-iteration run (matplotlib would tick it at 0.5 steps): every figure along iterations ticks whole
+    iterations only, and every axis of every figure is labelled (the transfer panels' y axes too)."""
+    synthetic(tmp_path, cory_wins=True, steps=4)
+    for seed in (0, 1, 2):
+        metrics = tmp_path / "runs" / "cory" / f"seed_{seed}" / "metrics.jsonl"
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+        metrics.write_text("".join(json.dumps({**r, "transfer/observer_minus_pioneer": 0.1, "transfer/copy_rate": 0.5,
+                                               "transfer/correction_rate": 0.2}) + "\n" for r in rows))
+    drawn = _drawn(monkeypatch)
+    build_report(tmp_path)
+    along = ["fig_task_reward.png", "fig_kl.png", "fig_combined_reward.png", "fig_response_length.png",
+             "fig_heldout_reward.png", "fig_transfer.png"]
+    assert set(along) <= set(drawn), sorted(drawn)
+    for name, fig in drawn.items():
+        for ax in fig.axes:
+            assert ax.get_xlabel() and ax.get_ylabel(), (name, ax.get_title())
+            if name in along:
+                ax.figure.canvas.draw()
+                ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+                assert ticks and all(float(t).is_integer() for t in ticks), (name, ticks)
