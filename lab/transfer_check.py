@@ -2,6 +2,7 @@
 
     python -m lab.transfer_check --task arithmetic                       # the embedded SmolLM2, 400 training draws
     python -m lab.transfer_check --task arithmetic --dataset sums_2x1 --n 800 --json results/transfer/x.json
+    python -m lab.transfer_check --task_file word_count.py --task word_count   # a task in one file, registered there
 
 The paper's mechanism presumes the observer can copy a correct answer (or correct a wrong one); the collective
 reward then pays both agents. Here the base model answers ``n`` training questions as the pioneer (sampled as in
@@ -42,7 +43,7 @@ from cory.models import load_causal_lm, load_tokenizer
 from cory.outputs import json_safe
 from cory.run_rules import check_output_json
 from cory.rollout import checked_scores, stop_at
-from cory.tasks import check_examples, make_task, registered, task_spec
+from cory.tasks import check_examples, load_task_file, make_task, registered, task_spec
 from cory.tasks.base import zero_one_reward
 
 PROGRAM = "lab.transfer_check"
@@ -89,7 +90,10 @@ def echo(shown_right: Sequence[float], right_for_shown: Sequence[float]) -> dict
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(EvalError, prog=f"python -m {PROGRAM}", description=__doc__.split("\n\n")[0])
-    p.add_argument("--task", required=True, help="a registered task with a 0/1 reward (arithmetic, gsm8k)")
+    p.add_argument("--task", required=True, help="a registered task with a 0/1 reward (arithmetic, gsm8k, or one "
+                                                 "that --task_file registers)")
+    p.add_argument("--task_file", metavar="FILE", help="a one-file task (docs/adding_a_task.md) to load first, as "
+                                                       "lab.evaluate and lab.experiments take it")
     p.add_argument("--dataset", default="auto", help="the task's data setting (default: auto)")
     p.add_argument("--dataset_path", default=None, help="local data folder, for tasks that read one (gsm8k)")
     p.add_argument("--model", default=SMOLLM2_SPEC, help=f"the base model (default: {SMOLLM2_SPEC})")
@@ -106,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
 def plan(argv: Sequence[str]) -> SimpleNamespace:
     """The checked arguments, before any model is loaded; EvalError or ConfigError (one line) otherwise."""
     args = build_parser().parse_args(list(argv))
+    if args.task_file is not None:
+        load_task_file(args.task_file)  # the plug-in protocol of lab.evaluate: its register_task calls take effect
     if args.task not in registered():
         raise EvalError(f"--task {args.task}: not a registered task; choose one of {', '.join(registered())}")
     spec = task_spec(args.task)

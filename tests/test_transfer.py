@@ -251,3 +251,66 @@ def test_the_echo_rate_counts_only_the_references_that_were_right_where_they_bel
     r = echo([1, 0, 1, 1], [1, 1, 0, 1])
     assert r["echo_n"] == 3 and r["echo_rate"] == pytest.approx(2 / 3) and r["echo_ci95"] == wilson(2, 3)
     assert echo([0, 0], [1, 1]) == {"echo_rate": None, "echo_n": 0, "echo_ci95": None}
+
+
+# a task in one file (docs/adding_a_task.md) with a 0/1 reward: 1 when the answer holds a word, else 0
+ONE_FILE_TASK = '''
+from cory.tasks import Example, TaskBase, register_task
+
+
+class SaysSomething(TaskBase):
+    name = "says_something"
+    zero_one_reward = True
+
+    def __init__(self, seed):
+        self.position = seed
+
+    def sample(self, batch_size):
+        self.position += batch_size
+        return [Example(query=str(i), prompt=f"Say a word ({i}):") for i in range(self.position - batch_size,
+                                                                                  self.position)]
+
+    def eval_examples(self, limit=None):
+        return [Example(query="x", prompt="Say a word:")]
+
+    def observer_prompt(self, example, pioneer_response):
+        return f"{example.prompt}{pioneer_response}\\nAgain:"
+
+    def score(self, examples, responses):
+        return [float(bool(r.split())) for r in responses]
+
+    def state_dict(self):
+        return {"position": self.position}
+
+    def load_state_dict(self, state):
+        self.position = state["position"]
+
+
+register_task("says_something", lambda cfg, tokenizer, seed: SaysSomething(seed), rewards=("says",))
+'''
+
+
+def test_the_check_takes_a_task_file(tmp_path):
+    (tmp_path / "says.py").write_text(ONE_FILE_TASK)
+    doc = transfer_check(["--task_file", str(tmp_path / "says.py"), "--task", "says_something", "--model", "tiny",
+                          "--n", "4", "--batch_size", "4", "--max_new_tokens", "3"])
+    assert doc["task"] == "says_something" and doc["reward"] == "says" and doc["n"] == 4
+    assert doc["example_observer_prompt"].endswith("\nAgain:")
+    for r in doc["observer"].values():
+        assert r["copy_n"] + r["correction_n"] == 4
+
+
+@pytest.mark.parametrize("text, says", [
+    (None, "task_file: {file} not found"),
+    ("def broken(:\n", "task_file: {file} line 1: "),
+    ("raise RuntimeError('no data here')\n", "task_file: {file} line 1: RuntimeError: no data here"),
+])
+def test_a_bad_task_file_is_one_line(tmp_path, capsys, text, says):
+    file = tmp_path / "task.py"
+    if text is not None:
+        file.write_text(text)
+    with pytest.raises(SystemExit) as e:
+        transfer_check(["--task_file", str(file), "--task", "says_something", "--model", "tiny"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert says.format(file=file) in err
