@@ -1,7 +1,7 @@
 """The transfer check: does a base model, as CORY's observer, use the pioneer's answer? No training, minutes on a CPU.
 
     python -m lab.transfer_check --task arithmetic                       # the embedded SmolLM2, 400 training draws
-    python -m lab.transfer_check --task arithmetic --dataset sums_2x1 --n 800 --json results/transfer/x.json
+    python -m lab.transfer_check --task arithmetic --dataset sums_2x1 --n 800 --json results/transfer_check/x.json
     python -m lab.transfer_check --task_file word_count.py --task word_count   # a task in one file, registered there
 
 The paper's mechanism presumes the observer can copy a correct answer (or correct a wrong one); the collective
@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from cory.assets import SMOLLM2_SPEC, locate
 from cory.errors import AssetError, ConfigError, RunError
 from lab.errors import EvalError, OneLineParser, exit_on_error
+from lab.evaluation_plan import FLAG_OF_FIELD as EVALUATE_FLAGS, as_flags
 from cory.heldout import BATCH_SIZE, answers_and_rewards
 from lab.figures import write_atomically
 from lab.runs import git_state
@@ -43,10 +44,12 @@ from cory.models import load_causal_lm, load_tokenizer
 from cory.outputs import json_safe
 from cory.run_rules import check_output_json
 from cory.rollout import checked_scores, stop_at
-from cory.tasks import check_examples, load_task_file, make_task, registered, task_spec
+from cory.tasks import check_config, check_examples, load_task_file, make_task, registered, task_spec
 from cory.tasks.base import zero_one_reward
 
 PROGRAM = "lab.transfer_check"
+# the config fields a task's check names, as this command's flags (it has lab.evaluate's, but no --reward)
+FLAG_OF_FIELD = {k: v for k, v in EVALUATE_FLAGS.items() if k != "reward_model"}
 Z95 = 1.959963984540054
 
 
@@ -127,7 +130,23 @@ def plan(argv: Sequence[str]) -> SimpleNamespace:
         check_output_json(args.json, "--json", f"python -m {PROGRAM}", args.force)  # its "command" field
     args.config = SimpleNamespace(task=args.task, dataset=args.dataset, dataset_path=args.dataset_path,
                                   reward_model=args.reward, seed=args.seed)
+    try:  # the task's settings (its data, its own check), before the task or any model is built
+        check_config(args.config)
+    except ConfigError as e:
+        raise as_flags(e, FLAG_OF_FIELD) from None
     return args
+
+
+def check_context(task, tokenizer, examples, context: int | None, args) -> None:
+    """Every question with its answer fits the model's context, checked before the model loads (as lab.evaluate and
+    training check it: ``Task.check_fits``); the observer's prompt holds the pioneer's answer too."""
+    if context is None or not hasattr(task, "check_fits"):
+        return
+    task.check_fits(tokenizer, context, args.max_new_tokens, examples=examples, model=args.model,
+                    limit="--max_new_tokens")
+    task.check_fits(tokenizer, context, 2 * args.max_new_tokens, examples=examples, model=args.model,
+                    limit="--max_new_tokens (the observer's prompt holds the pioneer's answer too: twice its tokens)",
+                    prompt=lambda ex: task.observer_prompt(ex, ""))
 
 
 def _answers(model, tokenizer, task, examples, texts, args, greedy: bool, label: str,
@@ -151,6 +170,7 @@ def run(args) -> dict:
                         "pioneer's in a CORY run's metrics")
     examples = check_examples(task.sample(args.n), task=args.task, what=f"sample({args.n})",
                               vocab_size=len(tokenizer))
+    check_context(task, tokenizer, examples, spec.context, args)
     model = load_causal_lm(spec, dtype=torch.float32, field="--model").eval()
     pioneer_answers, pioneer = _answers(model, tokenizer, task, examples, None, args, greedy=False,
                                         label="pioneer (sampled)")

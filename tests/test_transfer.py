@@ -314,3 +314,53 @@ def test_a_bad_task_file_is_one_line(tmp_path, capsys, text, says):
     err = capsys.readouterr().err
     assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert says.format(file=file) in err
+
+
+def _refused(argv, capsys, monkeypatch, *, unbuilt=("load_causal_lm",)) -> str:
+    """The check's one-line refusal of ``argv`` (status 2), given before any of ``unbuilt`` is called."""
+    import lab.transfer_check as check
+
+    for name in unbuilt:
+        monkeypatch.setattr(check, name, lambda *a, **k: pytest.fail(f"{name} was called"))
+    with pytest.raises(SystemExit) as e:
+        transfer_check(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
+def test_an_answer_past_the_models_context_is_refused_before_it_loads(capsys, monkeypatch):
+    # the tiny model takes 512 positions: 600 tokens never fit; 300 fit the pioneer's prompt, but not the observer's,
+    # which holds the pioneer's answer too
+    err = _refused(["--task", "arithmetic", "--model", "tiny", "--n", "2", "--max_new_tokens", "600"], capsys,
+                   monkeypatch)
+    assert "with answers of up to 600 tokens does not fit tiny's context of 512 tokens" in err
+    assert err.endswith("lower --max_new_tokens")
+    err = _refused(["--task", "arithmetic", "--model", "tiny", "--n", "2", "--max_new_tokens", "300"], capsys,
+                   monkeypatch)
+    assert "with answers of up to 600 tokens does not fit tiny's context" in err
+    assert "the observer's prompt holds the pioneer's answer too" in err
+
+
+def test_a_bad_task_setting_is_refused_before_the_task_is_built(capsys, monkeypatch):
+    err = _refused(["--task", "arithmetic", "--model", "tiny", "--dataset", "bogus"], capsys, monkeypatch,
+                   unbuilt=("load_tokenizer", "make_task", "load_causal_lm"))
+    assert err.startswith("error: --dataset: 'bogus' is not one of auto, ")
+
+
+def test_the_checks_documented_commands_plan(monkeypatch):
+    """Its docstring's examples write into folders that exist, and docs/evaluation.md's command is accepted as written
+    (its --json is a file this command wrote)."""
+    import re
+
+    import lab.transfer_check as check
+    from conftest import REPO
+
+    monkeypatch.chdir(REPO)
+    for json_path in re.findall(r"--json (\S+)", check.__doc__):
+        assert (REPO / json_path).parent.is_dir(), json_path
+    documented = re.findall(r"^python -m lab\.transfer_check (.+)$", (REPO / "docs" / "evaluation.md").read_text(),
+                            flags=re.M)
+    assert documented
+    for command in documented:
+        check.plan(command.split())
