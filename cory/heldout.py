@@ -21,7 +21,7 @@ from cory.generation import left_pad as _left_pad
 from cory.generation import positions as _positions
 from cory.generation import with_shared_prefix as _with_shared_prefix
 from cory.rollout import checked_scores, stop_at, tokenize_prompts
-from cory.tasks.base import TRAINING_SAMPLING, check_examples, zero_one_reward
+from cory.tasks.base import TRAINING_SAMPLING, check_examples, right_or_wrong
 
 BATCH_SIZE = 32  # sequences per generate() call, unless told otherwise
 
@@ -256,7 +256,7 @@ def observer_transfer(model, tokenizer, task, examples, pioneer_answers: Sequenc
     texts = [task.observer_prompt(ex, answer) for ex, answer in zip(examples, pioneer_answers)]
     _, rewards = answers_and_rewards(model, tokenizer, task, examples, texts, max_new_tokens=max_new_tokens,
                                      batch_size=batch_size, reward_name=reward_name, extra=extra)
-    return knowledge_transfer(list(pioneer_rewards), rewards, zero_one_reward(task))
+    return knowledge_transfer(list(pioneer_rewards), rewards, right_or_wrong(task, pioneer_rewards, rewards))
 
 
 # On a CPU a decoding step's matrix products run at about half speed at 32 rows (the vocabulary projection, the

@@ -16,9 +16,9 @@ Two controls, the ones conformity studies of multi-agent debate use, read the sa
 against how often the question is answered right anyway; and **an unrelated reference**, the pioneer's answer to
 the next question drawn, so that a copy rate is set against writing down whatever it is shown. For the second, the
 echo rate too: P(the observer's answer is right for the question the shown answer belongs to | that answer was
-right there). The task's reward must be 0/1
-(``Task.zero_one_reward``); the answers and the reference are read as the task's reward reads them
-(``clean_response``). A user mistake prints one line and exits with status 2 before any model is loaded.
+right there). The task's reward must be 0/1 (``Task.zero_one_reward``; a score that is neither stops the check in one
+line); the answers and the reference are read as the task's reward reads them (``clean_response``). A user mistake
+prints one line and exits with status 2 before any model is loaded.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ from cory.outputs import json_safe
 from cory.run_rules import check_output_json
 from cory.rollout import checked_scores, stop_at
 from cory.tasks import check_config, check_examples, load_task_file, make_task, registered, task_spec
-from cory.tasks.base import zero_one_reward
+from cory.tasks.base import zero_one_broken, zero_one_reward
 
 PROGRAM = "lab.transfer_check"
 # the config fields a task's check names, as this command's flags (it has lab.evaluate's, but no --reward)
@@ -155,9 +155,20 @@ def _answers(model, tokenizer, task, examples, texts, args, greedy: bool, label:
     ``draw``: another seed's sampling (a second answer alone is a fresh draw, not the pioneer's answer again)."""
     torch.manual_seed(args.seed + draw)
     with tqdm(total=len(examples), desc=label, unit="prompt", leave=False, file=sys.stderr) as bar:
-        return answers_and_rewards(model, tokenizer, task, examples, texts, max_new_tokens=args.max_new_tokens,
-                                   batch_size=args.batch_size, reward_name=args.reward,
-                                   extra=stop_at(tokenizer, task.stop), greedy=greedy, on_batch=bar.update)
+        answers, rewards = answers_and_rewards(model, tokenizer, task, examples, texts,
+                                               max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                                               reward_name=args.reward, extra=stop_at(tokenizer, task.stop),
+                                               greedy=greedy, on_batch=bar.update)
+    return answers, zero_one(task, rewards)
+
+
+def zero_one(task, rewards: list[float]) -> list[float]:
+    """``rewards``, each 0 or 1 as the task declares (``Task.zero_one_reward``); else a ConfigError of one line
+    naming the first that is not: the rates read right and wrong, and a 0.3 would be read as wrong without a word."""
+    broken = zero_one_broken(task, rewards)
+    if broken is not None:
+        raise ConfigError(broken)
+    return rewards
 
 
 def run(args) -> dict:
@@ -190,8 +201,8 @@ def run(args) -> dict:
     for mode in modes:
         answers, own = _answers(model, tokenizer, task, examples, unrelated_prompts, args,
                                 greedy=mode == "greedy", label=f"unrelated reference ({mode})")
-        unrelated[mode] = {**rates(pioneer, own), **echo(shown_right, checked_scores(task, others, answers,
-                                                                                     args.reward))}
+        right_for_shown = zero_one(task, checked_scores(task, others, answers, args.reward))
+        unrelated[mode] = {**rates(pioneer, own), **echo(shown_right, right_for_shown)}
     multi_line = sum("\n" in a.strip() for a in pioneer_answers) / len(examples)
     return {"command": args.command, "commit": args.commit, "uncommitted_changes": args.dirty,
             "threads": torch.get_num_threads(),

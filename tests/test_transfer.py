@@ -40,7 +40,7 @@ def test_transfer_of_hand_written_rewards():
 
 def test_only_a_task_that_says_so_has_a_zero_one_reward():
     assert zero_one_reward(ArithmeticTask("sums_2x1"))
-    assert not zero_one_reward(object()) and not zero_one_reward(type("T", (), {"zero_one_reward": 1})())
+    assert not zero_one_reward(object())  # a declaration that is not a bool is refused (below)
 
 
 def test_the_checks_intervals():
@@ -364,3 +364,79 @@ def test_the_checks_documented_commands_plan(monkeypatch):
     assert documented
     for command in documented:
         check.plan(command.split())
+
+
+# ----------------------------------------------------------------------------- a task's word on its reward
+
+
+class Declared:
+    name = "declared"
+
+    def __init__(self, value):
+        self.zero_one_reward = value
+
+
+@pytest.mark.parametrize("value", ["yes", 1.0, 1, None])
+def test_a_zero_one_declaration_that_is_not_a_bool_is_refused(value):
+    from cory.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        zero_one_reward(Declared(value))
+    assert str(e.value) == f"task declared: zero_one_reward is {value!r}; it must be True or False"
+    assert zero_one_reward(Declared(True)) is True and zero_one_reward(Declared(False)) is False
+    assert zero_one_reward(object()) is False  # optional for a plug-in task
+
+
+def test_a_task_built_with_a_non_bool_declaration_is_refused_where_it_enters():
+    from cory.errors import ConfigError
+    from cory.tasks import make_task, register_task
+    from types import SimpleNamespace
+
+    register_task("declares_yes", lambda cfg, tokenizer, seed: _yes_task())
+    cfg = SimpleNamespace(task="declares_yes", dataset="auto", reward_model=None, seed=0)
+    with pytest.raises(ConfigError, match=r"^task declares_yes: zero_one_reward is 'yes'; it must be True or False "
+                                          r"\(registered at .*test_transfer.py:\d+\)$"):
+        make_task(cfg, None)
+
+
+def _yes_task():
+    task = ArithmeticTask()
+    task.name, task.zero_one_reward = "declares_yes", "yes"  # type: ignore[assignment]
+    return task
+
+
+def test_rewards_that_break_a_zero_one_declaration_leave_the_rates_out_with_a_warning(monkeypatch):
+    from cory.tasks import base
+
+    monkeypatch.setattr(base, "_WARNED", set())
+    task = Declared(True)
+    assert base.right_or_wrong(task, [1.0, 0.0], [0, 1]) is True
+    with pytest.warns(UserWarning, match=r"task declared: declares zero_one_reward, but its score\(\) returned 0\.3, "
+                                         r"neither 0 nor 1, .* set zero_one_reward = False \(the rates are left out"):
+        assert base.right_or_wrong(task, [1.0, 0.0], [0.3, 1.0]) is False
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once per task, not every iteration
+        assert base.right_or_wrong(task, [0.7], [0.0]) is False
+    assert base.right_or_wrong(Declared(False), [0.3], [0.7]) is False  # no claim, nothing to warn of
+    t = knowledge_transfer([1.0, 0.0], [0.3, 1.0], base.right_or_wrong(task, [1.0, 0.0], [0.3, 1.0]))
+    assert np.isnan(t[COPY]) and np.isnan(t[CORRECTION]) and t[GAP] == pytest.approx(0.15)
+
+
+@pytest.mark.parametrize("change, says", [
+    (("zero_one_reward = True", "zero_one_reward = 'yes'"),
+     "error: task {name}: zero_one_reward is 'yes'; it must be True or False (registered at "),
+    (("float(bool(r.split()))", "0.3"),
+     "error: task {name}: declares zero_one_reward, but its score() returned 0.3, neither 0 nor 1, so copy and "
+     "correction rates cannot be read from it; return 0 or 1, or set zero_one_reward = False"),
+])
+def test_the_check_takes_no_zero_one_declaration_its_task_breaks(tmp_path, capsys, change, says):
+    name = f"says_{len(change[1])}"  # a task name of its own: a name is registered from one file only
+    (tmp_path / "says.py").write_text(ONE_FILE_TASK.replace(*change).replace("says_something", name))
+    with pytest.raises(SystemExit) as e:
+        transfer_check(["--task_file", str(tmp_path / "says.py"), "--task", name, "--model", "tiny", "--n", "2",
+                        "--max_new_tokens", "2"])
+    err = capsys.readouterr().err  # the second is found once the pioneer has answered: after its progress bar
+    assert e.value.code == 2 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].split("\r")[-1].startswith(says.format(name=name))
