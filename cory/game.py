@@ -32,7 +32,7 @@ from cory.config import has_critic
 from cory.errors import NonFinite
 from cory.method import CORY, PPO
 from cory.metrics import degeneration, knowledge_transfer
-from cory.tasks.base import zero_one_reward
+from cory.tasks.base import right_or_wrong
 
 if TYPE_CHECKING:
     from cory.agent import Agent
@@ -227,7 +227,7 @@ def cory_iteration(step: int, batch: list[Example], agents: dict[str, Agent], ro
 
     row = {"pioneer": roles.pioneer}
     # did the observer use the pioneer's answer? (its reward minus the pioneer's; copy and correction rates)
-    row.update(knowledge_transfer(r1, r2, zero_one_reward(rollout.task)))
+    row.update(knowledge_transfer(r1, r2, right_or_wrong(rollout.task, r1, r2)))
     critic = has_critic(cfg)
     row.update(agent_metrics(roles.pioneer, r1, pioneer_reward, pioneer_stats, a1, kl_coefs[roles.pioneer], critic))
     row.update(agent_metrics(roles.observer, r2, observer_reward, observer_stats, a2, kl_coefs[roles.observer],

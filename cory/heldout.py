@@ -21,7 +21,7 @@ from cory.generation import left_pad as _left_pad
 from cory.generation import positions as _positions
 from cory.generation import with_shared_prefix as _with_shared_prefix
 from cory.rollout import checked_scores, stop_at, tokenize_prompts
-from cory.tasks.base import TRAINING_SAMPLING, check_examples, zero_one_reward
+from cory.tasks.base import TRAINING_SAMPLING, check_examples, right_or_wrong, zero_one_reward
 
 BATCH_SIZE = 32  # sequences per generate() call, unless told otherwise
 
@@ -260,8 +260,9 @@ def observer_transfer(model, tokenizer, task, examples, pioneer_answers: Sequenc
         _, rewards = answers_and_rewards(model, tokenizer, task, examples, texts, max_new_tokens=max_new_tokens,
                                          batch_size=batch_size, reward_name=reward_name, extra=extra,
                                          on_batch=bar.update)
-        out = knowledge_transfer(list(pioneer_rewards), rewards, zero_one_reward(task))
-        if control:
+        zero_one = right_or_wrong(task, pioneer_rewards, rewards)  # the task's word, checked on its rewards
+        out = knowledge_transfer(list(pioneer_rewards), rewards, zero_one)
+        if control and zero_one:
             out.update(_unrelated_reference(model, tokenizer, task, examples, pioneer_answers, pioneer_rewards,
                                             max_new_tokens=max_new_tokens, batch_size=batch_size,
                                             reward_name=reward_name, extra=extra, on_batch=bar.update))

@@ -241,13 +241,14 @@ class Plan:
 
 
 # the task's checks name config fields; this command's flags for them
-_FLAG_OF_FIELD = {"reward_model": "--reward", "dataset_path": "--dataset_path", "dataset": "--dataset",
-                  "task": "--task"}
+FLAG_OF_FIELD = {"reward_model": "--reward", "dataset_path": "--dataset_path", "dataset": "--dataset",
+                 "task": "--task"}
 
 
-def _as_flags(e: ConfigError) -> EvalError:
+def as_flags(e: ConfigError, flags: dict[str, str] = FLAG_OF_FIELD) -> EvalError:
+    """A task check's ConfigError ("dataset: ...") as the command's own error, naming its flag ("--dataset: ...")."""
     field, colon, rest = str(e).partition(":")
-    return EvalError(f"{_FLAG_OF_FIELD[field]}:{rest}" if colon and field in _FLAG_OF_FIELD else str(e))
+    return EvalError(f"{flags[field]}:{rest}" if colon and field in flags else str(e))
 
 
 def plan(argv: Sequence[str] | None) -> Plan:
@@ -258,7 +259,7 @@ def plan(argv: Sequence[str] | None) -> Plan:
     try:
         spec = task_spec(args.task)
     except ConfigError as e:
-        raise _as_flags(e) from None
+        raise as_flags(e) from None
     evaluation = spec.evaluation
     passk = evaluation.metrics == PASS_AT_K
     wrong = [("--allow_early_eos", args.allow_early_eos)] if passk else [("--k", args.k), ("--n", args.n)]
@@ -320,7 +321,7 @@ def plan(argv: Sequence[str] | None) -> Plan:
     try:  # the reward and the data, before any model loads (and prints its load report)
         check_eval_config(p.task_config())
     except ConfigError as e:
-        raise _as_flags(e) from None
+        raise as_flags(e) from None
     return p
 
 

@@ -1,7 +1,8 @@
 """The transfer check: does a base model, as CORY's observer, use the pioneer's answer? No training, minutes on a CPU.
 
     python -m lab.transfer_check --task arithmetic                       # the embedded SmolLM2, 400 training draws
-    python -m lab.transfer_check --task arithmetic --dataset sums_2x1 --n 800 --json results/transfer/x.json
+    python -m lab.transfer_check --task arithmetic --dataset sums_2x1 --n 800 --json results/transfer_check/x.json
+    python -m lab.transfer_check --task_file word_count.py --task word_count   # a task in one file, registered there
 
 The paper's mechanism presumes the observer can copy a correct answer (or correct a wrong one); the collective
 reward then pays both agents. Here the base model answers ``n`` training questions as the pioneer (sampled as in
@@ -15,9 +16,9 @@ Two controls, the ones conformity studies of multi-agent debate use, read the sa
 against how often the question is answered right anyway; and **an unrelated reference**, the pioneer's answer to
 the next question drawn, so that a copy rate is set against writing down whatever it is shown. For the second, the
 echo rate too: P(the observer's answer is right for the question the shown answer belongs to | that answer was
-right there). The task's reward must be 0/1
-(``Task.zero_one_reward``); the answers and the reference are read as the task's reward reads them
-(``clean_response``). A user mistake prints one line and exits with status 2 before any model is loaded.
+right there). The task's reward must be 0/1 (``Task.zero_one_reward``; a score that is neither stops the check in one
+line); the answers and the reference are read as the task's reward reads them (``clean_response``). A user mistake
+prints one line and exits with status 2 before any model is loaded.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from tqdm.auto import tqdm
 from cory.assets import SMOLLM2_SPEC, locate
 from cory.errors import AssetError, ConfigError, RunError
 from lab.errors import EvalError, OneLineParser, exit_on_error
+from lab.evaluation_plan import FLAG_OF_FIELD as EVALUATE_FLAGS, as_flags
 from cory.heldout import BATCH_SIZE, answers_and_rewards
 from lab.figures import write_atomically
 from lab.runs import git_state
@@ -42,10 +44,12 @@ from cory.models import load_causal_lm, load_tokenizer
 from cory.outputs import json_safe
 from cory.run_rules import check_output_json
 from cory.rollout import checked_scores, stop_at
-from cory.tasks import check_examples, make_task, registered, task_spec
-from cory.tasks.base import zero_one_reward
+from cory.tasks import check_config, check_examples, load_task_file, make_task, registered, task_spec
+from cory.tasks.base import zero_one_broken, zero_one_reward
 
 PROGRAM = "lab.transfer_check"
+# the config fields a task's check names, as this command's flags (it has lab.evaluate's, but no --reward)
+FLAG_OF_FIELD = {k: v for k, v in EVALUATE_FLAGS.items() if k != "reward_model"}
 Z95 = 1.959963984540054
 
 
@@ -89,7 +93,10 @@ def echo(shown_right: Sequence[float], right_for_shown: Sequence[float]) -> dict
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(EvalError, prog=f"python -m {PROGRAM}", description=__doc__.split("\n\n")[0])
-    p.add_argument("--task", required=True, help="a registered task with a 0/1 reward (arithmetic, gsm8k)")
+    p.add_argument("--task", required=True, help="a registered task with a 0/1 reward (arithmetic, gsm8k, or one "
+                                                 "that --task_file registers)")
+    p.add_argument("--task_file", metavar="FILE", help="a one-file task (docs/adding_a_task.md) to load first, as "
+                                                       "lab.evaluate and lab.experiments take it")
     p.add_argument("--dataset", default="auto", help="the task's data setting (default: auto)")
     p.add_argument("--dataset_path", default=None, help="local data folder, for tasks that read one (gsm8k)")
     p.add_argument("--model", default=SMOLLM2_SPEC, help=f"the base model (default: {SMOLLM2_SPEC})")
@@ -106,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
 def plan(argv: Sequence[str]) -> SimpleNamespace:
     """The checked arguments, before any model is loaded; EvalError or ConfigError (one line) otherwise."""
     args = build_parser().parse_args(list(argv))
+    if args.task_file is not None:
+        load_task_file(args.task_file)  # the plug-in protocol of lab.evaluate: its register_task calls take effect
     if args.task not in registered():
         raise EvalError(f"--task {args.task}: not a registered task; choose one of {', '.join(registered())}")
     spec = task_spec(args.task)
@@ -121,7 +130,23 @@ def plan(argv: Sequence[str]) -> SimpleNamespace:
         check_output_json(args.json, "--json", f"python -m {PROGRAM}", args.force)  # its "command" field
     args.config = SimpleNamespace(task=args.task, dataset=args.dataset, dataset_path=args.dataset_path,
                                   reward_model=args.reward, seed=args.seed)
+    try:  # the task's settings (its data, its own check), before the task or any model is built
+        check_config(args.config)
+    except ConfigError as e:
+        raise as_flags(e, FLAG_OF_FIELD) from None
     return args
+
+
+def check_context(task, tokenizer, examples, context: int | None, args) -> None:
+    """Every question with its answer fits the model's context, checked before the model loads (as lab.evaluate and
+    training check it: ``Task.check_fits``); the observer's prompt holds the pioneer's answer too."""
+    if context is None or not hasattr(task, "check_fits"):
+        return
+    task.check_fits(tokenizer, context, args.max_new_tokens, examples=examples, model=args.model,
+                    limit="--max_new_tokens")
+    task.check_fits(tokenizer, context, 2 * args.max_new_tokens, examples=examples, model=args.model,
+                    limit="--max_new_tokens (the observer's prompt holds the pioneer's answer too: twice its tokens)",
+                    prompt=lambda ex: task.observer_prompt(ex, ""))
 
 
 def _answers(model, tokenizer, task, examples, texts, args, greedy: bool, label: str,
@@ -130,9 +155,20 @@ def _answers(model, tokenizer, task, examples, texts, args, greedy: bool, label:
     ``draw``: another seed's sampling (a second answer alone is a fresh draw, not the pioneer's answer again)."""
     torch.manual_seed(args.seed + draw)
     with tqdm(total=len(examples), desc=label, unit="prompt", leave=False, file=sys.stderr) as bar:
-        return answers_and_rewards(model, tokenizer, task, examples, texts, max_new_tokens=args.max_new_tokens,
-                                   batch_size=args.batch_size, reward_name=args.reward,
-                                   extra=stop_at(tokenizer, task.stop), greedy=greedy, on_batch=bar.update)
+        answers, rewards = answers_and_rewards(model, tokenizer, task, examples, texts,
+                                               max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                                               reward_name=args.reward, extra=stop_at(tokenizer, task.stop),
+                                               greedy=greedy, on_batch=bar.update)
+    return answers, zero_one(task, rewards)
+
+
+def zero_one(task, rewards: list[float]) -> list[float]:
+    """``rewards``, each 0 or 1 as the task declares (``Task.zero_one_reward``); else a ConfigError of one line
+    naming the first that is not: the rates read right and wrong, and a 0.3 would be read as wrong without a word."""
+    broken = zero_one_broken(task, rewards)
+    if broken is not None:
+        raise ConfigError(broken)
+    return rewards
 
 
 def run(args) -> dict:
@@ -145,6 +181,7 @@ def run(args) -> dict:
                         "pioneer's in a CORY run's metrics")
     examples = check_examples(task.sample(args.n), task=args.task, what=f"sample({args.n})",
                               vocab_size=len(tokenizer))
+    check_context(task, tokenizer, examples, spec.context, args)
     model = load_causal_lm(spec, dtype=torch.float32, field="--model").eval()
     pioneer_answers, pioneer = _answers(model, tokenizer, task, examples, None, args, greedy=False,
                                         label="pioneer (sampled)")
@@ -164,8 +201,8 @@ def run(args) -> dict:
     for mode in modes:
         answers, own = _answers(model, tokenizer, task, examples, unrelated_prompts, args,
                                 greedy=mode == "greedy", label=f"unrelated reference ({mode})")
-        unrelated[mode] = {**rates(pioneer, own), **echo(shown_right, checked_scores(task, others, answers,
-                                                                                     args.reward))}
+        right_for_shown = zero_one(task, checked_scores(task, others, answers, args.reward))
+        unrelated[mode] = {**rates(pioneer, own), **echo(shown_right, right_for_shown)}
     multi_line = sum("\n" in a.strip() for a in pioneer_answers) / len(examples)
     return {"command": args.command, "commit": args.commit, "uncommitted_changes": args.dirty,
             "threads": torch.get_num_threads(),

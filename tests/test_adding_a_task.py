@@ -1,11 +1,13 @@
-"""docs/adding_a_task.md does what it says: its file, saved as written, trains PPO and CORY on a new task, the
-trained models evaluate, and the experiment runner runs the comparison on it."""
+"""docs/adding_a_task.md does what it says: each of its two files (a reward in Python; a 0/1 reward), saved as
+written, trains PPO and CORY on a new task, the trained models evaluate, and the experiment runner runs the comparison
+on it; the 0/1 task's transfer check runs too."""
 import json
 import re
 import subprocess
 import sys
 
 import pytest
+import yaml
 
 from conftest import REPO
 from cory.outputs import read_jsonl
@@ -15,10 +17,16 @@ GUIDE = REPO / "docs" / "adding_a_task.md"
 TINY = ["--model_name", "tiny", "--batch_size", "4", "--mini_batch_size", "2"]
 
 
-def guide_file() -> str:
+def guide_files() -> dict[str, str]:
+    """The guide's task files, by the name of the task each one's class has (``name = "..."``)."""
     blocks = re.findall(r"```python\n(.*?)```", GUIDE.read_text(), flags=re.S)
-    assert len(blocks) == 1
-    return blocks[0]
+    names = [re.search(r'^    name = "(\w+)"$', b, flags=re.M) for b in blocks]
+    assert len(blocks) == 2 and all(names), "the guide holds two task files"
+    return {m.group(1): b for m, b in zip(names, blocks) if m is not None}
+
+
+def guide_file(name: str = "kind_words") -> str:
+    return guide_files()[name]
 
 
 def guide_commands() -> str:
@@ -30,6 +38,13 @@ def task_file(tmp_path_factory):
     folder = tmp_path_factory.mktemp("user")
     (folder / "kind_words.py").write_text(guide_file())
     return folder / "kind_words.py"
+
+
+@pytest.fixture(scope="module")
+def words_file(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("user")
+    (folder / "word_count.py").write_text(guide_file("word_count"))
+    return folder / "word_count.py"
 
 
 def run(*args, cwd):
@@ -82,7 +97,9 @@ NOTED = 'import os\nwith open("imported.txt", "a") as _f:\n    _f.write(f"{os.ge
 
 
 @pytest.mark.slow
-def test_the_guides_task_runs_in_the_experiment_runner(task_file, tmp_path):
+@pytest.mark.parametrize("name, file", [("kind_words", "task_file"), ("word_count", "words_file")])
+def test_the_guides_task_runs_in_the_experiment_runner(name, file, request, tmp_path):
+    task_file = request.getfixturevalue(file)
     out = tmp_path / "exp"
     user = tmp_path / "user"  # the folder the user runs the runner in: the task file's relative paths are there
     user.mkdir()
@@ -95,12 +112,12 @@ def test_the_guides_task_runs_in_the_experiment_runner(task_file, tmp_path):
     assert len(pids) >= 4 and len(set(pids)) == len(pids)  # both configs and both runs; once in each process
     assert not (REPO / "imported.txt").exists()
     record = json.loads((out / "runs.json").read_text())
-    assert record["task"] == "kind_words"
+    assert record["task"] == name
     assert all(r["status"] == "finished" for r in record["runs"].values()) and len(record["runs"]) == 2
     assert record["runs"]["cory/seed_0"]["attempts"][0]["command"].split()[2] == "cory"  # python FILE cory ...
     for key in ("ppo/seed_0", "cory/seed_0"):
         assert [r["step"] for r in read_jsonl(out / "runs" / key / "metrics.jsonl")] == [0, 1]
-    assert "kind_words" in (out / "REPORT.md").read_text().lower()
+    assert name in (out / "REPORT.md").read_text().lower()
 
 
 def test_eval_args_the_runner_would_not_use_are_refused_before_any_run(task_file, tmp_path):
@@ -115,3 +132,75 @@ def test_eval_args_the_runner_would_not_use_are_refused_before_any_run(task_file
                         "not registered in the runner's process), so nothing would take them; leave --eval_args out "
                         "and evaluate the finished runs with python -m lab.evaluate")
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- the second file: a 0/1 reward
+
+
+def test_the_zero_one_guide_stays_short_and_shows_its_settings_and_commands():
+    code = guide_file("word_count")
+    assert len(code.strip().splitlines()) < 85
+    assert len([ln for ln in code.split("@dataclass")[0].splitlines() if ln.strip()]) < 60
+    assert "    zero_one_reward = True" in code and 'value_head_init: str = "zero"' in code
+    commands = guide_commands()
+    for needed in ("python word_count.py ppo ", "python word_count.py cory ",
+                   "python word_count.py cory --steps 30 --advantage_estimator grpo --num_generations 4",
+                   "python -m lab.evaluate --task_file word_count.py --task word_count --model runs/words_cory",
+                   "python -m lab.experiments --task_file word_count.py --methods ppo,cory",
+                   "--set advantage_estimator=grpo --set num_generations=4",
+                   "python -m lab.transfer_check --task_file word_count.py --task word_count"):
+        assert needed in commands, needed
+
+
+def test_the_zero_one_guides_task_scores_zero_or_one_and_checks_transfer(words_file):
+    from lab.transfer_check import main as transfer_check
+    from cory.tasks import registered
+
+    doc = transfer_check(["--task_file", str(words_file), "--task", "word_count", "--model", "tiny", "--n", "4",
+                          "--batch_size", "4", "--max_new_tokens", "4"])
+    assert doc["task"] == "word_count" and doc["reward"] == "exact_count" and doc["n"] == 4
+    for reading in doc["observer"].values():
+        assert reading["copy_n"] + reading["correction_n"] == 4
+    assert doc["example_observer_prompt"].endswith(" words:") and "\nAgain, in exactly " in doc["example_observer_prompt"]
+    # the reward reads the first line that holds anything, a prefix of the answer, and is 1 or 0
+    task = registered()["word_count"].make(None, None, 0)
+    examples = [task.ask("the sea", 3)] * 3
+    answers = [task.clean_response(a) for a in ["\n Calm blue water.\nDescribe", " Calm water", " Calm, blue  water"]]
+    assert answers[0] == "\n Calm blue water." and task.score(examples, answers) == [1.0, 0.0, 1.0]
+    held_out = {ex.query for ex in task.eval_examples()}
+    assert held_out.isdisjoint(ex.query for ex in task.sample(64))
+
+
+@pytest.mark.slow
+def test_the_zero_one_guides_task_trains_with_either_learner_and_evaluates(words_file):
+    folder = words_file.parent
+    runs = {"ppo": (folder / "words_ppo", []),  # GAE with the zero value head, as the file says
+            "cory": (folder / "words_cory_grpo", ["--advantage_estimator", "grpo", "--num_generations", "4"])}
+    for method, (out, learner) in runs.items():
+        p = run(words_file, method, "--steps", "2", "--output_dir", out, *learner, *TINY, cwd=folder)
+        assert p.returncode == 0, p.stderr[-2000:]
+        rows = read_jsonl(out / "metrics.jsonl")
+        assert [r["step"] for r in rows] == [0, 1]
+        agents = ["llm1", "llm2"] if method == "cory" else ["policy"]
+        assert all(on_grid(r[f"{a}/task_reward"], 4) for r in rows for a in agents)  # 4 answers, each 0 or 1
+    ppo_config = yaml.safe_load((runs["ppo"][0] / "config.yaml").read_text())
+    cory_config = yaml.safe_load((runs["cory"][0] / "config.yaml").read_text())
+    assert ppo_config["value_head_init"] == "zero" and ppo_config["advantage_estimator"] == "gae"
+    assert (cory_config["advantage_estimator"], cory_config["num_generations"]) == ("grpo", 4)
+    for r in read_jsonl(runs["cory"][0] / "metrics.jsonl"):  # a 0/1 reward: the rates are read (one is defined)
+        assert r["transfer/copy_rate"] is not None or r["transfer/correction_rate"] is not None
+
+    # the guide's evaluation command, on both runs: every final model next to the base, sampled and greedy
+    p = run("-m", "lab.evaluate", "--task_file", words_file.name, "--task", "word_count", "--model", "words_cory_grpo",
+            "--model", "words_ppo", "--max_new_tokens", "4", "--json", "eval.json", cwd=folder)
+    assert p.returncode == 0, p.stderr[-2000:]
+    doc = json.loads((folder / "eval.json").read_text())
+    assert [r["name"] for r in doc["results"]] == ["base", "words_cory_grpo/llm1", "words_cory_grpo/llm2",
+                                                  "words_ppo/policy"]
+    for r in doc["results"]:
+        assert r["n_prompts"] == 12 and on_grid(r["task_reward"], 12) and on_grid(r["greedy_reward"], 12)
+
+
+def on_grid(mean: float, n: int) -> bool:
+    """Whether ``mean`` is a mean of ``n`` rewards of 0 or 1."""
+    return 0.0 <= mean <= 1.0 and abs(mean * n - round(mean * n)) < 1e-6

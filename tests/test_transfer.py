@@ -55,7 +55,7 @@ def test_the_unrelated_reference_control_by_hand():
 
 def test_only_a_task_that_says_so_has_a_zero_one_reward():
     assert zero_one_reward(ArithmeticTask("sums_2x1"))
-    assert not zero_one_reward(object()) and not zero_one_reward(type("T", (), {"zero_one_reward": 1})())
+    assert not zero_one_reward(object())  # a declaration that is not a bool is refused (below)
 
 
 def test_the_checks_intervals():
@@ -285,3 +285,192 @@ def test_the_echo_rate_counts_only_the_references_that_were_right_where_they_bel
     r = echo([1, 0, 1, 1], [1, 1, 0, 1])
     assert r["echo_n"] == 3 and r["echo_rate"] == pytest.approx(2 / 3) and r["echo_ci95"] == wilson(2, 3)
     assert echo([0, 0], [1, 1]) == {"echo_rate": None, "echo_n": 0, "echo_ci95": None}
+
+
+# a task in one file (docs/adding_a_task.md) with a 0/1 reward: 1 when the answer holds a word, else 0
+ONE_FILE_TASK = '''
+from cory.tasks import Example, TaskBase, register_task
+
+
+class SaysSomething(TaskBase):
+    name = "says_something"
+    zero_one_reward = True
+
+    def __init__(self, seed):
+        self.position = seed
+
+    def sample(self, batch_size):
+        self.position += batch_size
+        return [Example(query=str(i), prompt=f"Say a word ({i}):") for i in range(self.position - batch_size,
+                                                                                  self.position)]
+
+    def eval_examples(self, limit=None):
+        return [Example(query="x", prompt="Say a word:")]
+
+    def observer_prompt(self, example, pioneer_response):
+        return f"{example.prompt}{pioneer_response}\\nAgain:"
+
+    def score(self, examples, responses):
+        return [float(bool(r.split())) for r in responses]
+
+    def state_dict(self):
+        return {"position": self.position}
+
+    def load_state_dict(self, state):
+        self.position = state["position"]
+
+
+register_task("says_something", lambda cfg, tokenizer, seed: SaysSomething(seed), rewards=("says",))
+'''
+
+
+def test_the_check_takes_a_task_file(tmp_path):
+    (tmp_path / "says.py").write_text(ONE_FILE_TASK)
+    doc = transfer_check(["--task_file", str(tmp_path / "says.py"), "--task", "says_something", "--model", "tiny",
+                          "--n", "4", "--batch_size", "4", "--max_new_tokens", "3"])
+    assert doc["task"] == "says_something" and doc["reward"] == "says" and doc["n"] == 4
+    assert doc["example_observer_prompt"].endswith("\nAgain:")
+    for r in doc["observer"].values():
+        assert r["copy_n"] + r["correction_n"] == 4
+
+
+@pytest.mark.parametrize("text, says", [
+    (None, "task_file: {file} not found"),
+    ("def broken(:\n", "task_file: {file} line 1: "),
+    ("raise RuntimeError('no data here')\n", "task_file: {file} line 1: RuntimeError: no data here"),
+])
+def test_a_bad_task_file_is_one_line(tmp_path, capsys, text, says):
+    file = tmp_path / "task.py"
+    if text is not None:
+        file.write_text(text)
+    with pytest.raises(SystemExit) as e:
+        transfer_check(["--task_file", str(file), "--task", "says_something", "--model", "tiny"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert says.format(file=file) in err
+
+
+def _refused(argv, capsys, monkeypatch, *, unbuilt=("load_causal_lm",)) -> str:
+    """The check's one-line refusal of ``argv`` (status 2), given before any of ``unbuilt`` is called."""
+    import lab.transfer_check as check
+
+    for name in unbuilt:
+        monkeypatch.setattr(check, name, lambda *a, **k: pytest.fail(f"{name} was called"))
+    with pytest.raises(SystemExit) as e:
+        transfer_check(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
+def test_an_answer_past_the_models_context_is_refused_before_it_loads(capsys, monkeypatch):
+    # the tiny model takes 512 positions: 600 tokens never fit; 300 fit the pioneer's prompt, but not the observer's,
+    # which holds the pioneer's answer too
+    err = _refused(["--task", "arithmetic", "--model", "tiny", "--n", "2", "--max_new_tokens", "600"], capsys,
+                   monkeypatch)
+    assert "with answers of up to 600 tokens does not fit tiny's context of 512 tokens" in err
+    assert err.endswith("lower --max_new_tokens")
+    err = _refused(["--task", "arithmetic", "--model", "tiny", "--n", "2", "--max_new_tokens", "300"], capsys,
+                   monkeypatch)
+    assert "with answers of up to 600 tokens does not fit tiny's context" in err
+    assert "the observer's prompt holds the pioneer's answer too" in err
+
+
+def test_a_bad_task_setting_is_refused_before_the_task_is_built(capsys, monkeypatch):
+    err = _refused(["--task", "arithmetic", "--model", "tiny", "--dataset", "bogus"], capsys, monkeypatch,
+                   unbuilt=("load_tokenizer", "make_task", "load_causal_lm"))
+    assert err.startswith("error: --dataset: 'bogus' is not one of auto, ")
+
+
+def test_the_checks_documented_commands_plan(monkeypatch):
+    """Its docstring's examples write into folders that exist, and docs/evaluation.md's command is accepted as written
+    (its --json is a file this command wrote)."""
+    import re
+
+    import lab.transfer_check as check
+    from conftest import REPO
+
+    monkeypatch.chdir(REPO)
+    for json_path in re.findall(r"--json (\S+)", check.__doc__):
+        assert (REPO / json_path).parent.is_dir(), json_path
+    documented = re.findall(r"^python -m lab\.transfer_check (.+)$", (REPO / "docs" / "evaluation.md").read_text(),
+                            flags=re.M)
+    assert documented
+    for command in documented:
+        check.plan(command.split())
+
+
+# ----------------------------------------------------------------------------- a task's word on its reward
+
+
+class Declared:
+    name = "declared"
+
+    def __init__(self, value):
+        self.zero_one_reward = value
+
+
+@pytest.mark.parametrize("value", ["yes", 1.0, 1, None])
+def test_a_zero_one_declaration_that_is_not_a_bool_is_refused(value):
+    from cory.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        zero_one_reward(Declared(value))
+    assert str(e.value) == f"task declared: zero_one_reward is {value!r}; it must be True or False"
+    assert zero_one_reward(Declared(True)) is True and zero_one_reward(Declared(False)) is False
+    assert zero_one_reward(object()) is False  # optional for a plug-in task
+
+
+def test_a_task_built_with_a_non_bool_declaration_is_refused_where_it_enters():
+    from cory.errors import ConfigError
+    from cory.tasks import make_task, register_task
+    from types import SimpleNamespace
+
+    register_task("declares_yes", lambda cfg, tokenizer, seed: _yes_task())
+    cfg = SimpleNamespace(task="declares_yes", dataset="auto", reward_model=None, seed=0)
+    with pytest.raises(ConfigError, match=r"^task declares_yes: zero_one_reward is 'yes'; it must be True or False "
+                                          r"\(registered at .*test_transfer.py:\d+\)$"):
+        make_task(cfg, None)
+
+
+def _yes_task():
+    task = ArithmeticTask()
+    task.name, task.zero_one_reward = "declares_yes", "yes"  # type: ignore[assignment]
+    return task
+
+
+def test_rewards_that_break_a_zero_one_declaration_leave_the_rates_out_with_a_warning(monkeypatch):
+    from cory.tasks import base
+
+    monkeypatch.setattr(base, "_WARNED", set())
+    task = Declared(True)
+    assert base.right_or_wrong(task, [1.0, 0.0], [0, 1]) is True
+    with pytest.warns(UserWarning, match=r"task declared: declares zero_one_reward, but its score\(\) returned 0\.3, "
+                                         r"neither 0 nor 1, .* set zero_one_reward = False \(the rates are left out"):
+        assert base.right_or_wrong(task, [1.0, 0.0], [0.3, 1.0]) is False
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once per task, not every iteration
+        assert base.right_or_wrong(task, [0.7], [0.0]) is False
+    assert base.right_or_wrong(Declared(False), [0.3], [0.7]) is False  # no claim, nothing to warn of
+    t = knowledge_transfer([1.0, 0.0], [0.3, 1.0], base.right_or_wrong(task, [1.0, 0.0], [0.3, 1.0]))
+    assert np.isnan(t[COPY]) and np.isnan(t[CORRECTION]) and t[GAP] == pytest.approx(0.15)
+
+
+@pytest.mark.parametrize("change, says", [
+    (("zero_one_reward = True", "zero_one_reward = 'yes'"),
+     "error: task {name}: zero_one_reward is 'yes'; it must be True or False (registered at "),
+    (("float(bool(r.split()))", "0.3"),
+     "error: task {name}: declares zero_one_reward, but its score() returned 0.3, neither 0 nor 1, so copy and "
+     "correction rates cannot be read from it; return 0 or 1, or set zero_one_reward = False"),
+])
+def test_the_check_takes_no_zero_one_declaration_its_task_breaks(tmp_path, capsys, change, says):
+    name = f"says_{len(change[1])}"  # a task name of its own: a name is registered from one file only
+    (tmp_path / "says.py").write_text(ONE_FILE_TASK.replace(*change).replace("says_something", name))
+    with pytest.raises(SystemExit) as e:
+        transfer_check(["--task_file", str(tmp_path / "says.py"), "--task", name, "--model", "tiny", "--n", "2",
+                        "--max_new_tokens", "2"])
+    err = capsys.readouterr().err  # the second is found once the pioneer has answered: after its progress bar
+    assert e.value.code == 2 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].split("\r")[-1].startswith(says.format(name=name))

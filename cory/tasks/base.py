@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import numbers
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence, cast
 
@@ -31,7 +32,8 @@ class Task(Protocol):
     source: str  # where its examples come from (the concrete value a config's dataset "auto" stood for)
     stop: str | None  # a line starting with this string ends an answer (besides EOS); None: EOS alone
     # optional (default False): the reward is 1 for a right answer and 0 for a wrong one, so that the knowledge
-    # transfer is also read as copy and correction rates (``cory.metrics.knowledge_transfer``)
+    # transfer is also read as copy and correction rates (``cory.metrics.knowledge_transfer``); True or False, and
+    # kept by score() (``right_or_wrong``)
     # zero_one_reward: bool
 
     def sample(self, batch_size: int) -> list[Example]:
@@ -109,8 +111,42 @@ class TaskBase:
 
 
 def zero_one_reward(task) -> bool:
-    """Whether ``task`` declares a 0/1 reward (``Task.zero_one_reward``, optional for a plug-in task)."""
-    return getattr(task, "zero_one_reward", False) is True
+    """Whether ``task`` declares a 0/1 reward (``Task.zero_one_reward``, optional for a plug-in task: default False).
+    A declaration that is not True or False (``"yes"``, ``1.0``) is a ConfigError of one line naming it: it would
+    otherwise read as no declaration, and the copy and correction rates as null, without a word."""
+    from cory.errors import ConfigError
+
+    value = getattr(task, "zero_one_reward", False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"task {getattr(task, 'name', type(task).__name__)}: zero_one_reward is {value!r}; it must "
+                          "be True or False")
+    return value
+
+
+def zero_one_broken(task, rewards: Sequence[float]) -> str | None:
+    """A line saying that ``task`` declares a 0/1 reward that ``rewards`` (its score()'s) do not keep, naming the first
+    that is neither 0 nor 1; None where they keep it or nothing was declared."""
+    bad = next((r for r in rewards if r not in (0, 1)), None) if zero_one_reward(task) else None
+    if bad is None:
+        return None
+    return (f"task {getattr(task, 'name', type(task).__name__)}: declares zero_one_reward, but its score() returned "
+            f"{float(bad)!r}, neither 0 nor 1, so copy and correction rates cannot be read from it; return 0 or 1, "
+            "or set zero_one_reward = False")
+
+
+_WARNED: set[str] = set()  # the tasks whose broken 0/1 declaration was warned of (once per task and process)
+
+
+def right_or_wrong(task, *rewards: Sequence[float]) -> bool:
+    """Whether ``rewards`` read as right (1) or wrong (0), as copy and correction rates read them
+    (``cory.metrics.knowledge_transfer``'s ``zero_one``): the task declares a 0/1 reward and they keep it. Where they
+    do not, the rates are left out (null) rather than read at 0.5, with a warning once per task."""
+    broken = zero_one_broken(task, [r for batch in rewards for r in batch])
+    name = getattr(task, "name", type(task).__name__)
+    if broken is not None and name not in _WARNED:
+        _WARNED.add(name)
+        warnings.warn(f"{broken} (the rates are left out: null)", stacklevel=2)
+    return broken is None and zero_one_reward(task)
 
 
 def check_examples(examples, *, task: str, what: str, vocab_size: int | None = None) -> list[Example]:

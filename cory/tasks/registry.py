@@ -12,7 +12,7 @@ from typing import Callable
 
 from cory.errors import AssetError, ConfigError
 from cory.targets import text_refusal
-from cory.tasks.base import Evaluation, Task
+from cory.tasks.base import Evaluation, Task, zero_one_reward
 
 
 @dataclass
@@ -97,6 +97,10 @@ def _made(name: str, spec: TaskSpec, make: Callable) -> Task:
     if missing:
         raise ConfigError(f"task {name}: make() returned {type(task).__name__}, not a task (no {', '.join(missing)}; "
                           f"registered at {spec.where})")
+    try:
+        zero_one_reward(task)  # a declaration that is not True or False, refused where the task enters
+    except ConfigError as e:
+        raise ConfigError(f"{e} (registered at {spec.where})") from None
     return task
 
 
