@@ -201,6 +201,25 @@ def check_hub_asset(
     )
 
 
+@dataclass(frozen=True)
+class HubAsset:
+    """A hub repository a run fetches (``cory.preflight.hub_assets`` lists a config's): ``repo_id``, its
+    ``repo_type`` ("model" or "dataset"), the config ``field`` that asks for it; ``fallback``: what the run takes
+    instead where the hub does not have it (None: the run cannot go on without it); ``offline``: what to set in
+    its place to run without the hub."""
+
+    field: str
+    repo_id: str
+    repo_type: str = "model"
+    fallback: str | None = None
+    offline: str | None = None
+
+    def cached(self) -> bool:
+        """In the local Hugging Face cache (the disk alone; the hub is not asked)."""
+        return local_snapshot(self.repo_id, self.repo_type) is not None or (
+            self.repo_type == "dataset" and _in_datasets_cache(self.repo_id))
+
+
 # --------------------------------------------------------------------------- model specs
 
 def check_4bit() -> None:

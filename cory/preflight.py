@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cory import memory
-from cory.assets import ModelSpec, check_4bit, model_spec, weights_fingerprint
+from cory.assets import HUB, SMOLLM2_SPEC, HubAsset, ModelSpec, check_4bit, model_spec, weights_fingerprint
 from cory.config import PPOArgs
 from cory.errors import AssetError, ConfigError
 from cory.method import method_of
@@ -49,6 +49,24 @@ def check_config(cfg: PPOArgs) -> ModelSpec:
         raise ConfigError("eval_every: not with use_peft (the base model the KL is measured against is the adapters' "
                           "own base); set eval_every: 0 and run python -m lab.evaluate on the final models")
     return spec
+
+
+def hub_assets(cfg: PPOArgs, spec: ModelSpec | None = None) -> list[HubAsset]:
+    """Every Hugging Face hub repository a run of ``cfg`` fetches, from the config and the disk alone (nothing is
+    downloaded and the hub is not asked): the model where ``model_name`` is a hub id (the policy, the reference
+    and the tokenizer), then what the task's own rules fetch (``register_task(hub_assets=...)``: IMDB's classifier
+    reward and its reviews, GSM8K's openai/gsm8k unless ``dataset_path`` is set)."""
+    if spec is None:
+        try:
+            spec = model_spec(cfg.model_name)
+        except AssetError as e:
+            raise ConfigError(str(e)) from None
+    found = []
+    if spec.kind == HUB:
+        found.append(HubAsset("model_name", cfg.model_name, offline=f"--model_name a local model folder (or "
+                                                                     f"{SMOLLM2_SPEC})"))
+    task = task_spec(cfg.task)
+    return found + (list(task.hub_assets(cfg)) if task.hub_assets is not None else [])
 
 
 def check_run(cfg: PPOArgs) -> RunPlan | None:
