@@ -4,6 +4,7 @@ task's own rules: the model where it is a hub id, IMDB's classifier reward and r
 import json
 
 import pytest
+import yaml
 
 from conftest import GSM8K_CORY, GSM8K_PPO, IMDB_CORY, IMDB_PPO
 from cory import assets, preflight
@@ -84,3 +85,29 @@ def test_cached_reads_the_disk_alone(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path))
     (tmp_path / "openai___gsm8k").mkdir()  # the datasets library's prepared tables of it
     assert asset.cached()
+
+
+# ----------------------------------------------------------------------------- --print_config
+
+def test_print_config_lists_them_after_the_config(capsys):
+    from cory.cli import CONFIG_MARKER, main
+
+    main(GSM8K_CORY, ["--config", "configs/gsm8k/cory_paper.yaml", "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out.partition(CONFIG_MARKER + "\n")[2])
+    assert list(printed) == ["method", "config", "hub_assets"]
+    assert printed["hub_assets"] == [
+        {"field": "model_name", "repo_id": "meta-llama/Llama-2-7b-chat-hf", "repo_type": "model", "cached": False},
+        {"field": "dataset", "repo_id": "openai/gsm8k", "repo_type": "dataset", "cached": False,
+         "fallback": "generated stand-in problems, not GSM8K"}]
+    main(IMDB_CORY, ["--config", "configs/imdb/cory_gpu.yaml", "--print_config"])
+    out = capsys.readouterr().out
+    assert "\n# hub_assets: the Hugging Face hub repositories the run fetches (none: it runs offline)" in out
+    assert yaml.safe_load(out.partition(CONFIG_MARKER + "\n")[2])["hub_assets"] == []
+
+
+def test_the_runner_reads_the_config_beside_them():
+    """lab.experiment_plan reads a script's config from its --print_config: the list beside it changes nothing."""
+    from lab.experiment_plan import script_config
+
+    config = script_config(["imdb_train/cory.py"], ["--config", "configs/imdb/cory_paper.yaml"], "cory script")
+    assert config["model_name"] == "gpt2-large" and "hub_assets" not in config
