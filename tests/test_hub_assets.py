@@ -6,7 +6,7 @@ import json
 import pytest
 import yaml
 
-from conftest import GSM8K_CORY, GSM8K_PPO, IMDB_CORY, IMDB_PPO
+from conftest import GSM8K_CORY, GSM8K_PPO, IMDB_CORY, IMDB_PPO, rejected
 from cory import assets, preflight
 from cory.cli import parse
 
@@ -111,3 +111,80 @@ def test_the_runner_reads_the_config_beside_them():
 
     config = script_config(["imdb_train/cory.py"], ["--config", "configs/imdb/cory_paper.yaml"], "cory script")
     assert config["model_name"] == "gpt2-large" and "hub_assets" not in config
+
+
+# ----------------------------------------------------------------------------- offline: all of them in one line
+
+@pytest.fixture
+def empty_cache(monkeypatch):
+    """Nothing in the local Hugging Face cache, whatever this machine holds."""
+    monkeypatch.setattr(assets, "local_snapshot", lambda repo_id, repo_type="model": None)
+    monkeypatch.setattr(assets, "_in_datasets_cache", lambda repo_id: False)
+
+
+@pytest.fixture
+def unreachable(monkeypatch, empty_cache):
+    """No offline flag set, and a hub that does not answer: asked once, for the first asset."""
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    asked = []
+    monkeypatch.setattr(assets, "_hub_answer", lambda repo_id, repo_type, timeout: asked.append(repo_id)
+                        or "unreachable")
+    return asked
+
+
+IMDB_OFFLINE = ("to run offline use --config configs/imdb/{method}_cpu.yaml (the embedded model) instead, or set in "
+                "their place --model_name a local model folder (or embedded:smollm2-135m), --reward_model vader (or a "
+                "local classifier folder), --dataset builtin")
+
+
+@pytest.mark.parametrize("method", ["ppo", "cory"])
+def test_the_imdb_paper_preset_offline_names_all_three_at_once(method, empty_cache, tmp_path):
+    run = tmp_path / "run"
+    line = rejected("imdb", method, ["--config", f"configs/imdb/{method}_paper.yaml", "--output_dir", run])
+    assert line == ("error: model 'gpt2-large' (model_name), model 'lvwerra/distilbert-imdb' (reward_model) and "
+                    "dataset 'stanfordnlp/imdb' (dataset hub) are not in the local Hugging Face cache and "
+                    f"HF_HUB_OFFLINE=1 is set; {IMDB_OFFLINE.format(method=method)}")
+    assert not run.exists()
+
+
+def test_the_imdb_paper_preset_with_the_hub_unreachable(unreachable, tmp_path):
+    line = rejected("imdb", "cory", ["--config", "configs/imdb/cory_paper.yaml", "--output_dir", tmp_path / "run"])
+    assert line == ("error: model 'gpt2-large' (model_name), model 'lvwerra/distilbert-imdb' (reward_model) and "
+                    "dataset 'stanfordnlp/imdb' (dataset hub) are not in the local Hugging Face cache and the hub is "
+                    f"unreachable; {IMDB_OFFLINE.format(method='cory')}")
+    assert unreachable == ["gpt2-large"]  # one unanswered probe is enough: not one wait per asset
+
+
+@pytest.mark.parametrize("method", ["ppo", "cory"])
+def test_the_gsm8k_paper_preset_offline_names_the_model_and_the_data(method, unreachable, tmp_path):
+    # before the 4-bit check: on this CPU machine the offline preset it names is the way on, too
+    run = tmp_path / "run"
+    line = rejected("gsm8k", method, ["--config", f"configs/gsm8k/{method}_paper.yaml", "--output_dir", run])
+    assert line == ("error: model 'meta-llama/Llama-2-7b-chat-hf' (model_name) and dataset 'openai/gsm8k' (dataset "
+                    "auto: else generated stand-in problems, not GSM8K) are not in the local Hugging Face cache and "
+                    f"the hub is unreachable; to run offline use --config configs/gsm8k/{method}_cpu.yaml (the "
+                    "embedded model) instead, or set in their place --model_name a local model folder (or "
+                    "embedded:smollm2-135m), --dataset_path DIR (GSM8K's train.jsonl and test.jsonl)")
+    assert not run.exists()
+
+
+def test_only_what_is_missing_is_named(empty_cache, monkeypatch, tmp_path):
+    monkeypatch.setattr(assets, "local_snapshot", lambda repo_id, repo_type="model":
+                        tmp_path if repo_id == "gpt2-large" else None)  # the model cached, nothing else
+    line = rejected("imdb", "ppo", ["--config", "configs/imdb/ppo_paper.yaml", "--output_dir", tmp_path / "run"])
+    assert line.startswith("error: model 'lvwerra/distilbert-imdb' (reward_model) and dataset 'stanfordnlp/imdb' "
+                           "(dataset hub) are not in the local Hugging Face cache and HF_HUB_OFFLINE=1 is set; to run "
+                           "offline use --config configs/imdb/ppo_cpu.yaml (the embedded model) instead, or set in "
+                           "their place --reward_model vader")
+    # one asset: its place; a task with no cpu preset of that method: the embedded model by name
+    line = rejected("imdb", "ppo", ["--config", "configs/imdb/ppo_tiny.yaml", "--model_name", "some-org/model",
+                                    "--output_dir", tmp_path / "run"])
+    assert line.endswith("is set; to run offline use --config configs/imdb/ppo_cpu.yaml (the embedded model) "
+                         "instead, or set in its place --model_name a local model folder (or embedded:smollm2-135m)")
+
+
+def test_what_the_task_replaces_by_its_own_rule_is_no_error(empty_cache):
+    # the GSM8K cpu preset offline: generated problems instead of openai/gsm8k, as the task says when it does
+    preflight.check_hub(parse(GSM8K_PPO, ["--config", "configs/gsm8k/ppo_cpu.yaml"], check=False))
+    preflight.check_hub(parse(IMDB_PPO, ["--config", "configs/imdb/ppo_gpu.yaml", "--dataset", "auto"], check=False))
