@@ -96,8 +96,9 @@ def check_hub(cfg: PPOArgs, spec: ModelSpec | None = None) -> None:
     instead = (f"--config {preset} (the embedded model)" if (REPO / preset).is_file() else
                f"--model_name {SMOLLM2_SPEC}")
     each = ", ".join(a.offline for a, _ in missing if a.offline)
+    each = f", or set in {'its' if one else 'their'} place {each}" if each else ""
     raise AssetError(f"{listed} {'is' if one else 'are'} not in the local Hugging Face cache{reason}; to run offline "
-                     f"use {instead} instead" + (f", or set in {'its' if one else 'their'} place {each}" if each else ""))
+                     f"use {instead} instead{each} (docs/gpu.md)")
 
 
 def check_run(cfg: PPOArgs) -> RunPlan | None:

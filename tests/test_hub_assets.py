@@ -135,7 +135,7 @@ def unreachable(monkeypatch, empty_cache):
 
 IMDB_OFFLINE = ("to run offline use --config configs/imdb/{method}_cpu.yaml (the embedded model) instead, or set in "
                 "their place --model_name a local model folder (or embedded:smollm2-135m), --reward_model vader (or a "
-                "local classifier folder), --dataset builtin")
+                "local classifier folder), --dataset builtin (docs/gpu.md)")
 
 
 @pytest.mark.parametrize("method", ["ppo", "cory"])
@@ -165,7 +165,7 @@ def test_the_gsm8k_paper_preset_offline_names_the_model_and_the_data(method, unr
                     "auto: else generated stand-in problems, not GSM8K) are not in the local Hugging Face cache and "
                     f"the hub is unreachable; to run offline use --config configs/gsm8k/{method}_cpu.yaml (the "
                     "embedded model) instead, or set in their place --model_name a local model folder (or "
-                    "embedded:smollm2-135m), --dataset_path DIR (GSM8K's train.jsonl and test.jsonl)")
+                    "embedded:smollm2-135m), --dataset_path DIR (GSM8K's train.jsonl and test.jsonl) (docs/gpu.md)")
     assert not run.exists()
 
 
@@ -181,7 +181,8 @@ def test_only_what_is_missing_is_named(empty_cache, monkeypatch, tmp_path):
     line = rejected("imdb", "ppo", ["--config", "configs/imdb/ppo_tiny.yaml", "--model_name", "some-org/model",
                                     "--output_dir", tmp_path / "run"])
     assert line.endswith("is set; to run offline use --config configs/imdb/ppo_cpu.yaml (the embedded model) "
-                         "instead, or set in its place --model_name a local model folder (or embedded:smollm2-135m)")
+                         "instead, or set in its place --model_name a local model folder (or embedded:smollm2-135m) "
+                         "(docs/gpu.md)")
 
 
 def test_what_the_task_replaces_by_its_own_rule_is_no_error(empty_cache):
