@@ -147,6 +147,7 @@ def main(cls, argv: list[str] | None = None) -> None:
     print_config = PRINT_CONFIG in argv
     try:
         cfg = parse(cls, argv, check=print_config)
+        hub = [hub_asset(a) for a in preflight.hub_assets(cfg)] if print_config else []
     except (ConfigError, AssetError) as e:
         print(f"error: {one_line(str(e))}", file=sys.stderr)
         raise SystemExit(2)
@@ -156,8 +157,7 @@ def main(cls, argv: list[str] | None = None) -> None:
         print(CONFIG_MARKER)
         print(yaml.safe_dump({"method": cfg.method, "config": to_dict(cfg)}, sort_keys=False), end="")
         print(HUB_ASSETS_NOTE)
-        print(yaml.safe_dump({"hub_assets": [hub_asset(a) for a in preflight.hub_assets(cfg)]}, sort_keys=False),
-              end="")
+        print(yaml.safe_dump({"hub_assets": hub}, sort_keys=False), end="")
         return
     finished = run_rules.nothing_to_do(cfg)  # a finished run's --resume: before anything loads or is written
     if finished:

@@ -70,7 +70,18 @@ def hub_assets(cfg: PPOArgs, spec: ModelSpec | None = None) -> list[HubAsset]:
         found.append(HubAsset("model_name", cfg.model_name, offline=f"--model_name a local model folder (or "
                                                                      f"{SMOLLM2_SPEC})"))
     task = task_spec(cfg.task)
-    return found + (list(task.hub_assets(cfg)) if task.hub_assets is not None else [])
+    if task.hub_assets is None:
+        return found
+    try:
+        listed = list(task.hub_assets(cfg))
+    except Exception as e:  # noqa: BLE001 - a plug-in's own bug, named with its place
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ConfigError(f"task {cfg.task}: hub_assets() raised {type(e).__name__}: {first} (registered at "
+                          f"{task.where})") from None
+    if not all(isinstance(asset, HubAsset) for asset in listed):
+        raise ConfigError(f"task {cfg.task}: hub_assets() must return cory.assets.HubAsset values (registered at "
+                          f"{task.where})")
+    return found + listed
 
 
 def check_hub(cfg: PPOArgs, spec: ModelSpec | None = None) -> None:

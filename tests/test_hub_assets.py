@@ -189,3 +189,21 @@ def test_what_the_task_replaces_by_its_own_rule_is_no_error(empty_cache):
     # the GSM8K cpu preset offline: generated problems instead of openai/gsm8k, as the task says when it does
     preflight.check_hub(parse(GSM8K_PPO, ["--config", "configs/gsm8k/ppo_cpu.yaml"], check=False))
     preflight.check_hub(parse(IMDB_PPO, ["--config", "configs/imdb/ppo_gpu.yaml", "--dataset", "auto"], check=False))
+
+
+def test_a_task_s_broken_hub_assets_is_one_line(monkeypatch):
+    import dataclasses
+
+    from cory.errors import ConfigError
+    from cory.tasks import registry
+
+    cfg = parse(IMDB_PPO, ["--config", "configs/imdb/ppo_tiny.yaml"], check=False)
+    spec = registry.task_spec("imdb")
+    for broken, message in [(lambda cfg: 1 / 0, "hub_assets() raised ZeroDivisionError: division by zero"),
+                            (lambda cfg: ["gpt2"], "hub_assets() must return cory.assets.HubAsset values")]:
+        monkeypatch.setitem(registry._REGISTRY, "imdb", dataclasses.replace(spec, hub_assets=broken))
+        with pytest.raises(ConfigError) as e:
+            preflight.hub_assets(cfg)
+        assert str(e.value) == f"task imdb: {message} (registered at {spec.where})"
+        main_line = rejected("imdb", "ppo", ["--config", "configs/imdb/ppo_tiny.yaml", "--print_config"])
+        assert main_line == f"error: task imdb: {message} (registered at {spec.where})"
