@@ -170,6 +170,25 @@ def _hub_answer(repo_id: str, repo_type: str, timeout: float) -> str:
     return _probe_results[key]
 
 
+UNREACHABLE = "the hub is unreachable"
+
+
+def hub_unavailable(repo_id: str, repo_type: str = "model", timeout: float = 5.0, *, ask: bool = True) -> str | None:
+    """None if ``repo_id`` is in the local cache or the hub has it; else why not, in a few words (``ask``: False
+    takes the hub as unreachable without asking it, for a caller that has just found it so)."""
+    if local_snapshot(repo_id, repo_type) is not None:
+        return None
+    if repo_type == "dataset" and _in_datasets_cache(repo_id):
+        return None
+    offline = _offline_env()
+    answer = "unreachable" if offline or not ask else _hub_answer(repo_id, repo_type, timeout)
+    if answer == "found":
+        return None
+    return (f"{offline}=1 is set" if offline else
+            f"the hub ({_endpoint()}) has no {repo_type} of that name (or it is private)" if answer == "missing" else
+            UNREACHABLE)
+
+
 def check_hub_asset(
     repo_id: str, repo_type: str = "model", timeout: float = 5.0, *, hint: str | None = None
 ) -> None:
@@ -178,18 +197,9 @@ def check_hub_asset(
     ``hint`` replaces the default advice at the end of the message (the default suggests the
     offline models, which only makes sense for the policy model).
     """
-    if local_snapshot(repo_id, repo_type) is not None:
+    why = hub_unavailable(repo_id, repo_type, timeout)
+    if why is None:
         return
-    if repo_type == "dataset" and _in_datasets_cache(repo_id):
-        return
-    offline = _offline_env()
-    answer = "unreachable" if offline else _hub_answer(repo_id, repo_type, timeout)
-    if answer == "found":
-        return
-    endpoint = _endpoint()
-    why = (f"{offline}=1 is set" if offline else
-           f"the hub ({endpoint}) has no {repo_type} of that name (or it is private)" if answer == "missing" else
-           "the hub is unreachable")
     if hint is None:
         hint = (
             f"use --model_name {SMOLLM2_SPEC} (or {TINY_SPEC}) to run offline"
@@ -199,6 +209,25 @@ def check_hub_asset(
     raise AssetError(
         f"{repo_type} '{repo_id}' is not in the local Hugging Face cache and {why}; {hint}"
     )
+
+
+@dataclass(frozen=True)
+class HubAsset:
+    """A hub repository a run fetches (``cory.preflight.hub_assets`` lists a config's): ``repo_id``, its
+    ``repo_type`` ("model" or "dataset"), the config ``field`` that asks for it; ``fallback``: what the run takes
+    instead where the hub does not have it (None: the run cannot go on without it); ``offline``: what to set in
+    its place to run without the hub."""
+
+    field: str
+    repo_id: str
+    repo_type: str = "model"
+    fallback: str | None = None
+    offline: str | None = None
+
+    def cached(self) -> bool:
+        """In the local Hugging Face cache (the disk alone; the hub is not asked)."""
+        return local_snapshot(self.repo_id, self.repo_type) is not None or (
+            self.repo_type == "dataset" and _in_datasets_cache(self.repo_id))
 
 
 # --------------------------------------------------------------------------- model specs

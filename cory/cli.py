@@ -27,7 +27,8 @@ def _help(cls, prog: str) -> str:
         "  --resume RUN_DIR     continue that run from its newest checkpoint (its config.yaml is the base);",
         "                       only the fields marked [resume] may differ, e.g. --steps N extends a finished run",
         "  --overwrite          replace the run already in output_dir (only ever a folder this project wrote)",
-        "  --print_config       check the resolved config as a run would, print it as YAML and exit (trains nothing)",
+        "  --print_config       check the resolved config as a run would, print it as YAML with the hub assets the",
+        "                       run fetches (hub_assets) and exit (trains nothing, asks the hub nothing)",
         "", "fields (--name value; a true/false field may stand alone to mean true):"]
     # the values a field may take for this script's task, as the task registered them
     task = registered().get(cls.__dataclass_fields__["task"].default)
@@ -125,6 +126,14 @@ def build_saved(cls, saved: dict, path: Path):
 
 PRINT_CONFIG = "--print_config"
 CONFIG_MARKER = "# cory --print_config"
+HUB_ASSETS_NOTE = ("# hub_assets: the Hugging Face hub repositories the run fetches (none: it runs offline); cached: "
+                   "in the local cache now; fallback: what the run takes where the hub does not have it")
+
+
+def hub_asset(asset) -> dict:
+    """A ``cory.assets.HubAsset`` as ``--print_config`` prints it (``cached`` read from the disk alone)."""
+    printed = {"field": asset.field, "repo_id": asset.repo_id, "repo_type": asset.repo_type, "cached": asset.cached()}
+    return printed if asset.fallback is None else {**printed, "fallback": asset.fallback}
 
 
 def main(cls, argv: list[str] | None = None) -> None:
@@ -132,11 +141,13 @@ def main(cls, argv: list[str] | None = None) -> None:
     one line and exit 2, no traceback.
 
     ``--print_config``: the resolved config, checked as far as a run checks it before loading a model, printed
-    as YAML (``method`` and ``config``); this is how the experiment runner reads a script's values."""
+    as YAML (``method`` and ``config``; this is how the experiment runner reads a script's values), then the hub
+    assets the run fetches (``hub_assets``: ``cory.preflight.hub_assets``, the hub not asked)."""
     argv = sys.argv[1:] if argv is None else argv
     print_config = PRINT_CONFIG in argv
     try:
         cfg = parse(cls, argv, check=print_config)
+        hub = [hub_asset(a) for a in preflight.hub_assets(cfg)] if print_config else []
     except (ConfigError, AssetError) as e:
         print(f"error: {one_line(str(e))}", file=sys.stderr)
         raise SystemExit(2)
@@ -145,6 +156,8 @@ def main(cls, argv: list[str] | None = None) -> None:
         # not read as the config
         print(CONFIG_MARKER)
         print(yaml.safe_dump({"method": cfg.method, "config": to_dict(cfg)}, sort_keys=False), end="")
+        print(HUB_ASSETS_NOTE)
+        print(yaml.safe_dump({"hub_assets": hub}, sort_keys=False), end="")
         return
     finished = run_rules.nothing_to_do(cfg)  # a finished run's --resume: before anything loads or is written
     if finished:

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cory import memory
-from cory.assets import ModelSpec, check_4bit, model_spec, weights_fingerprint
+from cory.assets import (HUB, SMOLLM2_SPEC, UNREACHABLE, HubAsset, ModelSpec, check_4bit, hub_unavailable,
+                         model_spec, weights_fingerprint)
 from cory.config import PPOArgs
 from cory.errors import AssetError, ConfigError
 from cory.method import method_of
@@ -51,14 +52,75 @@ def check_config(cfg: PPOArgs) -> ModelSpec:
     return spec
 
 
+REPO = Path(__file__).resolve().parent.parent  # where the presets are (configs/<task>/<method>_<preset>.yaml)
+
+
+def hub_assets(cfg: PPOArgs, spec: ModelSpec | None = None) -> list[HubAsset]:
+    """Every Hugging Face hub repository a run of ``cfg`` fetches, from the config and the disk alone (nothing is
+    downloaded and the hub is not asked): the model where ``model_name`` is a hub id (the policy, the reference
+    and the tokenizer), then what the task's own rules fetch (``register_task(hub_assets=...)``: IMDB's classifier
+    reward and its reviews, GSM8K's openai/gsm8k unless ``dataset_path`` is set)."""
+    if spec is None:
+        try:
+            spec = model_spec(cfg.model_name)
+        except AssetError as e:
+            raise ConfigError(str(e)) from None
+    found = []
+    if spec.kind == HUB:
+        found.append(HubAsset("model_name", cfg.model_name, offline=f"--model_name a local model folder (or "
+                                                                     f"{SMOLLM2_SPEC})"))
+    task = task_spec(cfg.task)
+    if task.hub_assets is None:
+        return found
+    try:
+        listed = list(task.hub_assets(cfg))
+    except Exception as e:  # noqa: BLE001 - a plug-in's own bug, named with its place
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ConfigError(f"task {cfg.task}: hub_assets() raised {type(e).__name__}: {first} (registered at "
+                          f"{task.where})") from None
+    if not all(isinstance(asset, HubAsset) for asset in listed):
+        raise ConfigError(f"task {cfg.task}: hub_assets() must return cory.assets.HubAsset values (registered at "
+                          f"{task.where})")
+    return found + listed
+
+
+def check_hub(cfg: PPOArgs, spec: ModelSpec | None = None) -> None:
+    """The hub assets a run cannot go without (``hub_assets``) are in the local cache or on the hub, asked before any
+    model loads; else one AssetError naming all of them (and those whose task would fall back), with what runs
+    offline instead, so that a run does not name a model, then a reward, then a dataset in three runs."""
+    missing, unreachable = [], False
+    for asset in hub_assets(cfg, spec):
+        why = hub_unavailable(asset.repo_id, asset.repo_type, ask=not unreachable)  # one unreachable hub is enough
+        if why is not None:
+            missing.append((asset, why))
+            unreachable = unreachable or why == UNREACHABLE
+    if all(asset.fallback is not None for asset, _ in missing):
+        return  # nothing missing, or only what the task replaces by its own rule (and says so when it does)
+    reasons = set(why for _, why in missing)
+    named = [f"{a.repo_type} '{a.repo_id}' ({a.field}" + (f" {cfg.dataset}" if a.field == "dataset" else "")
+             + (f": else {a.fallback}" if a.fallback else "") + (f"; {why}" if len(reasons) > 1 else "") + ")"
+             for a, why in missing]
+    one = len(named) == 1
+    listed = named[0] if one else f"{', '.join(named[:-1])} and {named[-1]}"
+    reason = f" and {reasons.pop()}" if len(reasons) == 1 else ""
+    preset = Path("configs", cfg.task, f"{cfg.method}_cpu.yaml")
+    instead = (f"--config {preset} (the embedded model)" if (REPO / preset).is_file() else
+               f"--model_name {SMOLLM2_SPEC}")
+    each = ", ".join(a.offline for a, _ in missing if a.offline)
+    each = f", or set in {'its' if one else 'their'} place {each}" if each else ""
+    raise AssetError(f"{listed} {'is' if one else 'are'} not in the local Hugging Face cache{reason}; to run offline "
+                     f"use {instead} instead{each} (docs/gpu.md)")
+
+
 def check_run(cfg: PPOArgs) -> RunPlan | None:
-    """Every check a training run makes before it writes anything or loads a model: the config (above), then what
-    the run will write: its folder, what it may replace or continue, and the loggers it reports to (before the folder
-    is created). Returns what the run needs of it; None for the ``--resume`` of a finished run (``nothing_to_do``),
-    which checks nothing further and changes nothing."""
+    """Every check a training run makes before it writes anything or loads a model: the config (above), the hub
+    assets it needs (``check_hub``), then what the run will write: its folder, what it may replace or continue, and
+    the loggers it reports to (before the folder is created). Returns what the run needs of it; None for the
+    ``--resume`` of a finished run (``nothing_to_do``), which checks nothing further and changes nothing."""
     if nothing_to_do(cfg):
         return None
     spec = check_config(cfg)
+    check_hub(cfg, spec)  # before the 4-bit check: the offline preset it names needs no GPU either
     if cfg.load_in_4bit:
         check_4bit()
         if not cfg.use_peft:

@@ -25,7 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
-from cory.assets import check_hub_asset, quiet
+from cory.assets import HubAsset, check_hub_asset, quiet
 from cory.errors import ConfigError
 from cory.tasks.gsm8k_answers import (authors_correct, correctness_reward, normalize_number, reference_answer,
                                       trim_at_stop)
@@ -465,6 +465,16 @@ def _check(cfg, splits=("train", "test")) -> None:
         check_local_files(cfg.dataset_path, splits)
 
 
+def _hub_assets(cfg) -> list[HubAsset]:
+    """What a run fetches from the hub (resolve_source's rules): openai/gsm8k for dataset hub, or auto without
+    dataset_path (generated stand-in problems where the hub does not have it)."""
+    if cfg.dataset == "hub" or (cfg.dataset == "auto" and cfg.dataset_path is None):
+        return [HubAsset("dataset", HUB_REPO_ID, "dataset", "generated stand-in problems, not GSM8K" if
+                         cfg.dataset == "auto" else None, offline="--dataset_path DIR (GSM8K's train.jsonl and "
+                                                                  "test.jsonl)")]
+    return []
+
+
 def _make_eval(cfg, tokenizer):
     return Gsm8kTask(source=cfg.dataset, dataset_path=cfg.dataset_path, with_train=False)
 
@@ -500,7 +510,7 @@ GSM8K_PROTOCOLS = {
 
 # evaluation: pass@k of 256-token answers to all 1,319 test questions, whose one-shot prompt needs the longer budget
 register_task("gsm8k", _make, datasets=("auto", "hub", "local", "generated"), rewards=("correctness",),
-              check=_check, prompt_tokens=384,
+              check=_check, prompt_tokens=384, hub_assets=_hub_assets,
               evaluation=Evaluation(PASS_AT_K, answer_tokens=256, make=_make_eval,
                                     check=lambda cfg: _check(cfg, ("test",)), note=_note,
                                     protocols=GSM8K_PROTOCOLS))

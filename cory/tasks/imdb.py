@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from cory.assets import check_hub_asset, model_config
+from cory.assets import HubAsset, check_hub_asset, model_config
 from cory.errors import AssetError, ConfigError
 from cory.tasks.base import REWARD_METRICS, Evaluation, Example, TaskBase
 from cory.tasks.registry import register_task
@@ -426,8 +426,21 @@ def _check(cfg) -> None:
                           "openings); drop --dataset_path")
 
 
+def _hub_assets(cfg) -> list[HubAsset]:
+    """What a run fetches from the hub (make_reward's and _load_train_pool's rules): the paper's classifier reward,
+    and the reviews for dataset hub, or auto (the built-in openings where the hub does not have them)."""
+    found = []
+    if cfg.reward_model == "distilbert-imdb":
+        found.append(HubAsset("reward_model", DISTILBERT_IMDB, offline="--reward_model vader (or a local classifier "
+                                                                       "folder)"))
+    if cfg.dataset in ("hub", "auto"):
+        found.append(HubAsset("dataset", HUB_DATASET, "dataset", "the built-in openings" if cfg.dataset == "auto"
+                              else None, offline="--dataset builtin"))
+    return found
+
+
 # evaluation: reward, KL and diversity of 15-token answers to the paper's batch of 256 held-out openings (the
 # built-in eval openings are fewer, 110), scored with plain VADER when training used a shaped form of it
-register_task("imdb", _make, datasets=SOURCES, check=_check, prompt_tokens=64,
+register_task("imdb", _make, datasets=SOURCES, check=_check, prompt_tokens=64, hub_assets=_hub_assets,
               evaluation=Evaluation(REWARD_METRICS, answer_tokens=15, limit=256, reward="vader",
                                     scored_as={"vader-scaled": "vader", "vader-gain": "vader"}))

@@ -24,6 +24,7 @@ class TaskSpec:
     prompt_tokens: int = 64  # room kept for the prompt beside the longest answer (the model's context check)
     evaluation: Evaluation = field(default_factory=Evaluation)
     where: str = ""  # file:line of the register_task call
+    hub_assets: Callable | None = None  # (cfg) -> [cory.assets.HubAsset]: what the task fetches from the hub
 
 
 _REGISTRY: dict[str, TaskSpec] = {}
@@ -35,13 +36,15 @@ def _caller() -> str:
 
 
 def register_task(name: str, make: Callable, *, datasets=("auto",), rewards=(), check=None, prompt_tokens: int = 64,
-                  evaluation: Evaluation | None = None) -> None:
+                  evaluation: Evaluation | None = None, hub_assets: Callable | None = None) -> None:
     """Make ``task: name`` mean ``make(cfg, tokenizer, seed)``, a ``Task``; ``datasets`` and ``rewards`` are the
     values the config's ``dataset`` and ``reward_model`` may take (no ``rewards``: any); ``prompt_tokens``: the
     room its prompts need beside an answer; ``evaluation``: how ``lab.evaluate`` scores it (default: mean
-    reward, KL and distinct-n of 15-token answers). A name is registered once: a second registration from another
-    place (another task file, or one that shadows a built-in task) is a ConfigError naming both places; the same
-    call run again (a module imported twice) replaces its own."""
+    reward, KL and distinct-n of 15-token answers); ``hub_assets(cfg)``: the hub repositories the task fetches for
+    ``cfg`` (``cory.assets.HubAsset``s, by its own rules and without asking the hub; the model is not the task's).
+    A name is registered once: a second registration from another place (another task file, or one that shadows a
+    built-in task) is a ConfigError naming both places; the same call run again (a module imported twice) replaces
+    its own."""
     where = _caller()
     if name in _REGISTRY and _REGISTRY[name].where != where:
         message = (f"task {name!r} is registered twice: at {_REGISTRY[name].where} and at {where}; give one of them "
@@ -52,7 +55,7 @@ def register_task(name: str, make: Callable, *, datasets=("auto",), rewards=(), 
             raise SystemExit(2)
         raise ConfigError(message)
     _REGISTRY[name] = TaskSpec(make, tuple(datasets), tuple(rewards), check, prompt_tokens,
-                               evaluation or Evaluation(), where)
+                               evaluation or Evaluation(), where, hub_assets)
 
 
 def registered() -> dict[str, TaskSpec]:
