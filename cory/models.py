@@ -319,3 +319,59 @@ def load_reference(spec: ModelSpec, policy=None, *, use_peft: bool = False):
     for param in reference.parameters():
         param.requires_grad_(False)
     return reference.eval()
+
+
+class AdapterView:
+    """A LoRA model read by the held-out evaluation as one agent's policy (``adapter``: made active for each call,
+    then the one before put back: two agents may share one base) or, with ``adapter`` None, as the base model with
+    every adapter off: trl's KL reference for a peft policy (``optional_peft_ctx``). Calls, ``generate`` and the
+    train/eval switch reach the model; its parameters are named by what the view reads, so that two views never
+    pass for the same weights (``cory.heldout.same_weights``)."""
+
+    def __init__(self, peft_model, adapter: str | None):
+        self.model, self.adapter = peft_model, adapter
+
+    @contextlib.contextmanager
+    def reading(self):
+        if self.adapter is None:
+            with self.model.disable_adapter():
+                yield
+            return
+        before = self.model.active_adapter
+        self.model.set_adapter(self.adapter)
+        try:
+            yield
+        finally:
+            self.model.set_adapter(before)
+
+    def __call__(self, *args, **kwargs):
+        with self.reading():
+            return self.model(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        return self(*args, **kwargs)
+
+    def generate(self, *args, **kwargs):
+        with self.reading():
+            return self.model.generate(*args, **kwargs)
+
+    @property
+    def training(self) -> bool:
+        return self.model.training
+
+    def train(self, mode: bool = True):
+        self.model.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def parameters(self):
+        return (p for _, p in self.named_parameters())
+
+    def named_parameters(self):
+        mark = f"lora_{self.adapter}" if self.adapter is not None else "base"
+        return ((f"{mark}:{name}", p) for name, p in self.model.named_parameters()
+                if self.adapter is None and "lora_" not in name
+                or self.adapter is not None and ("lora_" not in name or f".{self.adapter}." in name
+                                                 or name.endswith(f".{self.adapter}")))

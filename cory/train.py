@@ -169,12 +169,23 @@ class Run:
         """The run's own held-out evaluation (``eval_every``), from the main process only, else None."""
         if not self.cfg.eval_every or not self.run_dir.enabled:
             return None
-        return PeriodicEvaluation(self.cfg, self.tokenizer, self.reference.pretrained_model)
+        if self.reference is not None:
+            return PeriodicEvaluation(self.cfg, self.tokenizer, self.reference.pretrained_model)
+        # LoRA: the reference is the base with the adapters off, as trl's step reads it (one base for all agents)
+        first = next(iter(self.agents.values()))
+        return PeriodicEvaluation(self.cfg, self.tokenizer, models.AdapterView(first.policy.pretrained_model, None))
+
+    def evaluated_models(self) -> dict:
+        """Each agent's policy as the held-out evaluation reads it: with LoRA, its own adapter active."""
+        if self.reference is not None:
+            return {name: agent.policy.pretrained_model for name, agent in self.agents.items()}
+        return {name: models.AdapterView(agent.policy.pretrained_model,
+                                         getattr(agent.policy, "adapter_name", None) or "default")
+                for name, agent in self.agents.items()}
 
     def evaluate(self, done: int) -> None:
         if self.heldout is not None:
-            models = {name: agent.policy.pretrained_model for name, agent in self.agents.items()}
-            rows = self.heldout(models, done)
+            rows = self.heldout(self.evaluated_models(), done)
             self.run_dir.log_eval(rows)
             # the numbers where people look: one console line, and eval/ keys beside the training rows' (step: the
             # iteration just done, the base model's at 0)

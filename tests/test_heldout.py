@@ -186,6 +186,27 @@ def test_a_resumed_run_keeps_the_evaluations_up_to_its_checkpoint(tmp_path, kept
     assert [r["iterations"] for r in read_jsonl(out / "eval.jsonl")] == [0, 1, 2]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("method,cls", [("ppo", IMDB_PPO), ("cory", IMDB_CORY)])
+def test_a_lora_run_evaluates_along_training_against_its_base_with_the_adapters_off(tmp_path, method, cls):
+    """trl's reference for a peft policy is the base with its adapters disabled: the held-out KL is read against it.
+    CORY's two agents share one base (shared_base), each read with its own adapter active."""
+    full = prepare_run(tiny(cls, method, tmp_path / "full", steps=1, eval_every=1)).fit()
+    lora = prepare_run(tiny(cls, method, tmp_path / "lora", steps=2, eval_every=1, use_peft=True, lora_r=4,
+                            lora_alpha=8, learning_rate=1e-2)).fit()
+    rows = read_jsonl(lora / "eval.jsonl")
+    agents = ["policy"] if method == "ppo" else ["llm1", "llm2"]
+    assert [(r["iterations"], r["agent"]) for r in rows] == [(i, a) for i in (0, 1, 2) for a in agents]
+    base = {r["agent"]: r for r in read_jsonl(full / "eval.jsonl") if r["iterations"] == 0}
+    for r in rows[:len(agents)]:  # LoRA's B starts at 0: the policy is its base, answering as the full model's
+        assert r["kl"] == pytest.approx(0.0, abs=1e-4)
+        assert r["task_reward"] == pytest.approx(base[r["agent"]]["task_reward"], abs=1e-4)
+    last = [r for r in rows if r["iterations"] == 2]
+    assert all(r["kl"] > 1e-3 for r in last)
+    if method == "cory":  # two adapters on one base, trained apart, read apart
+        assert last[0]["kl"] != last[1]["kl"]
+
+
 def test_eval_every_refusals_are_one_line():
     assert "eval_every: must be >= 0" in rejected("imdb", "ppo", ["--config", "configs/imdb/ppo_tiny.yaml",
                                                                   "--eval_every", "-1"])
