@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from cory import preflight, run_rules
-from cory.config import (INVOCATION_FIELDS, REQUIRED, _allowed, _field_types, build, field_help, load_yaml, to_dict,
+from cory.config import (INVOCATION_FIELDS, REQUIRED, allowed_type, build, field_help, field_types, load_yaml, to_dict,
                          validate)
 from cory.errors import AssetError, ConfigError, RunError, Stopped
 from cory.tasks import registered
@@ -50,7 +50,7 @@ def _help(cls, prog: str) -> str:
 
 def split_flags(cls, argv: list[str]) -> tuple[str | None, dict[str, str]]:
     """(config path, {field: raw string}) from ``argv``; bool flags may stand alone (``--overwrite``)."""
-    types_ = _field_types(cls)
+    types_ = field_types(cls)
     config, flags, i = None, {}, 0
     while i < len(argv):
         arg = argv[i]
@@ -62,7 +62,7 @@ def split_flags(cls, argv: list[str]) -> tuple[str | None, dict[str, str]]:
             nxt = argv[i + 1] if i + 1 < len(argv) else None
             if nxt is not None and not nxt.startswith("--"):
                 value, i = nxt, i + 1
-            elif key in types_ and _allowed(types_[key])[0] is bool:
+            elif key in types_ and allowed_type(types_[key])[0] is bool:
                 value = "true"
             else:
                 raise ConfigError(f"--{key}: missing value")

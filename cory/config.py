@@ -183,11 +183,12 @@ def on_resume_fields(cls) -> tuple[str, ...]:
     return tuple(f.name for f in fields(cls) if metadata(cls, f.name)["on_resume"])
 
 
-def _field_types(cls) -> dict[str, typing.Any]:
+def field_types(cls) -> dict[str, typing.Any]:
+    """Each field of the config class ``cls`` with its annotation, resolved."""
     return typing.get_type_hints(cls)
 
 
-def _allowed(tp) -> tuple[type, bool]:
+def allowed_type(tp) -> tuple[type, bool]:
     """(base type, optional?) of an annotation like ``float | None``."""
     args = typing.get_args(tp)
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
@@ -206,7 +207,7 @@ def metadata(cls, name: str) -> dict:
 
 
 def _coerce(name: str, value, tp, from_cli: bool):
-    base, optional = _allowed(tp)
+    base, optional = allowed_type(tp)
     if value is None or (from_cli and isinstance(value, str) and value.lower() in ("none", "null")):
         if optional:
             return None
@@ -335,7 +336,7 @@ def short(value, width: int = 60) -> str:
 
 def build(cls, overrides: dict | None = None, cli: dict | None = None):
     """An instance of ``cls`` from YAML-typed ``overrides`` and string-typed ``cli`` values."""
-    types_ = _field_types(cls)
+    types_ = field_types(cls)
     values = {}
     for source, from_cli in ((overrides or {}), False), ((cli or {}), True):
         for key, value in source.items():
@@ -485,6 +486,6 @@ def field_help(cls) -> list[tuple[str, str, object, dict]]:
     state is REQUIRED."""
     out = []
     for f in fields(cls):
-        base, optional = _allowed(_field_types(cls)[f.name])
+        base, optional = allowed_type(field_types(cls)[f.name])
         out.append((f.name, base.__name__ + (" | none" if optional else ""), f.default, metadata(cls, f.name)))
     return out

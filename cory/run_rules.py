@@ -33,7 +33,7 @@ from pathlib import Path
 
 import yaml
 
-from cory.config import (INVOCATION_FIELDS, REQUIRED, CoryArgs, PPOArgs, _field_types, field_help, metadata,
+from cory.config import (INVOCATION_FIELDS, REQUIRED, CoryArgs, PPOArgs, field_types, field_help, metadata,
                          on_resume_fields, to_dict)
 from cory.errors import ConfigError
 from cory.final import file_digest, final_complete
@@ -69,9 +69,9 @@ def check_resume_folder(run_dir: Path, method: str, task: str | None) -> Path:
 def check_saved_fields(cls, saved: dict, path: Path) -> None:
     """The saved config of a run (``path``) as ``cls``: a field the script does not have means another method's
     run."""
-    fields = _field_types(cls)
+    fields = field_types(cls)
     foreign = [k for k in saved if k not in fields]
-    anyones = set(_field_types(CoryArgs)) | set(_field_types(PPOArgs))
+    anyones = set(field_types(CoryArgs)) | set(field_types(PPOArgs))
     retired = [k for k in foreign if k not in anyones]
     if retired:  # no method's script has them: not another method's run
         raise ConfigError(f"resume: {path} holds fields no script has now ({', '.join(retired[:3])}): retired since "

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from conftest import IMDB_CORY, IMDB_PPO, REPO, run_script
 from cory import models
 from cory.cli import main
-from cory.config import _allowed, _field_types
+from cory.config import allowed_type, field_types
 
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -99,7 +99,7 @@ def assert_rejected(dirs, cls, field, *, flags=(), yaml_text=None, target="fresh
 # ------------------------------------------------------------------------------------- strategies
 
 def fields_of(cls, *kinds):
-    return [(n, tp) for n, tp in _field_types(cls).items() if _allowed(tp)[0] in kinds]
+    return [(n, tp) for n, tp in field_types(cls).items() if allowed_type(tp)[0] in kinds]
 
 
 def parses(kind, text) -> bool:
@@ -127,11 +127,11 @@ WRONG_YAML = {
 
 
 @PER_FIELD
-@pytest.mark.parametrize("name", sorted(_field_types(IMDB_CORY)))
+@pytest.mark.parametrize("name", sorted(field_types(IMDB_CORY)))
 @given(data=st.data())
 def test_wrong_type_names_the_field(dirs, name, data):
-    cls = IMDB_CORY if name not in _field_types(IMDB_PPO) else data.draw(st.sampled_from([IMDB_PPO, IMDB_CORY]))
-    kind = _allowed(_field_types(cls)[name])[0]
+    cls = IMDB_CORY if name not in field_types(IMDB_PPO) else data.draw(st.sampled_from([IMDB_PPO, IMDB_CORY]))
+    kind = allowed_type(field_types(cls)[name])[0]
     target = data.draw(st.sampled_from(["fresh", "existing", "overwrite"]))
     # every flag value is text: only non-text fields can get the wrong type from a flag
     if kind is not str and data.draw(st.booleans()):
@@ -203,7 +203,7 @@ def test_out_of_range_names_the_field(dirs, name, data):
 @given(data=st.data())
 def test_unknown_field_is_named(dirs, data):
     cls = data.draw(st.sampled_from([IMDB_PPO, IMDB_CORY]))
-    name = data.draw(IDENT.filter(lambda n: n not in _field_types(cls) and n != "config"))
+    name = data.draw(IDENT.filter(lambda n: n not in field_types(cls) and n != "config"))
     value = data.draw(st.one_of(st.integers(), st.text(max_size=5), st.booleans()))
     if data.draw(st.booleans()):
         assert_rejected(dirs, cls, name, flags=[f"--{name}={value}"], target="existing")
