@@ -195,9 +195,11 @@ def build_summary(root: str | Path, against: str | Path | list | None = None, mi
     for other in against:
         if not (Path(other) / "runs").is_dir():
             raise ReportError(f"--against {other}: no runs/ folder (an experiment folder written by lab.experiments)")
+    # read first: loading a folder refuses a pipe in it before any of its files is opened (the SUMMARY.md the
+    # target check reads, the documents beside a figure)
+    exps = [(root.name, load_experiment(root))] + [(Path(other).name, load_experiment(other)) for other in against]
     check_targets(root, "SUMMARY.md", writer="lab.learners")
     notes: list[str] = []
-    exps = [(root.name, load_experiment(root))] + [(Path(other).name, load_experiment(other)) for other in against]
     read = [(where, read_folder(exp, notes)) for where, exp in exps]
     notes += [f"`{where}`: {note}" for where, exp in exps for note in exp.notes]
     ours = read[0][1]

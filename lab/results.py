@@ -32,6 +32,7 @@ from lab.errors import ReportError
 from cory.final import read_evaluation, stale
 from cory.method import CORY, PPO
 from cory.outputs import MANIFEST, read_jsonl, read_manifest
+from cory.targets import special_file_refusal
 
 LAST_N = 10
 POLICY = PPO.agents[0]
@@ -280,6 +281,8 @@ def load_experiment(path: str | Path) -> Experiment:
     runs_root = root / "runs"
     if not runs_root.is_dir():
         raise ReportError(f"{path}: no runs/ folder; is it an experiment folder written by lab.experiments?")
+    if (special := special_file_refusal(root)) is not None:  # before any file is opened: a pipe would hang it
+        raise ReportError(special)
     notes = []
     groups: dict[str, Group] = {}
     for label_dir in sorted(p for p in runs_root.iterdir() if p.is_dir()):

@@ -3,6 +3,7 @@ of another shape, a config.yaml that holds no config, a held-out row without a r
 are refused (which one is the result cannot be told). Each through its entry point, on a copy of a committed
 experiment, and the runs' files are the same afterwards (the commands only read them)."""
 import json
+import os
 import shutil
 
 import pytest
@@ -45,6 +46,19 @@ def test_a_seed_in_two_folders_is_refused(exp):
     before = tree(exp)
     refused(lab("report", exp), f"{exp}/runs/ppo/seed_01 and {exp}/runs/ppo/seed_1 both hold seed 1",
             "keep one of them")
+    assert tree(exp) == before
+
+
+@pytest.mark.parametrize("where", ["logs/cory/seed_0.log", "runs/ppo/seed_1/cory_run.json", "runs.json",
+                                   "eval_base_imdb.json", "notes.md"])
+def test_a_pipe_in_the_folder_is_refused_not_waited_on(exp, where):
+    """A run's log (its precision line), a manifest, the record, an evaluation, a document beside the figures: the
+    report opened each and waited for a writer that never came."""
+    (exp / where).unlink(missing_ok=True)
+    os.mkfifo(exp / where)
+    before = tree(exp)
+    refused(lab("report", exp, timeout=120), f"{exp / where}: a named pipe, not a regular file",
+            f"move it out of {exp}")
     assert tree(exp) == before
 
 

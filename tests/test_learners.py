@@ -2,7 +2,9 @@
 accuracy after iteration 0, at least min_gain above the run's own iteration 0), runs from before the switch read as
 GAE's, and the committed GAE runs of the horizon comparison give the rows their own files give."""
 import json
+import os
 import shutil
+import threading
 
 import numpy as np
 import pytest
@@ -122,3 +124,34 @@ def test_the_summary_never_replaces_a_summary_md_it_did_not_write(horizon, their
     refused(lab("learners", horizon), f"SUMMARY.md: {horizon / 'SUMMARY.md'} was not written by `python -m "
                                       "lab.learners`", "move it away, or give lab.learners another folder")
     assert tree(horizon) == before
+
+
+@pytest.mark.parametrize("where", ["logs/ppo/seed_0.log", "runs/cory/seed_1/eval.jsonl", "runs.json", "SUMMARY.md"])
+def test_a_pipe_in_a_folder_read_is_refused_not_waited_on(horizon, tmp_path, where):
+    """A run's log (its precision line) hung the summary: it was opened, and a pipe waits for a writer. In the folder
+    or in an --against folder, any file: refused in one line naming it, before anything is written."""
+    other = tmp_path / "other"
+    shutil.copytree(horizon, other)
+    (other / where).unlink(missing_ok=True)
+    os.mkfifo(other / where)
+    before = tree(horizon)
+    for args in ([other], [horizon, "--against", other]):
+        refused(lab("learners", *args, timeout=120), f"{other / where}: a named pipe, not a regular file",
+                f"move it out of {other}")
+        assert tree(horizon) == before
+
+
+def test_a_run_log_that_is_a_pipe_reads_as_no_precision(horizon):
+    """The reader itself never waits on a pipe: the log is opened without blocking and read only if regular."""
+    log = horizon / "logs" / "ppo" / "seed_0.log"
+    log.unlink()
+    os.mkfifo(log)
+    read: list[str] = []
+    reader = threading.Thread(target=lambda: read.append(compute_of(horizon, "ppo", 0)), daemon=True)
+    reader.start()
+    reader.join(20)
+    waited = reader.is_alive()
+    if waited:  # be the writer it waits for, so that it ends
+        os.close(os.open(log, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(20)
+    assert not waited and read == ["?"]
