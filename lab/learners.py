@@ -188,6 +188,9 @@ def transfer_lines(groups: list[tuple[str, Group]]) -> list[str]:
 
 
 def build_summary(root: str | Path, against: str | Path | list | None = None, min_gain: float = MIN_GAIN) -> Path:
+    if not math.isfinite(min_gain) or min_gain < 0:  # before anything is read
+        raise ReportError(f"--min_gain: expected a finite number, got {min_gain:g}; allowed: 0 or more (the held-out "
+                          "accuracy above a run's own iteration 0 that counts as learned)")
     root = Path(root)
     against = [] if against is None else [against] if isinstance(against, (str, Path)) else list(against)
     if not (root / "runs").is_dir():
@@ -243,8 +246,6 @@ def main(argv: list[str] | None = None) -> None:
                    help=f"held-out accuracy above iteration 0 that counts as learned (default {MIN_GAIN:g})")
     with exit_on_error((ReportError,), files=lambda: args.folder, interrupted="the files written so far are whole"):
         args = p.parse_args(sys.argv[1:] if argv is None else argv)
-        if not math.isfinite(args.min_gain):
-            raise ReportError(f"--min_gain: expected a finite number, got {args.min_gain}")
         print(f"summary: {build_summary(args.folder, args.against, args.min_gain)}")
 
 

@@ -103,10 +103,16 @@ def test_the_summary_rebuilds_the_same_and_leaves_the_runs_alone(horizon):
     (["--min_gain", "nan"], "--min_gain: expected a finite number, got nan"),
     (["--against", "NOWHERE"], "--against NOWHERE: no runs/ folder"),
     (["--min_gan", "0.1"], "unrecognized arguments: --min_gan 0.1"),
+    (["--min_gain=-0.1"], "--min_gain: expected a finite number, got -0.1; allowed: 0 or more"),
+    (["--min_gain=-inf", "--against", "NOWHERE"], "--min_gain: expected a finite number, got -inf"),  # first
 ])
 def test_the_summarys_mistakes_are_one_line_and_write_nothing(horizon, tmp_path, args, message):
-    args = [a.replace("NOWHERE", str(tmp_path / "nowhere")) for a in args]
-    message = message.replace("NOWHERE", str(tmp_path / "nowhere"))
+    """Each refused before any folder is read: -0.1 counted every seed as learned."""
+    names = {"NOWHERE": tmp_path / "nowhere", "HERE": horizon, "OTHER": tmp_path / "other"}
+    shutil.copytree(horizon / "runs" / "ppo", names["OTHER"] / "runs" / "ppo")
+    args = [str(a) for a in args]
+    for name, path in names.items():
+        args, message = [a.replace(name, str(path)) for a in args], message.replace(name, str(path))
     before = tree(horizon)
     refused(lab("learners", horizon, *args), message)
     assert tree(horizon) == before
