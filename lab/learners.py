@@ -195,9 +195,15 @@ def build_summary(root: str | Path, against: str | Path | list | None = None, mi
     against = [] if against is None else [against] if isinstance(against, (str, Path)) else list(against)
     if not (root / "runs").is_dir():
         raise ReportError(f"{root}: no runs/ folder (an experiment folder written by lab.experiments)")
+    seen = {root.resolve(): root}
     for other in against:
         if not (Path(other) / "runs").is_dir():
             raise ReportError(f"--against {other}: no runs/ folder (an experiment folder written by lab.experiments)")
+        if Path(other).resolve() in seen:  # its rows would be read, and counted, twice
+            first = seen[Path(other).resolve()]
+            raise ReportError(f"--against {other}: {'the folder summarised' if first is root else 'given already'} "
+                              f"({first}); give each other folder once, and not the folder itself")
+        seen[Path(other).resolve()] = Path(other)
     # read first: loading a folder refuses a pipe in it before any of its files is opened (the SUMMARY.md the
     # target check reads, the documents beside a figure)
     exps = [(root.name, load_experiment(root))] + [(Path(other).name, load_experiment(other)) for other in against]

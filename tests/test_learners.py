@@ -105,9 +105,12 @@ def test_the_summary_rebuilds_the_same_and_leaves_the_runs_alone(horizon):
     (["--min_gan", "0.1"], "unrecognized arguments: --min_gan 0.1"),
     (["--min_gain=-0.1"], "--min_gain: expected a finite number, got -0.1; allowed: 0 or more"),
     (["--min_gain=-inf", "--against", "NOWHERE"], "--min_gain: expected a finite number, got -inf"),  # first
+    (["--against", "HERE"], "--against HERE: the folder summarised (HERE); give each other folder once"),
+    (["--against", "OTHER", "--against", "OTHER/."], "--against OTHER/.: given already (OTHER)"),
 ])
 def test_the_summarys_mistakes_are_one_line_and_write_nothing(horizon, tmp_path, args, message):
-    """Each refused before any folder is read: -0.1 counted every seed as learned."""
+    """Each refused before any folder is read: -0.1 counted every seed as learned, and a folder given twice (or the
+    folder itself) read its rows twice."""
     names = {"NOWHERE": tmp_path / "nowhere", "HERE": horizon, "OTHER": tmp_path / "other"}
     shutil.copytree(horizon / "runs" / "ppo", names["OTHER"] / "runs" / "ppo")
     args = [str(a) for a in args]
