@@ -223,7 +223,9 @@ def build_summary(root: str | Path, against: str | Path | list | None = None, mi
     md = [f"# {title}", "",
           generated_by("lab.learners", arguments) + f" from the metrics in the folder{'s' if against else ''}; the "
           "design, fixed before the runs, is in [DESIGN.md](DESIGN.md). Descriptive: no comparison is claimed.", "",
-          *(["Runs: " + "; ".join(f"`{i.get('command')}` at {str(i.get('git_commit'))[:7]}" for i in invocations), ""]
+          *(["Runs: " + "; ".join(f"`{i.get('command')}` at {str(i.get('git_commit'))[:7]}"
+                                  + (" (with uncommitted changes)" if i.get("git_dirty") else "")  # as the report
+                                  for i in invocations), ""]
             if invocations else []),
           f"**Learned** (best held-out accuracy after iteration 0 at least {min_gain:g} above the run's own "
           f"iteration 0): **{learned} of {len(agents)}** agent-seeds of `{root.name}`.", "",

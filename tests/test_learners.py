@@ -164,3 +164,13 @@ def test_a_run_log_that_is_a_pipe_reads_as_no_precision(horizon):
         os.close(os.open(log, os.O_WRONLY | os.O_NONBLOCK))
         reader.join(20)
     assert not waited and read == ["?"]
+
+
+def test_a_dirty_invocation_is_named_as_the_report_names_it(horizon):
+    doc = json.loads((horizon / "runs.json").read_text())
+    doc["invocations"][0]["git_dirty"] = True
+    (horizon / "runs.json").write_text(json.dumps(doc))
+    runs = next(line for line in build_summary(horizon).read_text().splitlines() if line.startswith("Runs: "))
+    first, *others = runs.split("; ")
+    assert first.endswith("` at f560d23 (with uncommitted changes)")
+    assert others and not any("uncommitted" in part for part in others)
