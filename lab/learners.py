@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cory.targets import stopped_as_interrupt
 from lab.collapse import markdown_table
 from lab.errors import OneLineParser, ReportError, exit_on_error
 from lab.figures import check_targets, generated_by, save_figure, write_atomically
@@ -252,9 +253,13 @@ def main(argv: list[str] | None = None) -> None:
                    help="an experiment folder of the same task at GAE, read alongside (may be given again)")
     p.add_argument("--min_gain", type=float, default=MIN_GAIN,
                    help=f"held-out accuracy above iteration 0 that counts as learned (default {MIN_GAIN:g})")
+    # SUMMARY.md and the figure are written whole (write_atomically, save_figure): a stop, SIGTERM too, leaves each
+    # as it was and no temporary file
     with exit_on_error((ReportError,), files=lambda: args.folder, interrupted="the files written so far are whole"):
         args = p.parse_args(sys.argv[1:] if argv is None else argv)
-        print(f"summary: {build_summary(args.folder, args.against, args.min_gain)}")
+        with stopped_as_interrupt():
+            summary = build_summary(args.folder, args.against, args.min_gain)
+    print(f"summary: {summary}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ GAE's, and the committed GAE runs of the horizon comparison give the rows their 
 import json
 import os
 import shutil
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -174,3 +176,28 @@ def test_a_dirty_invocation_is_named_as_the_report_names_it(horizon):
     first, *others = runs.split("; ")
     assert first.endswith("` at f560d23 (with uncommitted changes)")
     assert others and not any("uncommitted" in part for part in others)
+
+
+# SUMMARY.md's writing, stopped by a SIGTERM halfway through its temporary file
+STOPPED_MIDWAY = """
+import os, signal, sys
+import lab.learners as learners
+whole = learners.write_atomically
+def halfway(path, text):
+    def fill(tmp):
+        tmp.write_text(text[:100])
+        os.kill(os.getpid(), signal.SIGTERM)
+    whole(path, fill)
+learners.write_atomically = halfway
+learners.main([sys.argv[1]])
+"""
+
+
+def test_a_sigterm_is_a_clean_stop_that_leaves_no_temporary_file(horizon):
+    """It ended the process where it stood, leaving .SUMMARY.md.<pid>-<hex>.tmp; now it stops as Ctrl-C does."""
+    p = subprocess.run([sys.executable, "-c", STOPPED_MIDWAY, str(horizon)], capture_output=True, text=True,
+                       cwd=REPO, timeout=300)
+    assert p.returncode == 130 and p.stderr.strip() == "interrupted: the files written so far are whole", \
+        (p.returncode, p.stderr[-2000:])
+    assert not (horizon / "SUMMARY.md").exists()
+    assert not [f for f in horizon.iterdir() if f.name.endswith(".tmp")]
