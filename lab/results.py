@@ -29,6 +29,7 @@ import yaml
 from cory.config import INVOCATION_FIELDS, CoryArgs, on_resume_fields
 from lab.compute import mixed_precision_notes
 from lab.errors import ReportError
+from lab.runs import record_refusal
 from cory.final import read_evaluation, stale
 from cory.method import CORY, PPO
 from cory.outputs import MANIFEST, read_jsonl, read_manifest
@@ -409,9 +410,8 @@ def _runs_json(root: Path, groups: dict[str, Group], notes: list[str]) -> dict:
     except (OSError, ValueError):
         notes.append("runs.json is not valid JSON; the commands and wall times are missing.")
         return {}
-    if not isinstance(data, dict):
-        notes.append(f"runs.json holds a JSON {type(data).__name__}, not the runner's record; the commands and "
-                     "wall times are missing.")
+    if (wrong := record_refusal(data)) is not None:  # a list, a run that is a number, ...: read as none at all
+        notes.append(f"{wrong}; the commands and wall times are missing.")
         return {}
     tasks = {str(r.config["task"]) for g in groups.values() for r in g.runs.values() if r.config.get("task")}
     if data.get("task") is not None and tasks and str(data["task"]) not in tasks:

@@ -78,6 +78,25 @@ def test_a_runs_json_holding_a_list_is_named(exp):
     assert "runs.json holds a JSON list, not the runner's record" in report
 
 
+@pytest.mark.parametrize("shape,says", [
+    ({"runs": [1]}, "runs.json's runs are a JSON list, not an object of runs"),
+    ({"runs": {"ppo/seed_0": 3}}, "runs.json's run 'ppo/seed_0' is a JSON number, not a run's record"),
+    ({"runs": {"ppo/seed_0": {"attempts": [{"wall_time_s": "1 h"}]}}}, "attempt whose wall_time_s is a JSON string"),
+    ({"invocations": ["python -m lab.experiments"]}, "runs.json's invocations are not a list of objects"),
+    ({"task": ["imdb"]}, "runs.json's task is a JSON list, not a string"),
+])
+def test_a_runs_json_of_another_shape_is_named_not_used(exp, shape, says):
+    """Each gave the report a traceback where it read the record (its attempts' wall times, the failed runs)."""
+    from lab.report import provenance_section
+    from lab.results import load_experiment
+
+    (exp / "runs.json").write_text(json.dumps(shape))
+    loaded = load_experiment(exp)
+    assert loaded.runs_json == {}
+    assert any(says in n and n.endswith("; the commands and wall times are missing.") for n in loaded.notes)
+    assert "_No runs.json" in provenance_section(loaded)
+
+
 @pytest.mark.slow
 def test_a_config_holding_a_list_is_named(exp):
     (exp / "runs" / "cory" / "seed_2" / "config.yaml").write_text("- 1\n- 2\n")

@@ -201,3 +201,18 @@ def test_a_sigterm_is_a_clean_stop_that_leaves_no_temporary_file(horizon):
         (p.returncode, p.stderr[-2000:])
     assert not (horizon / "SUMMARY.md").exists()
     assert not [f for f in horizon.iterdir() if f.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("damage,says", [
+    (lambda doc: 7, "runs.json holds a JSON number, not the runner's record"),
+    (lambda doc: {**doc, "invocations": [1, 2]}, "runs.json's invocations are not a list of objects"),
+    (lambda doc: {**doc, "invocations": {"command": "x"}}, "runs.json's invocations are not a list of objects"),
+    (lambda doc: {**doc, "runs": {"ppo/seed_0": "finished"}},
+     "runs.json's run 'ppo/seed_0' is a JSON string, not a run's record"),
+])
+def test_a_runs_json_of_another_shape_is_named_not_used(horizon, damage, says):
+    """Its invocations were read as records (a traceback); now it is named in the notes, as the report names it."""
+    doc = json.loads((horizon / "runs.json").read_text())
+    (horizon / "runs.json").write_text(json.dumps(damage(doc)))
+    summary = build_summary(horizon).read_text()
+    assert says in summary and "Runs: " not in summary
