@@ -21,24 +21,36 @@ import shutil
 import sys
 from pathlib import Path
 
-from cory.targets import write_whole
+from cory.targets import NotRegularFile, open_regular, write_whole
 from lab.errors import OneLineParser, ReportError, exit_on_error
 from lab.figures import writer_command
 from lab.design import DESIGN_DIGEST, DESIGN_FILE, design_digest
+from lab.runs import record_refusal
 
 SAME = ("task", "preset", "steps", "kl_coefs", "set", "design_sha256")
 
 
 def read_runs_json(folder: Path, which: str) -> dict:
+    """``which`` folder's runs.json, of the runner's shape (``record_refusal``) with its runs, each with attempts; a
+    ReportError naming what is not. A runs.json that is a pipe or a device is refused unopened (it would wait)."""
     path = folder / "runs.json"
     try:
-        doc = json.loads(path.read_text())
+        with open_regular(path, encoding="utf-8") as f:
+            doc = json.loads(f.read())
     except FileNotFoundError:
         raise ReportError(f"{which} {folder}: no runs.json (not a folder the experiment runner wrote)") from None
+    except NotRegularFile as e:
+        raise ReportError(f"{which} {path}: {e.strerror}; the runner's record is a file, refused unread") from None
     except (OSError, ValueError) as e:
         raise ReportError(f"{which} {path}: cannot be read ({type(e).__name__})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("runs"), dict):
-        raise ReportError(f"{which} {path}: not a runs.json of the experiment runner")
+    wrong = record_refusal(doc, f"{which} {path}")
+    if wrong is None and not isinstance(doc.get("runs"), dict):
+        wrong = f"{which} {path} has no runs: not a runs.json of the experiment runner"
+    if wrong is None:
+        wrong = next((f"{which} {path}'s run {key!r} records no attempt; the runner records one for every run it "
+                      "starts" for key, run in doc["runs"].items() if not run.get("attempts")), None)
+    if wrong is not None:
+        raise ReportError(wrong)
     return doc
 
 

@@ -2,6 +2,7 @@
 logs copied, runs.json merged (runs, invocations, methods, seeds), and nothing written where the two are not one
 experiment, a run has not finished, or a file is already there."""
 import json
+import os
 import shutil
 
 import pytest
@@ -140,3 +141,35 @@ def test_a_first_collect_is_refused_where_the_folder_is_not_the_experiments(tmp_
     before = tree(dest) if dest.exists() else None
     refused(lab("collect", source, dest), says)
     assert (tree(dest) if dest.exists() else None) == before
+
+
+@pytest.mark.parametrize("which", ["source", "destination"])
+@pytest.mark.parametrize("damage,says", [
+    (lambda doc: [doc], "runs.json holds a JSON list, not the runner's record"),
+    (lambda doc: 3, "runs.json holds a JSON number, not the runner's record"),
+    (lambda doc: {**doc, "runs": {k: "finished" for k in doc["runs"]}}, "is a JSON string, not a run's record"),
+    (lambda doc: {**doc, "invocations": [None]}, "runs.json's invocations are not a list of objects"),
+    (lambda doc: {**doc, "seeds": "0,1"}, "runs.json's seeds are not a list of whole numbers"),
+    (lambda doc: {k: v for k, v in doc.items() if k != "runs"}, "runs.json has no runs"),
+    (lambda doc: {**doc, "runs": {k: {**r, "attempts": []} for k, r in doc["runs"].items()}}, "records no attempt"),
+])
+def test_a_runs_json_of_another_shape_is_one_line_and_nothing_is_written(repo_folder, tmp_path, which, damage, says):
+    """Each was a traceback (or, a runs.json with no attempts, read as cut off with exit status None)."""
+    source = clone_of(tmp_path / "clone" / "horizon", "cory/seed_0")
+    path = (source if which == "source" else repo_folder) / "runs.json"
+    path.write_text(json.dumps(damage(json.loads(path.read_text()))))
+    before = tree(repo_folder)
+    refused(lab("collect", source, repo_folder), f"{which} {path}", says)
+    assert tree(repo_folder) == before
+
+
+@pytest.mark.parametrize("which", ["source", "destination"])
+def test_a_runs_json_that_is_a_pipe_is_refused_unopened(repo_folder, tmp_path, which):
+    """It was opened, and a pipe waits for a writer: the collect hung."""
+    source = clone_of(tmp_path / "clone" / "horizon", "cory/seed_0")
+    path = (source if which == "source" else repo_folder) / "runs.json"
+    path.unlink()
+    os.mkfifo(path)
+    before = tree(repo_folder)
+    refused(lab("collect", source, repo_folder, timeout=120), f"{which} {path}: a named pipe, not a regular file")
+    assert tree(repo_folder) == before
