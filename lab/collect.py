@@ -25,7 +25,7 @@ from cory.targets import NotRegularFile, open_regular, write_whole
 from lab.errors import OneLineParser, ReportError, exit_on_error
 from lab.figures import writer_command
 from lab.design import DESIGN_DIGEST, DESIGN_FILE, design_digest
-from lab.runs import record_refusal
+from lab.runs import RUN_KEY, record_refusal
 
 SAME = ("task", "preset", "steps", "kl_coefs", "set", "design_sha256")
 
@@ -89,6 +89,9 @@ def plan(source: Path, dest: Path) -> tuple[dict, dict, list[tuple[Path, Path]],
             raise ReportError(f"{which}: its runner has not finished ({unfinished[0]}); collect once it has")
     copies, notes = [], []
     for key, run in sorted(src["runs"].items()):
+        if not RUN_KEY.fullmatch(key):  # a key is a path here: "../x", "/etc", "" would write outside runs/
+            raise ReportError(f"source runs.json: the run key {key!r} is not one the runner writes "
+                              "(<method>[_kl<eta>]/seed_<n>); nothing is collected")
         last = (run.get("attempts") or [{}])[-1]
         if last.get("exit_status") != 0:
             raise ReportError(f"{key}: its last attempt did not finish (exit status {last.get('exit_status')}); a "

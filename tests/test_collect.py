@@ -173,3 +173,20 @@ def test_a_runs_json_that_is_a_pipe_is_refused_unopened(repo_folder, tmp_path, w
     before = tree(repo_folder)
     refused(lab("collect", source, repo_folder, timeout=120), f"{which} {path}: a named pipe, not a regular file")
     assert tree(repo_folder) == before
+
+
+@pytest.mark.parametrize("key", ["../../escaped/seed_0", "/tmp/abs/seed_0", "", "cory/seed_0/..", "cory", "cory/x/seed_0",
+                                 "./seed_0", "cory/seed_١"])
+def test_a_run_key_that_is_not_the_runners_is_refused(repo_folder, tmp_path, key):
+    """The key is a path into the destination: one that walked out of it wrote files outside."""
+    source = clone_of(tmp_path / "clone" / "horizon", "cory/seed_0")
+    doc = json.loads((source / "runs.json").read_text())
+    doc["runs"] = {key: doc["runs"]["cory/seed_0"]}
+    (source / "runs.json").write_text(json.dumps(doc))
+    if key and not key.startswith("/"):  # the run's files where the key points, as a hostile clone would hold them
+        (source / "runs" / key).mkdir(parents=True, exist_ok=True)
+        shutil.copy(source / "runs/cory/seed_0/metrics.jsonl", source / "runs" / key / "metrics.jsonl")
+    before, around = tree(repo_folder), tree(tmp_path / "clone")
+    refused(lab("collect", source, repo_folder), f"the run key {key!r} is not one the runner writes")
+    assert tree(repo_folder) == before and tree(tmp_path / "clone") == around
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clone", "repo"]
