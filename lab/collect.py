@@ -21,6 +21,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from cory.outputs import read_manifest, run_folder_of
 from cory.targets import NotRegularFile, open_regular, write_whole
 from lab.errors import OneLineParser, ReportError, exit_on_error
 from lab.figures import writer_command
@@ -79,6 +80,13 @@ def plan(source: Path, dest: Path) -> tuple[dict, dict, list[tuple[Path, Path]],
     src = read_runs_json(source, "source")
     if source.resolve() == dest.resolve():
         raise ReportError(f"{source}: the source and the destination are one folder")
+    if source.resolve() in dest.resolve().parents:  # the runs would be copied into the folder they are read from
+        raise ReportError(f"destination {dest}: inside the source {source}; give the repository's folder of the "
+                          "experiment, outside the clone's")
+    inside = dest if read_manifest(dest) is not None else run_folder_of(dest)
+    if inside is not None:  # a run's folder (its manifest), or a folder a run or a runner holds (its lock)
+        raise ReportError(f"destination {dest}: {'is' if inside == dest else 'inside'} {inside}, a run's folder or "
+                          "an experiment's; give the experiment's folder itself (the one holding runs.json)")
     dst = read_runs_json(dest, "destination") if (dest / "runs.json").exists() else first_record(src, dest)
     for key in SAME:
         if src.get(key) != dst.get(key):

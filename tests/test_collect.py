@@ -190,3 +190,17 @@ def test_a_run_key_that_is_not_the_runners_is_refused(repo_folder, tmp_path, key
     refused(lab("collect", source, repo_folder), f"the run key {key!r} is not one the runner writes")
     assert tree(repo_folder) == before and tree(tmp_path / "clone") == around
     assert sorted(p.name for p in tmp_path.iterdir()) == ["clone", "repo"]
+
+
+@pytest.mark.parametrize("inside", ["source", "source's run", "destination's run", "a run's manifest"])
+def test_a_destination_inside_the_source_or_a_run_is_refused(repo_folder, tmp_path, inside):
+    """Each was accepted: the runs copied into the folder they were read from, or into another run's folder."""
+    source = clone_of(tmp_path / "clone" / "horizon", "cory/seed_0")
+    dest = {"source": source / "copy", "source's run": source / "runs" / "cory" / "seed_0" / "copy",
+            "destination's run": repo_folder / "runs" / "ppo" / "seed_0" / "copy",
+            "a run's manifest": repo_folder / "runs" / "ppo" / "seed_0"}[inside]
+    dest.mkdir(exist_ok=True)
+    shutil.copy(HORIZON / "design.yaml", dest / "design.yaml")  # a first collect's folder, but for where it is
+    before, theirs = tree(dest), tree(source)
+    refused(lab("collect", source, dest), f"destination {dest}: ")
+    assert tree(dest) == before and tree(source) == theirs
