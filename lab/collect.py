@@ -21,7 +21,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from cory.outputs import read_manifest, run_folder_of
+from cory.outputs import read_jsonl, read_manifest, run_folder_of
 from cory.targets import NotRegularFile, open_regular, write_whole
 from lab.errors import OneLineParser, ReportError, exit_on_error
 from lab.figures import writer_command
@@ -109,6 +109,11 @@ def plan(source: Path, dest: Path) -> tuple[dict, dict, list[tuple[Path, Path]],
         folder = source / "runs" / key
         if not folder.is_dir():
             raise ReportError(f"{key}: no folder {folder}")
+        lacking = next((f"no {name}" for name in ("config.yaml", "metrics.jsonl") if not (folder / name).is_file()),
+                       None) or (None if read_jsonl(folder / "metrics.jsonl") else "a metrics.jsonl with no rows")
+        if lacking:  # exit status 0 and nothing to show for it: copied by hand, or cut after the runner wrote it
+            raise ReportError(f"{key}: runs.json says it finished, but {folder} has {lacking}; it is not collected "
+                              "as finished (a run cut off is committed as such by hand)")
         copies += [(f, dest / "runs" / key / f.name) for f in sorted(folder.iterdir()) if f.is_file()]
         method, _, seed = key.partition("/")
         for log in (source / "logs" / method / f"{seed}.log", source / "logs" / "eval" / f"{method}_{seed}.log"):

@@ -204,3 +204,19 @@ def test_a_destination_inside_the_source_or_a_run_is_refused(repo_folder, tmp_pa
     before, theirs = tree(dest), tree(source)
     refused(lab("collect", source, dest), f"destination {dest}: ")
     assert tree(dest) == before and tree(source) == theirs
+
+
+@pytest.mark.parametrize("damage,says", [
+    (lambda run: (run / "metrics.jsonl").unlink(), "has no metrics.jsonl"),
+    (lambda run: (run / "config.yaml").unlink(), "has no config.yaml"),
+    (lambda run: (run / "metrics.jsonl").write_text(""), "has a metrics.jsonl with no rows"),
+    (lambda run: (run / "metrics.jsonl").write_text('{"step": 0, "policy/task_re'), "has a metrics.jsonl with no rows"),
+])
+def test_a_run_folder_without_its_metrics_or_config_is_not_collected_as_finished(repo_folder, tmp_path, damage, says):
+    source = clone_of(tmp_path / "clone" / "horizon", "cory/seed_0")
+    damage(source / "runs" / "cory" / "seed_0")
+    before = tree(repo_folder)
+    refused(lab("collect", source, repo_folder), f"cory/seed_0: runs.json says it finished, but "
+                                                 f"{source / 'runs' / 'cory' / 'seed_0'} {says}",
+            "not collected as finished")
+    assert tree(repo_folder) == before
