@@ -208,7 +208,7 @@ def open_regular(path: str | os.PathLike, mode: str = "r", **kwargs):
         raise
 
 
-def _special(path: str) -> str | None:
+def special_kind(path: str | os.PathLike) -> str | None:
     """What ``path`` is when it is a named pipe, a socket or a device, through a link (a link to nothing: None)."""
     try:
         mode = os.stat(path).st_mode
@@ -226,7 +226,7 @@ def special_file_refusal(folder: str | os.PathLike) -> str | None:
     for top, dirs, files in os.walk(folder):
         dirs.sort()
         for name in sorted(files):
-            kind = _special(os.path.join(top, name))
+            kind = special_kind(os.path.join(top, name))
             if kind is not None:
                 path = Path(top) / name
                 return (f"{path}: {kind}, not a regular file; a lab command reads only regular files (a pipe would "

@@ -17,12 +17,14 @@ written before every check has passed.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
 import sys
 from pathlib import Path
 
 from cory.outputs import read_jsonl, read_manifest, run_folder_of
-from cory.targets import NotRegularFile, open_regular, write_whole
+from cory.targets import NotRegularFile, open_regular, special_kind, write_whole
 from lab.errors import OneLineParser, ReportError, exit_on_error
 from lab.figures import writer_command
 from lab.design import DESIGN_DIGEST, DESIGN_FILE, design_digest
@@ -74,9 +76,72 @@ def first_record(src: dict, dest: Path) -> dict:
     return {**src, "runs": {}, "invocations": [], "methods": [], "seeds": []}
 
 
+def _refuse_links(base: Path, rel: Path) -> None:
+    """A ReportError where a folder or file of ``base / rel`` below ``base`` is a symbolic link (a private file,
+    another seed's run: collect copies a run's own files and follows no link), or the file is not a regular one."""
+    path = base
+    for part in rel.parts:
+        path = path / part
+        if path.is_symlink():
+            raise ReportError(f"{path}: a symbolic link (to {os.readlink(path)}); lab.collect copies a run's own "
+                              "files and follows no link: put the file itself there, or move the link away")
+    kind = special_kind(path)
+    if kind is not None:
+        raise ReportError(f"{path}: {kind}, not a regular file; lab.collect copies regular files only: move it away")
+
+
+def _run_copies(source: Path, dest: Path, key: str, run: dict, dst: dict) -> list[tuple[Path, Path]]:
+    """[(file, where it goes)] of the source's finished run ``key`` (``run``: its record): the files at the top of
+    its folder, and its logs; a ReportError, naming what, where it cannot come in."""
+    if not RUN_KEY.fullmatch(key):  # a key is a path here: "../x", "/etc", "" would write outside runs/
+        raise ReportError(f"source runs.json: the run key {key!r} is not one the runner writes "
+                          "(<method>[_kl<eta>]/seed_<n>); nothing is collected")
+    last = run["attempts"][-1]
+    if last.get("exit_status") != 0:
+        raise ReportError(f"{key}: its last attempt did not finish (exit status {last.get('exit_status')}); a "
+                          "run cut off is committed as such by hand")
+    method, _, seed = key.partition("/")
+    logs = [Path("logs") / method / f"{seed}.log", Path("logs") / "eval" / f"{method}_{seed}.log"]
+    for rel in [Path("runs") / key, *logs]:  # the destination's folders too: a link there would be written through
+        _refuse_links(dest, rel.parent)
+    if key in dst["runs"] or os.path.lexists(dest / "runs" / key):
+        raise ReportError(f"{key}: the destination has it already ({dest / 'runs' / key})")
+    folder = source / "runs" / key
+    _refuse_links(source, Path("runs") / key)
+    if not folder.is_dir():
+        raise ReportError(f"{key}: no folder {folder}")
+    files = sorted(f for f in folder.iterdir() if f.is_symlink() or not f.is_dir())  # its folders are not kept
+    for f in files:
+        _refuse_links(folder, Path(f.name))
+    lacking = next((f"no {name}" for name in ("config.yaml", "metrics.jsonl") if not (folder / name).is_file()),
+                   None) or (None if read_jsonl(folder / "metrics.jsonl") else "a metrics.jsonl with no rows")
+    if lacking:  # exit status 0 and nothing to show for it: copied by hand, or cut after the runner wrote it
+        raise ReportError(f"{key}: runs.json says it finished, but {folder} has {lacking}; it is not collected "
+                          "as finished (a run cut off is committed as such by hand)")
+    copies = [(f, dest / "runs" / key / f.name) for f in files]
+    for rel in logs:
+        if os.path.lexists(source / rel):
+            _refuse_links(source, rel)
+            copies.append((source / rel, dest / rel))
+    return copies
+
+
+def _draw(path: Path) -> object:
+    """A base-model evaluation's results, None where they cannot be read."""
+    try:
+        with open_regular(path, encoding="utf-8") as f:
+            doc = json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    return doc.get("results") if isinstance(doc, dict) else None
+
+
 def plan(source: Path, dest: Path) -> tuple[dict, dict, list[tuple[Path, Path]], list[str]]:
     """(source runs.json, the destination's after the merge, [(file, where it goes)], notes); a ReportError, naming
     what, where the two cannot be merged."""
+    for base in (source, dest):  # the record read, the record replaced: neither through a link
+        if (base / "runs.json").is_symlink():
+            _refuse_links(base, Path("runs.json"))
     src = read_runs_json(source, "source")
     if source.resolve() == dest.resolve():
         raise ReportError(f"{source}: the source and the destination are one folder")
@@ -97,32 +162,12 @@ def plan(source: Path, dest: Path) -> tuple[dict, dict, list[tuple[Path, Path]],
             raise ReportError(f"{which}: its runner has not finished ({unfinished[0]}); collect once it has")
     copies, notes = [], []
     for key, run in sorted(src["runs"].items()):
-        if not RUN_KEY.fullmatch(key):  # a key is a path here: "../x", "/etc", "" would write outside runs/
-            raise ReportError(f"source runs.json: the run key {key!r} is not one the runner writes "
-                              "(<method>[_kl<eta>]/seed_<n>); nothing is collected")
-        last = (run.get("attempts") or [{}])[-1]
-        if last.get("exit_status") != 0:
-            raise ReportError(f"{key}: its last attempt did not finish (exit status {last.get('exit_status')}); a "
-                              "run cut off is committed as such by hand")
-        if key in dst["runs"] or (dest / "runs" / key).exists():
-            raise ReportError(f"{key}: the destination has it already ({dest / 'runs' / key})")
-        folder = source / "runs" / key
-        if not folder.is_dir():
-            raise ReportError(f"{key}: no folder {folder}")
-        lacking = next((f"no {name}" for name in ("config.yaml", "metrics.jsonl") if not (folder / name).is_file()),
-                       None) or (None if read_jsonl(folder / "metrics.jsonl") else "a metrics.jsonl with no rows")
-        if lacking:  # exit status 0 and nothing to show for it: copied by hand, or cut after the runner wrote it
-            raise ReportError(f"{key}: runs.json says it finished, but {folder} has {lacking}; it is not collected "
-                              "as finished (a run cut off is committed as such by hand)")
-        copies += [(f, dest / "runs" / key / f.name) for f in sorted(folder.iterdir()) if f.is_file()]
-        method, _, seed = key.partition("/")
-        for log in (source / "logs" / method / f"{seed}.log", source / "logs" / "eval" / f"{method}_{seed}.log"):
-            if log.is_file():
-                copies.append((log, dest / log.relative_to(source)))
+        copies += _run_copies(source, dest, key, run, dst)
     for base in sorted(source.glob("eval_base_*.json")):
+        _refuse_links(source, base.relative_to(source))
         if not (dest / base.name).exists():
             copies.append((base, dest / base.name))
-        elif json.loads(base.read_text()).get("results") != json.loads((dest / base.name).read_text()).get("results"):
+        elif _draw(base) is None or _draw(base) != _draw(dest / base.name):
             notes.append(f"{base.name}: the source's draw differs from the destination's; the destination keeps its "
                          "own")
     taken = [to for _, to in copies if to.exists()]
@@ -133,6 +178,18 @@ def plan(source: Path, dest: Path) -> tuple[dict, dict, list[tuple[Path, Path]],
               "methods": list(dict.fromkeys((dst.get("methods") or []) + (src.get("methods") or []))),
               "seeds": sorted(set(dst.get("seeds") or []) | set(src.get("seeds") or []))}
     return src, merged, copies, notes
+
+
+def _copy(frm: Path, to: Path) -> None:
+    """``frm``'s bytes and times into ``to``, a new file: ``frm`` opened without following a link or waiting on a
+    pipe (checked before, and again here, on what was opened)."""
+    fd = os.open(frm, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ReportError(f"{frm}: not a regular file; lab.collect copies regular files only: move it away")
+        with open(to, "xb") as out:
+            shutil.copyfileobj(f, out)
+    shutil.copystat(frm, to, follow_symlinks=False)
 
 
 def collect(source: str | Path, dest: str | Path) -> tuple[list[str], list[str]]:
@@ -146,7 +203,7 @@ def collect(source: str | Path, dest: str | Path) -> tuple[list[str], list[str]]
                 if not parent.exists():
                     parent.mkdir()
                     made.append(parent)
-            shutil.copy2(frm, to)
+            _copy(frm, to)
             made.append(to)
         write_whole(dest / "runs.json", json.dumps(merged, indent=2) + "\n")
     except BaseException:  # a stop or a full disk: what this call made goes, so that it can be run again

@@ -220,3 +220,55 @@ def test_a_run_folder_without_its_metrics_or_config_is_not_collected_as_finished
                                                  f"{source / 'runs' / 'cory' / 'seed_0'} {says}",
             "not collected as finished")
     assert tree(repo_folder) == before
+
+
+def _linked(path, to):
+    """``path`` replaced by a symbolic link to ``to`` (a copy of what ``path`` held, kept outside the clone)."""
+    if path.is_dir():
+        shutil.copytree(path, to)
+        shutil.rmtree(path)
+    else:
+        shutil.copy(path, to)
+        path.unlink()
+    path.symlink_to(to)
+    return path
+
+
+@pytest.mark.parametrize("where", ["runs/cory/seed_0/metrics.jsonl", "runs/cory/seed_0/samples.jsonl",
+                                   "runs/cory/seed_0", "runs/cory", "runs", "logs/cory/seed_0.log", "logs/eval",
+                                   "eval_base_arithmetic.json", "runs.json"])
+def test_a_symbolic_link_in_the_source_is_refused_not_followed(repo_folder, tmp_path, where):
+    """Each was followed without a word: a private file's content, another seed's run, came in as the run's."""
+    source = clone_of(tmp_path / "clone" / "horizon", "cory/seed_0")
+    repo_folder.joinpath("eval_base_arithmetic.json").unlink()  # so that the source's would be copied
+    link = _linked(source / where, tmp_path / "elsewhere")
+    before = tree(repo_folder)
+    refused(lab("collect", source, repo_folder), f"{link}: a symbolic link (to {tmp_path / 'elsewhere'})",
+            "follows no link")
+    assert tree(repo_folder) == before
+
+
+@pytest.mark.parametrize("where", ["runs/cory", "logs/cory", "logs/eval", "runs.json"])
+def test_a_symbolic_link_in_the_destination_is_not_written_through(repo_folder, tmp_path, where):
+    """A link where the runs or logs go, or the record: the copy would land where it points, the record replace it."""
+    source = clone_of(tmp_path / "clone" / "horizon", "cory/seed_0")
+    if not (repo_folder / where).exists():
+        (repo_folder / where).mkdir(parents=True)
+    link = _linked(repo_folder / where, tmp_path / "elsewhere")
+    before = tree(repo_folder)
+    theirs = tree(tmp_path / "elsewhere") if where != "runs.json" else (tmp_path / "elsewhere").read_bytes()
+    refused(lab("collect", source, repo_folder), f"{link}: a symbolic link")
+    assert tree(repo_folder) == before and link.is_symlink()
+    assert (tree(tmp_path / "elsewhere") if where != "runs.json" else (tmp_path / "elsewhere").read_bytes()) == theirs
+
+
+@pytest.mark.parametrize("where", ["runs/cory/seed_0/samples.jsonl", "runs/cory/seed_0/metrics.jsonl",
+                                   "logs/cory/seed_0.log"])
+def test_a_pipe_among_a_runs_files_is_refused_not_skipped(repo_folder, tmp_path, where):
+    """A pipe among a run's files was left out without a word (and a log one, too)."""
+    source = clone_of(tmp_path / "clone" / "horizon", "cory/seed_0")
+    (source / where).unlink()
+    os.mkfifo(source / where)
+    before = tree(repo_folder)
+    refused(lab("collect", source, repo_folder, timeout=120), f"{source / where}: a named pipe, not a regular file")
+    assert tree(repo_folder) == before
