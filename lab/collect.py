@@ -23,13 +23,15 @@ import stat
 import sys
 from pathlib import Path
 
-from cory.outputs import read_jsonl, read_manifest, run_folder_of
+from cory.errors import ConfigError
+from cory.outputs import RunLock, in_use, read_jsonl, read_manifest, run_folder_of
 from cory.targets import NotRegularFile, open_regular, special_kind, write_whole
 from lab.errors import OneLineParser, ReportError, exit_on_error
 from lab.figures import writer_command
 from lab.design import DESIGN_DIGEST, DESIGN_FILE, design_digest
 from lab.runs import RUN_KEY, record_refusal
 
+WRITERS = "experiment runner or collect"  # who takes a folder's lock to write its runs.json, for the refusal
 SAME = ("task", "preset", "steps", "kl_coefs", "set", "design_sha256")
 
 
@@ -195,7 +197,23 @@ def _copy(frm: Path, to: Path) -> None:
 def collect(source: str | Path, dest: str | Path) -> tuple[list[str], list[str]]:
     """Copy and merge (see the module); (the runs brought in, notes)."""
     source, dest = Path(source), Path(dest)
-    src, merged, copies, notes = plan(source, dest)
+    for folder, name in ((source, "source"), (dest, "destination")):  # a runner or a collect at work there now
+        busy = in_use(folder, name, WRITERS) if folder.is_dir() else None
+        if busy:
+            raise ReportError(busy)
+    plan(source, dest)  # a refusal before the lock leaves nothing behind, not even the lock's file
+    try:  # the runner's lock on the folder: one writer of its runs.json at a time, a runner or a collect
+        lock = RunLock(dest, "destination", WRITERS).acquire()
+    except ConfigError as e:
+        raise ReportError(str(e)) from None
+    try:
+        return _collect_locked(source, dest)
+    finally:
+        lock.release()
+
+
+def _collect_locked(source: Path, dest: Path) -> tuple[list[str], list[str]]:
+    src, merged, copies, notes = plan(source, dest)  # again, now that no other writer can change the folder
     made: list[Path] = []
     try:
         for frm, to in copies:

@@ -272,3 +272,25 @@ def test_a_pipe_among_a_runs_files_is_refused_not_skipped(repo_folder, tmp_path,
     before = tree(repo_folder)
     refused(lab("collect", source, repo_folder, timeout=120), f"{source / where}: a named pipe, not a regular file")
     assert tree(repo_folder) == before
+
+
+@pytest.mark.parametrize("which", ["destination", "source"])
+def test_a_folder_another_writer_holds_is_refused(repo_folder, tmp_path, which):
+    """Two collects into one folder at once could each merge its runs into the runs.json it read, and the second's
+    rename lost the first's record: a run that could then never be collected again. A collect takes the runner's
+    lock on the destination (a runner there, or another collect, holds it), and a runner at work in the source is
+    waited for too."""
+    from cory.outputs import RunLock
+
+    source = clone_of(tmp_path / "clone" / "horizon", "cory/seed_0")
+    held = RunLock(repo_folder if which == "destination" else source, "--out", "experiment runner").acquire()
+    try:
+        before = tree(repo_folder)
+        refused(lab("collect", source, repo_folder),
+                f"{which}: {repo_folder if which == 'destination' else source} is being written by another "
+                f"experiment runner or collect (pid {os.getpid()}")
+        assert tree(repo_folder) == before
+    finally:
+        held.release()
+    succeeded(lab("collect", source, repo_folder))
+    assert json.loads((repo_folder / "runs.json").read_text()) == record(["ppo/seed_0", "cory/seed_0"])
