@@ -10,22 +10,31 @@ attempt exited 0), its runner too, and none may be in the destination already. A
 holds no runs and its design.yaml, if any, is the one the source ran under. Then each run's files (those at the
 top of its folder: config, metrics, samples, evaluations; not its checkpoints or final models, which the repository
 does not keep) and its logs are copied, and the destination's runs.json gains the runs and the invocations, written
-last and whole; a stop or a fault before then removes what was copied. The source's base-model evaluation is not
-copied when the destination has one: the folder keeps its first draw (a different one is named). Nothing is
-written before every check has passed.
+last and whole. The copies are made into a temporary folder of this collect's own in the destination
+(``.collect.<pid>-<hex>.tmp``), renamed into place once all are whole, and the record renamed over runs.json last: a
+stop (Ctrl-C, or SIGTERM, which stops it as Ctrl-C does) or a fault before then removes what this collect made, so
+that the same command can be run again. The source's base-model evaluation is not copied when the destination has
+one: the folder keeps its first draw (a different one is named). Nothing is written before every check has passed,
+and the checks are made again under the destination's lock, the one the experiment runner takes (one writer of a
+runs.json at a time). A run key is the runner's (``<method>[_kl<eta>]/seed_<n>``), never a path out of the
+destination; a run's folder holds its config and metrics; no file or folder read is a symbolic link (none is
+followed) or a pipe.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 import shutil
+import signal
 import stat
 import sys
 from pathlib import Path
 
 from cory.errors import ConfigError
 from cory.outputs import RunLock, in_use, read_jsonl, read_manifest, run_folder_of
-from cory.targets import NotRegularFile, open_regular, special_kind, write_whole
+from cory.targets import NotRegularFile, open_regular, special_kind, stopped_as_interrupt, target_refusal
 from lab.errors import OneLineParser, ReportError, exit_on_error
 from lab.figures import writer_command
 from lab.design import DESIGN_DIGEST, DESIGN_FILE, design_digest
@@ -214,21 +223,58 @@ def collect(source: str | Path, dest: str | Path) -> tuple[list[str], list[str]]
 
 def _collect_locked(source: Path, dest: Path) -> tuple[list[str], list[str]]:
     src, merged, copies, notes = plan(source, dest)  # again, now that no other writer can change the folder
-    made: list[Path] = []
+    staging = dest / f".collect.{os.getpid()}-{secrets.token_hex(4)}.tmp"  # cory.targets.TEMPORARY's form
+    record = staging / "runs.json"
+    made: list[Path] = []  # what this call put in the destination, in order
+    written = None  # the inode of the record to be renamed into place
     try:
-        for frm, to in copies:
+        staging.mkdir()
+        for i, (frm, _) in enumerate(copies):  # the long part: a stop here leaves the destination untouched
+            _copy(frm, staging / str(i))
+        with open(record, "x", encoding="utf-8") as f:
+            f.write(json.dumps(merged, indent=2) + "\n")
+        written = os.stat(record).st_ino
+        for i, (_, to) in enumerate(copies):
             for parent in reversed([to.parent, *to.parent.parents]):
                 if not parent.exists():
+                    made.append(parent)  # before it is made: a stop between the two leaves nothing untracked
                     parent.mkdir()
-                    made.append(parent)
-            _copy(frm, to)
+            if os.path.lexists(to):  # planned under the lock as free; a writer that takes no lock put it there
+                raise ReportError(f"{to}: already there; nothing is replaced")
             made.append(to)
-        write_whole(dest / "runs.json", json.dumps(merged, indent=2) + "\n")
-    except BaseException:  # a stop or a full disk: what this call made goes, so that it can be run again
-        for path in reversed(made):
-            path.unlink() if path.is_file() else path.rmdir()
+            os.rename(staging / str(i), to)
+        if refusal := target_refusal(dest / "runs.json", "runs.json"):  # a pipe put there since: not replaced
+            raise ReportError(refusal)
+        os.replace(record, dest / "runs.json")  # the runs are in from here on
+    except BaseException:  # a stop (SIGTERM too, in main) or a fault: what this call made goes, to be run again
+        if written is not None and not record.exists() and _inode(dest / "runs.json") == written:
+            return sorted(src["runs"]), notes  # the stop came once the record was in place: so are the runs
+        with _stops_held():
+            for path in reversed(made):  # each was not there before this call (a stop may come before it was made)
+                if os.path.lexists(path):
+                    path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink()
         raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return sorted(src["runs"]), notes
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def _stops_held():
+    """Within it, a stop signal waits (it is delivered at the end): what a stopped collect made is removed whole."""
+    stops = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def next_step(dest: str | Path) -> str:
@@ -242,10 +288,12 @@ def main(argv: list[str] | None = None) -> None:
     p = OneLineParser(ReportError, prog="python -m lab.collect", description=__doc__.split("\n\n")[0])
     p.add_argument("source", help="the experiment folder in the clone that ran the runs")
     p.add_argument("destination", help="the repository's folder of the same experiment")
+    # a stop, Ctrl-C or SIGTERM (stopped_as_interrupt), removes what the collect copied (see collect)
     with exit_on_error((ReportError,), files=lambda: args.destination,
                        interrupted="nothing was collected (runs.json unchanged)"):
         args = p.parse_args(sys.argv[1:] if argv is None else argv)
-        runs, notes = collect(args.source, args.destination)
+        with stopped_as_interrupt():
+            runs, notes = collect(args.source, args.destination)
         for note in notes:
             print(f"note: {note}")
         print(f"collected {', '.join(runs) or 'no runs'} into {args.destination}; next: {next_step(args.destination)}")

@@ -4,6 +4,9 @@ experiment, a run has not finished, or a file is already there."""
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -294,3 +297,55 @@ def test_a_folder_another_writer_holds_is_refused(repo_folder, tmp_path, which):
         held.release()
     succeeded(lab("collect", source, repo_folder))
     assert json.loads((repo_folder / "runs.json").read_text()) == record(["ppo/seed_0", "cory/seed_0"])
+
+
+# a collect stopped by ``signal`` at the ``nth`` call of ``step`` (a copy halfway through a file, or a rename into
+# place): what a SIGTERM from a scheduler, or Ctrl-C, does to a collect of a long run's files
+STOPPED_AT = """
+import os, shutil, signal, sys
+import lab.collect
+step, nth, signum = sys.argv[3], int(sys.argv[4]), getattr(signal, sys.argv[5])
+calls = []
+if step == "copy":
+    real = shutil.copyfileobj
+    def stopping(f, out, *args):
+        calls.append(1)
+        if len(calls) == nth:
+            out.write(f.read(100))
+            out.flush()
+            os.kill(os.getpid(), signum)
+        real(f, out, *args)
+    shutil.copyfileobj = stopping
+else:
+    real = os.rename
+    def stopping(a, b):
+        real(a, b)
+        calls.append(1)
+        if len(calls) == nth:
+            os.kill(os.getpid(), signum)
+    os.rename = stopping
+lab.collect.main(sys.argv[1:3])
+"""
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("step,nth", [("copy", 1), ("copy", 4), ("rename", 1), ("rename", 5)])
+def test_a_stop_mid_collect_removes_what_it_copied_and_the_rerun_collects(repo_folder, tmp_path, step, nth, signum):
+    """A SIGTERM ended the collect where it stood: a cut file was left, and the rerun was refused ("already there")."""
+    source = clone_of(tmp_path / "clone" / "horizon", "cory/seed_0")
+    before = tree(repo_folder)
+    p = subprocess.run([sys.executable, "-c", STOPPED_AT, str(source), str(repo_folder), step, str(nth), signum],
+                       capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert p.returncode == 130 and p.stderr.strip() == "interrupted: nothing was collected (runs.json unchanged)", \
+        (p.returncode, p.stderr[-2000:])
+    after = tree(repo_folder)
+    # every file as it was, and nothing else but the lock's file (it stays, as the runner's does); the folders a stop
+    # removed leave their parents' times changed
+    assert sorted(after) == sorted([*before, ".cory.lock"])
+    assert {k: v for k, v in after.items() if v[0] is not None and k != ".cory.lock"} == \
+        {k: v for k, v in before.items() if v[0] is not None}
+    succeeded(lab("collect", source, repo_folder))
+    assert json.loads((repo_folder / "runs.json").read_text()) == record(["ppo/seed_0", "cory/seed_0"])
+    assert (repo_folder / "runs/cory/seed_0/metrics.jsonl").read_bytes() == \
+        (HORIZON / "runs/cory/seed_0/metrics.jsonl").read_bytes()
+    assert not [p for p in repo_folder.rglob("*") if p.name.endswith(".tmp")]
