@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import stat
@@ -279,9 +280,15 @@ def _stops_held():
 
 def next_step(dest: str | Path) -> str:
     """The command to run after a collect: the one the folder's document names as its writer (a learner pilot's
-    SUMMARY.md is lab.learners', with its ``--against`` folders), else the report's."""
-    commands = (writer_command(Path(dest) / name) for name in ("REPORT.md", "SUMMARY.md", "EQUIVALENCE.md"))
-    return next((c for c in commands if c), f"python -m lab.report {dest}")
+    SUMMARY.md is lab.learners', with its ``--against`` folders), else the report's, each on ``dest`` as given:
+    the document names the folder it was written in, which a collect into a copy or a clone's is not."""
+    for name in ("REPORT.md", "SUMMARY.md", "EQUIVALENCE.md"):
+        doc = Path(dest) / name
+        command = writer_command(doc) if doc.is_file() and not doc.is_symlink() else None  # a pipe is not opened
+        if command:
+            words = shlex.split(command)  # python -m lab.X FOLDER [its other arguments]
+            return shlex.join([*words[:3], str(dest), *words[4:]])
+    return shlex.join(["python", "-m", "lab.report", str(dest)])
 
 
 def main(argv: list[str] | None = None) -> None:
