@@ -205,11 +205,9 @@ def build_summary(root: str | Path, against: str | Path | list | None = None, mi
             raise ReportError(f"--against {other}: {'the folder summarised' if first is root else 'given already'} "
                               f"({first}); give each other folder once, and not the folder itself")
         seen[Path(other).resolve()] = Path(other)
-    # read first: loading a folder refuses a pipe in it before any of its files is opened (the SUMMARY.md the
-    # target check reads, the documents beside a figure)
-    exps = [(root.name, load_experiment(root))] + [(Path(other).name, load_experiment(other)) for other in against]
-    check_targets(root, "SUMMARY.md", writer="lab.learners")
+    check_targets(root, "SUMMARY.md", writer="lab.learners")  # opens none but regular files: a pipe is a target here
     notes: list[str] = []
+    exps = [(root.name, load_experiment(root))] + [(Path(other).name, load_experiment(other)) for other in against]
     read = [(where, read_folder(exp, notes)) for where, exp in exps]
     notes += [f"`{where}`: {note}" for where, exp in exps for note in exp.notes]
     ours = read[0][1]

@@ -137,7 +137,7 @@ def test_the_summary_never_replaces_a_summary_md_it_did_not_write(horizon, their
     assert tree(horizon) == before
 
 
-@pytest.mark.parametrize("where", ["logs/ppo/seed_0.log", "runs/cory/seed_1/eval.jsonl", "runs.json", "SUMMARY.md"])
+@pytest.mark.parametrize("where", ["logs/ppo/seed_0.log", "runs/cory/seed_1/eval.jsonl", "runs.json", "notes.md"])
 def test_a_pipe_in_a_folder_read_is_refused_not_waited_on(horizon, tmp_path, where):
     """A run's log (its precision line) hung the summary: it was opened, and a pipe waits for a writer. In the folder
     or in an --against folder, any file: refused in one line naming it, before anything is written."""
@@ -150,6 +150,13 @@ def test_a_pipe_in_a_folder_read_is_refused_not_waited_on(horizon, tmp_path, whe
         refused(lab("learners", *args, timeout=120), f"{other / where}: a named pipe, not a regular file",
                 f"move it out of {other}")
         assert tree(horizon) == before
+
+
+def test_a_summary_md_that_is_a_pipe_is_refused_as_the_target_it_is(horizon):
+    os.mkfifo(horizon / "SUMMARY.md")
+    before = tree(horizon)
+    refused(lab("learners", horizon, timeout=120), f"SUMMARY.md: {horizon / 'SUMMARY.md'} exists and is a named pipe")
+    assert tree(horizon) == before
 
 
 def test_a_run_log_that_is_a_pipe_reads_as_no_precision(horizon):
