@@ -8,11 +8,17 @@ is refused in one line before any work (``check_target``, from each command's ch
 (``write_whole``), which is then the only way these files are written. The other checks of a path to be
 written, made before any work: its name is text (``check_text_path``), its folder can be written in
 (``check_writable``), and a file there is one the command wrote, not a user's (``check_output_file``).
+
+And the other way, for reading: opening a named pipe waits for a writer, so a pipe where a command expects a log or
+a metrics file hangs it. A file a command reads that it did not write is opened only when it is a regular file
+(``open_regular``: without waiting, then checked on what was opened), and a folder read whole (a lab command's
+experiment folder) is first searched for special files (``special_file_refusal``), refused in one line naming one.
 Torch-free, and below every other module.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -176,3 +182,53 @@ def stopped_as_interrupt():
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+class NotRegularFile(OSError):
+    """``open_regular``'s refusal: the path is there and is not a regular file (its ``strerror`` says what it is)."""
+
+
+def open_regular(path: str | os.PathLike, mode: str = "r", **kwargs):
+    """``open(path, mode, **kwargs)`` for reading (``mode`` "r" or "rb"), only when ``path`` is a regular file (through
+    links): opened without blocking (``O_NONBLOCK``: a named pipe's open would wait for a writer), then checked on
+    the open descriptor, so nothing can swap it in between; else NotRegularFile, an OSError, so that a reader which
+    skips what it cannot read skips it too."""
+    if mode not in ("r", "rb"):
+        raise ValueError(f"open_regular reads: mode {mode!r}")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((k for test, k in _KINDS if test(st.st_mode)), "a special file")
+            raise NotRegularFile(errno.EINVAL, f"{kind}, not a regular file", os.fspath(path))
+        os.set_blocking(fd, True)
+        return open(fd, mode, closefd=True, **kwargs)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def special_kind(path: str | os.PathLike) -> str | None:
+    """What ``path`` is when it is a named pipe, a socket or a device, through a link (a link to nothing: None)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return next((kind for test, kind in _KINDS if test(mode)), "a special file")
+
+
+def special_file_refusal(folder: str | os.PathLike) -> str | None:
+    """The one line refusing ``folder`` when a file in it, at any depth, is a named pipe, a socket or a device (a
+    link to one included; links to folders are not followed), which a command reading the folder would wait on or
+    misread: it names the first such file and what to do; None when there is none. Nothing is opened."""
+    for top, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(files):
+            kind = special_kind(os.path.join(top, name))
+            if kind is not None:
+                path = Path(top) / name
+                return (f"{path}: {kind}, not a regular file; a lab command reads only regular files (a pipe would "
+                        f"keep it waiting): move it out of {folder}")
+    return None

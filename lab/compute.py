@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from cory.targets import open_regular
+
 
 # the CPU's kind as the precision line of a run's log gives it (cory.agent.AUTO_ON_CPU's reasons, CUDA's)
 _KINDS = (("AVX-512 BF16", "AVX-512 BF16"), ("AMX", "AMX"), ("without native bfloat16", "no native bf16"),
@@ -15,9 +17,9 @@ _KINDS = (("AVX-512 BF16", "AVX-512 BF16"), ("AMX", "AMX"), ("without native bfl
 
 def compute_of(root: Path, label: str, seed: int) -> str:
     """"<precision>, <CPU kind>" from the first ``precision:`` line of the run's log (logs/<label>/seed_<n>.log);
-    "?" where the log or the line is missing."""
+    "?" where the log or the line is missing, or the log is not a regular file (a pipe is not waited on)."""
     try:
-        with open(Path(root) / "logs" / label / f"seed_{seed}.log", encoding="utf-8", errors="replace") as f:
+        with open_regular(Path(root) / "logs" / label / f"seed_{seed}.log", encoding="utf-8", errors="replace") as f:
             line = next((ln for ln in f if ln.startswith("precision: ")), None)
     except OSError:
         return "?"

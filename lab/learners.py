@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cory.targets import stopped_as_interrupt
 from lab.collapse import markdown_table
 from lab.errors import OneLineParser, ReportError, exit_on_error
 from lab.figures import check_targets, generated_by, integer_iterations, save_figure, write_atomically
@@ -198,14 +199,23 @@ def transfer_lines(groups: list[tuple[str, Group]]) -> list[str]:
 
 
 def build_summary(root: str | Path, against: str | Path | list | None = None, min_gain: float = MIN_GAIN) -> Path:
+    if not math.isfinite(min_gain) or min_gain < 0:  # before anything is read
+        raise ReportError(f"--min_gain: expected a finite number, got {min_gain:g}; allowed: 0 or more (the held-out "
+                          "accuracy above a run's own iteration 0 that counts as learned)")
     root = Path(root)
     against = [] if against is None else [against] if isinstance(against, (str, Path)) else list(against)
     if not (root / "runs").is_dir():
         raise ReportError(f"{root}: no runs/ folder (an experiment folder written by lab.experiments)")
+    seen = {root.resolve(): root}
     for other in against:
         if not (Path(other) / "runs").is_dir():
             raise ReportError(f"--against {other}: no runs/ folder (an experiment folder written by lab.experiments)")
-    check_targets(root, "SUMMARY.md", writer="lab.learners")
+        if Path(other).resolve() in seen:  # its rows would be read, and counted, twice
+            first = seen[Path(other).resolve()]
+            raise ReportError(f"--against {other}: {'the folder summarised' if first is root else 'given already'} "
+                              f"({first}); give each other folder once, and not the folder itself")
+        seen[Path(other).resolve()] = Path(other)
+    check_targets(root, "SUMMARY.md", writer="lab.learners")  # opens none but regular files: a pipe is a target here
     notes: list[str] = []
     exps = [(root.name, _load(root))] + [(Path(other).name, _load(other)) for other in against]
     read = [(where, read_folder(exp, notes)) for where, exp in exps]
@@ -223,7 +233,9 @@ def build_summary(root: str | Path, against: str | Path | list | None = None, mi
           generated_by("lab.learners", arguments) + f" from the metrics in the folder{'s' if against else ''}; "
           + ("the design, fixed before the runs, is in [DESIGN.md](DESIGN.md). " if (root / "DESIGN.md").is_file()
              else "") + "Descriptive: no comparison is claimed.", "",
-          *(["Runs: " + "; ".join(f"`{i.get('command')}` at {str(i.get('git_commit'))[:7]}" for i in invocations), ""]
+          *(["Runs: " + "; ".join(f"`{i.get('command')}` at {str(i.get('git_commit'))[:7]}"
+                                  + (" (with uncommitted changes)" if i.get("git_dirty") else "")  # as the report
+                                  for i in invocations), ""]
             if invocations else []),
           f"**Learned** (best held-out accuracy after iteration 0 at least {min_gain:g} above the run's own "
           f"iteration 0): **{learned} of {len(agents)}** agent-seeds of `{root.name}`.", "",
@@ -250,11 +262,13 @@ def main(argv: list[str] | None = None) -> None:
                    help="an experiment folder of the same task at GAE, read alongside (may be given again)")
     p.add_argument("--min_gain", type=float, default=MIN_GAIN,
                    help=f"held-out accuracy above iteration 0 that counts as learned (default {MIN_GAIN:g})")
+    # SUMMARY.md and the figure are written whole (write_atomically, save_figure): a stop, SIGTERM too, leaves each
+    # as it was and no temporary file
     with exit_on_error((ReportError,), files=lambda: args.folder, interrupted="the files written so far are whole"):
         args = p.parse_args(sys.argv[1:] if argv is None else argv)
-        if not math.isfinite(args.min_gain):
-            raise ReportError(f"--min_gain: expected a finite number, got {args.min_gain}")
-        print(f"summary: {build_summary(args.folder, args.against, args.min_gain)}")
+        with stopped_as_interrupt():
+            summary = build_summary(args.folder, args.against, args.min_gain)
+    print(f"summary: {summary}")
 
 
 if __name__ == "__main__":

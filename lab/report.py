@@ -442,10 +442,12 @@ def comparison_sections(exp: Experiment, main: list) -> list[str]:
 
 def build_report(path: str | Path) -> Path:
     """Write the figures and REPORT.md into ``path``; returns REPORT.md's path."""
+    # the files it writes first (only regular ones are opened): a pipe among them is named as a target, which
+    # load_experiment, refusing any pipe in the folder before opening a file, would name as a file to read
+    check_targets(Path(path), "REPORT.md", writer="lab.report")
     exp = load_experiment(path)
     root = exp.path
     load_design(root)  # a damaged design.yaml is refused before any figure is written
-    check_targets(root, "REPORT.md", writer="lab.report")
     notes = list(exp.notes)
     main = [(exp.main_group(m), a) for m in MAIN_METHODS if exp.main_group(m) is not None
             for a in exp.main_group(m).agents]

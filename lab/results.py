@@ -31,9 +31,11 @@ from lab.compute import mixed_precision_notes
 from lab.errors import ReportError
 from lab.labels import (AGENT_NAMES, LLM1, LLM2, METHOD_NAMES, POLICY, fmt,  # noqa: F401 (re-exported)
                         learner_name)
+from lab.runs import record_refusal
 from cory.final import read_evaluation, stale
 from cory.method import CORY, PPO
 from cory.outputs import MANIFEST, read_jsonl, read_manifest
+from cory.targets import special_file_refusal
 
 LAST_N = 10
 MAIN_METHODS = ("ppo", "cory")
@@ -280,6 +282,8 @@ def load_experiment(path: str | Path) -> Experiment:
     runs_root = root / "runs"
     if not runs_root.is_dir():
         raise ReportError(f"{path}: no runs/ folder; is it an experiment folder written by lab.experiments?")
+    if (special := special_file_refusal(root)) is not None:  # before any file is opened: a pipe would hang it
+        raise ReportError(special)
     notes = []
     groups: dict[str, Group] = {}
     for label_dir in sorted(p for p in runs_root.iterdir() if p.is_dir()):
@@ -406,9 +410,8 @@ def _runs_json(root: Path, groups: dict[str, Group], notes: list[str]) -> dict:
     except (OSError, ValueError):
         notes.append("runs.json is not valid JSON; the commands and wall times are missing.")
         return {}
-    if not isinstance(data, dict):
-        notes.append(f"runs.json holds a JSON {type(data).__name__}, not the runner's record; the commands and "
-                     "wall times are missing.")
+    if (wrong := record_refusal(data)) is not None:  # a list, a run that is a number, ...: read as none at all
+        notes.append(f"{wrong}; the commands and wall times are missing.")
         return {}
     tasks = {str(r.config["task"]) for g in groups.values() for r in g.runs.values() if r.config.get("task")}
     if data.get("task") is not None and tasks and str(data["task"]) not in tasks:

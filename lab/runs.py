@@ -8,6 +8,7 @@ import datetime as _dt
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -208,6 +209,59 @@ def git_state(tree: str | os.PathLike = REPO) -> tuple[str | None, bool | None]:
         return commit, (bool(status.stdout.strip()) if status.returncode == 0 else None)
     except (OSError, subprocess.SubprocessError):
         return None, None
+
+
+# runs.json's run keys, as Pair.key writes them: <method>[_kl<eta>]/seed_<n>, a relative path of two plain names
+RUN_KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*/seed_[0-9]+")
+_JSON = {dict: "object", list: "list", str: "string", int: "number", float: "number", bool: "boolean",
+         type(None): "null"}
+# Record's fields that hold lists: what each item is, in words and as types
+_LISTS = {"invocations": ("objects", (dict,)), "methods": ("strings", (str,)), "seeds": ("whole numbers", (int,)),
+          "kl_coefs": ("numbers", (int, float))}
+
+
+def json_kind(value) -> str:
+    """``value``'s JSON type in a word ("list", "null")."""
+    return _JSON.get(type(value), type(value).__name__)
+
+
+def _attempts_refusal(name: str, key: str, run) -> str | None:
+    """Why the record of run ``key`` in ``name`` is not a run's record with a list of attempts; None when it is."""
+    if not isinstance(run, dict):
+        return f"{name}'s run {key!r} is a JSON {json_kind(run)}, not a run's record (an object)"
+    attempts = run.get("attempts", [])
+    if not isinstance(attempts, list) or not all(isinstance(a, dict) for a in attempts):
+        return f"{name}'s run {key!r} has attempts that are not a list of objects"
+    for a in attempts:
+        for field, kinds in (("exit_status", (int,)), ("wall_time_s", (int, float))):
+            if a.get(field) is not None and (isinstance(a[field], bool) or not isinstance(a[field], kinds)):
+                return (f"{name}'s run {key!r} has an attempt whose {field} is a JSON {json_kind(a[field])}, not a "
+                        "number")
+    return None
+
+
+def record_refusal(doc, name: str = "runs.json") -> str | None:
+    """Why ``doc`` (runs.json, parsed; ``name``, the file as the words name it) is not of the shape ``Record``
+    writes, naming the field ("runs.json's runs are a JSON list, not ..."); None when it is. A field that is missing
+    is not named (an older runner wrote fewer), nor a key outside RUN_KEY's grammar (a reader looks its runs up by
+    key; a writer that makes paths of them checks them itself)."""
+    if not isinstance(doc, dict):
+        return f"{name} holds a JSON {json_kind(doc)}, not the runner's record"
+    for field in ("task", "preset"):
+        if doc.get(field) is not None and not isinstance(doc[field], str):
+            return f"{name}'s {field} is a JSON {json_kind(doc[field])}, not a string"
+    runs = doc.get("runs", {})
+    if not isinstance(runs, dict):
+        return f"{name}'s runs are a JSON {json_kind(runs)}, not an object of runs"
+    for key, run in runs.items():
+        if refusal := _attempts_refusal(name, key, run):
+            return refusal
+    for field, (items, kinds) in _LISTS.items():
+        value = doc.get(field)
+        if value is not None and (not isinstance(value, list) or
+                                  any(isinstance(v, bool) or not isinstance(v, kinds) for v in value)):
+            return f"{name}'s {field} are not a list of {items}"
+    return None
 
 
 def now() -> str:

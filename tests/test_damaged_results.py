@@ -3,6 +3,7 @@ of another shape, a config.yaml that holds no config, a held-out row without a r
 are refused (which one is the result cannot be told). Each through its entry point, on a copy of a committed
 experiment, and the runs' files are the same afterwards (the commands only read them)."""
 import json
+import os
 import shutil
 
 import pytest
@@ -48,6 +49,19 @@ def test_a_seed_in_two_folders_is_refused(exp):
     assert tree(exp) == before
 
 
+@pytest.mark.parametrize("where", ["logs/cory/seed_0.log", "runs/ppo/seed_1/cory_run.json", "runs.json",
+                                   "eval_base_imdb.json", "notes.md"])
+def test_a_pipe_in_the_folder_is_refused_not_waited_on(exp, where):
+    """A run's log (its precision line), a manifest, the record, an evaluation, a document beside the figures: the
+    report opened each and waited for a writer that never came."""
+    (exp / where).unlink(missing_ok=True)
+    os.mkfifo(exp / where)
+    before = tree(exp)
+    refused(lab("report", exp, timeout=120), f"{exp / where}: a named pipe, not a regular file",
+            f"move it out of {exp}")
+    assert tree(exp) == before
+
+
 @pytest.mark.slow
 def test_a_runs_json_of_another_task_is_named_not_used(exp):
     shutil.copy(REPO / "results" / "gsm8k_cpu" / "runs.json", exp / "runs.json")
@@ -62,6 +76,25 @@ def test_a_runs_json_holding_a_list_is_named(exp):
     (exp / "runs.json").write_text("[1, 2]\n")
     report = reported(exp)
     assert "runs.json holds a JSON list, not the runner's record" in report
+
+
+@pytest.mark.parametrize("shape,says", [
+    ({"runs": [1]}, "runs.json's runs are a JSON list, not an object of runs"),
+    ({"runs": {"ppo/seed_0": 3}}, "runs.json's run 'ppo/seed_0' is a JSON number, not a run's record"),
+    ({"runs": {"ppo/seed_0": {"attempts": [{"wall_time_s": "1 h"}]}}}, "attempt whose wall_time_s is a JSON string"),
+    ({"invocations": ["python -m lab.experiments"]}, "runs.json's invocations are not a list of objects"),
+    ({"task": ["imdb"]}, "runs.json's task is a JSON list, not a string"),
+])
+def test_a_runs_json_of_another_shape_is_named_not_used(exp, shape, says):
+    """Each gave the report a traceback where it read the record (its attempts' wall times, the failed runs)."""
+    from lab.report import provenance_section
+    from lab.results import load_experiment
+
+    (exp / "runs.json").write_text(json.dumps(shape))
+    loaded = load_experiment(exp)
+    assert loaded.runs_json == {}
+    assert any(says in n and n.endswith("; the commands and wall times are missing.") for n in loaded.notes)
+    assert "_No runs.json" in provenance_section(loaded)
 
 
 @pytest.mark.slow

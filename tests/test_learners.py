@@ -2,7 +2,11 @@
 accuracy after iteration 0, at least min_gain above the run's own iteration 0), runs from before the switch read as
 GAE's, and the committed GAE runs of the horizon comparison give the rows their own files give."""
 import json
+import os
 import shutil
+import subprocess
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -101,10 +105,19 @@ def test_the_summary_rebuilds_the_same_and_leaves_the_runs_alone(horizon):
     (["--min_gain", "nan"], "--min_gain: expected a finite number, got nan"),
     (["--against", "NOWHERE"], "--against NOWHERE: no runs/ folder"),
     (["--min_gan", "0.1"], "unrecognized arguments: --min_gan 0.1"),
+    (["--min_gain=-0.1"], "--min_gain: expected a finite number, got -0.1; allowed: 0 or more"),
+    (["--min_gain=-inf", "--against", "NOWHERE"], "--min_gain: expected a finite number, got -inf"),  # first
+    (["--against", "HERE"], "--against HERE: the folder summarised (HERE); give each other folder once"),
+    (["--against", "OTHER", "--against", "OTHER/."], "--against OTHER/.: given already (OTHER)"),
 ])
 def test_the_summarys_mistakes_are_one_line_and_write_nothing(horizon, tmp_path, args, message):
-    args = [a.replace("NOWHERE", str(tmp_path / "nowhere")) for a in args]
-    message = message.replace("NOWHERE", str(tmp_path / "nowhere"))
+    """Each refused before any folder is read: -0.1 counted every seed as learned, and a folder given twice (or the
+    folder itself) read its rows twice."""
+    names = {"NOWHERE": tmp_path / "nowhere", "HERE": horizon, "OTHER": tmp_path / "other"}
+    shutil.copytree(horizon / "runs" / "ppo", names["OTHER"] / "runs" / "ppo")
+    args = [str(a) for a in args]
+    for name, path in names.items():
+        args, message = [a.replace(name, str(path)) for a in args], message.replace(name, str(path))
     before = tree(horizon)
     refused(lab("learners", horizon, *args), message)
     assert tree(horizon) == before
@@ -155,3 +168,91 @@ def test_the_learners_figure_ticks_whole_iterations_and_labels_its_axes(horizon,
         assert all(float(t).is_integer() for t in ax.get_xticks()), ax.get_xticks()
         assert ax.get_xlabel() == "iterations"
     assert fig.axes[0].get_ylabel() == "held-out accuracy (sampled)"  # the panels share it
+
+
+@pytest.mark.parametrize("where", ["logs/ppo/seed_0.log", "runs/cory/seed_1/eval.jsonl", "runs.json", "notes.md"])
+def test_a_pipe_in_a_folder_read_is_refused_not_waited_on(horizon, tmp_path, where):
+    """A run's log (its precision line) hung the summary: it was opened, and a pipe waits for a writer. In the folder
+    or in an --against folder, any file: refused in one line naming it, before anything is written."""
+    other = tmp_path / "other"
+    shutil.copytree(horizon, other)
+    (other / where).unlink(missing_ok=True)
+    os.mkfifo(other / where)
+    before = tree(horizon)
+    for args in ([other], [horizon, "--against", other]):
+        refused(lab("learners", *args, timeout=120), f"{other / where}: a named pipe, not a regular file",
+                f"move it out of {other}")
+        assert tree(horizon) == before
+
+
+def test_a_summary_md_that_is_a_pipe_is_refused_as_the_target_it_is(horizon):
+    os.mkfifo(horizon / "SUMMARY.md")
+    before = tree(horizon)
+    refused(lab("learners", horizon, timeout=120), f"SUMMARY.md: {horizon / 'SUMMARY.md'} exists and is a named pipe")
+    assert tree(horizon) == before
+
+
+def test_a_run_log_that_is_a_pipe_reads_as_no_precision(horizon):
+    """The reader itself never waits on a pipe: the log is opened without blocking and read only if regular."""
+    log = horizon / "logs" / "ppo" / "seed_0.log"
+    log.unlink()
+    os.mkfifo(log)
+    read: list[str] = []
+    reader = threading.Thread(target=lambda: read.append(compute_of(horizon, "ppo", 0)), daemon=True)
+    reader.start()
+    reader.join(20)
+    waited = reader.is_alive()
+    if waited:  # be the writer it waits for, so that it ends
+        os.close(os.open(log, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(20)
+    assert not waited and read == ["?"]
+
+
+def test_a_dirty_invocation_is_named_as_the_report_names_it(horizon):
+    doc = json.loads((horizon / "runs.json").read_text())
+    doc["invocations"][0]["git_dirty"] = True
+    (horizon / "runs.json").write_text(json.dumps(doc))
+    runs = next(line for line in build_summary(horizon).read_text().splitlines() if line.startswith("Runs: "))
+    first, *others = runs.split("; ")
+    assert first.endswith("` at f560d23 (with uncommitted changes)")
+    assert others and not any("uncommitted" in part for part in others)
+
+
+# SUMMARY.md's writing, stopped by a SIGTERM halfway through its temporary file
+STOPPED_MIDWAY = """
+import os, signal, sys
+import lab.learners as learners
+whole = learners.write_atomically
+def halfway(path, text):
+    def fill(tmp):
+        tmp.write_text(text[:100])
+        os.kill(os.getpid(), signal.SIGTERM)
+    whole(path, fill)
+learners.write_atomically = halfway
+learners.main([sys.argv[1]])
+"""
+
+
+def test_a_sigterm_is_a_clean_stop_that_leaves_no_temporary_file(horizon):
+    """It ended the process where it stood, leaving .SUMMARY.md.<pid>-<hex>.tmp; now it stops as Ctrl-C does."""
+    p = subprocess.run([sys.executable, "-c", STOPPED_MIDWAY, str(horizon)], capture_output=True, text=True,
+                       cwd=REPO, timeout=300)
+    assert p.returncode == 130 and p.stderr.strip() == "interrupted: the files written so far are whole", \
+        (p.returncode, p.stderr[-2000:])
+    assert not (horizon / "SUMMARY.md").exists()
+    assert not [f for f in horizon.iterdir() if f.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("damage,says", [
+    (lambda doc: 7, "runs.json holds a JSON number, not the runner's record"),
+    (lambda doc: {**doc, "invocations": [1, 2]}, "runs.json's invocations are not a list of objects"),
+    (lambda doc: {**doc, "invocations": {"command": "x"}}, "runs.json's invocations are not a list of objects"),
+    (lambda doc: {**doc, "runs": {"ppo/seed_0": "finished"}},
+     "runs.json's run 'ppo/seed_0' is a JSON string, not a run's record"),
+])
+def test_a_runs_json_of_another_shape_is_named_not_used(horizon, damage, says):
+    """Its invocations were read as records (a traceback); now it is named in the notes, as the report names it."""
+    doc = json.loads((horizon / "runs.json").read_text())
+    (horizon / "runs.json").write_text(json.dumps(damage(doc)))
+    summary = build_summary(horizon).read_text()
+    assert says in summary and "Runs: " not in summary
