@@ -21,6 +21,17 @@ from test_report import cory_rows, ppo_rows, write_run
 GAP, COPY, CORRECTION = TRANSFER_KEYS
 
 
+@pytest.fixture(autouse=True)
+def _registry_as_it_was():
+    """The tasks a test registers (a task file, a hostile declaration) leave with it: the registry is the process's,
+    and the next test file on this worker reads its list of tasks."""
+    from cory.tasks import registry
+    before = dict(registry._REGISTRY)
+    yield
+    registry._REGISTRY.clear()
+    registry._REGISTRY.update(before)
+
+
 # ----------------------------------------------------------------------------- the numbers
 
 
