@@ -68,7 +68,7 @@ def save(run_dir: RunDir, step: int, agents: dict, sampler: dict, cfg: PPOArgs, 
         # what ties the agent files to this state: a resume refuses files copied in from another checkpoint
         _save({**state, "files": {name: file_digest(folder / name) for name in files}}, folder / "state.pt")
     try:
-        run_dir.save_checkpoint(step, write, keep=cfg.keep_checkpoints)
+        run_dir.save_checkpoint(step, write, keep=cfg.save_total_limit)
     except OSError as e:
         # a file-size limit (ulimit -f: EFBIG; Python ignores the SIGXFSZ that would kill it) is a full disk for
         # one file: the same stop, and --resume continues once it is lifted

@@ -9,8 +9,8 @@ from pathlib import Path
 import yaml
 
 from cory import preflight, run_rules
-from cory.config import (INVOCATION_FIELDS, REQUIRED, _allowed, _field_types, build, field_help, load_yaml, to_dict,
-                         validate)
+from cory.config import (INVOCATION_FIELDS, RENAMED, REQUIRED, _allowed, _field_types, build, field_help, load_yaml,
+                         to_dict, validate)
 from cory.errors import AssetError, ConfigError, RunError, Stopped
 from cory.tasks import registered
 
@@ -57,6 +57,7 @@ def split_flags(cls, argv: list[str]) -> tuple[str | None, dict[str, str]]:
             raise ConfigError(f"unexpected argument {arg!r}; flags look like --field value")
         key, eq, value = arg[2:].partition("=")
         key = key.replace("-", "_")
+        key = RENAMED.get(key, key)  # a field's old name (--keep_checkpoints) still works
         if not eq:
             nxt = argv[i + 1] if i + 1 < len(argv) else None
             if nxt is not None and not nxt.startswith("--"):

@@ -406,8 +406,9 @@ class RunDir:
             f.flush()
             os.fsync(f.fileno())
 
-    def save_checkpoint(self, step: int, write, keep: int) -> Path | None:
-        """``write(folder)`` fills a temporary folder that is renamed to ``step_N`` when complete."""
+    def save_checkpoint(self, step: int, write, keep: int | None) -> Path | None:
+        """``write(folder)`` fills a temporary folder that is renamed to ``step_N`` when complete; then only the newest
+        ``keep`` checkpoints stay (None: every one)."""
         if not self.enabled:
             return None
         root = self.path / CHECKPOINTS
@@ -423,7 +424,7 @@ class RunDir:
             if tmp.exists():
                 remove_checkpoint(tmp)
         older = [p for _, p in checkpoints(self.path) if p != final]
-        for p in older[: max(0, len(older) - (keep - 1))]:
+        for p in older[: max(0, len(older) - (keep - 1))] if keep is not None else []:
             remove_checkpoint(p)
         return final
 

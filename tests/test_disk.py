@@ -1,0 +1,54 @@
+"""What a run keeps on disk, in HF Trainer's terms (docs/configuration.md, "Disk"): ``save_total_limit`` checkpoints
+kept. Tiny runs in-process; the checks of a value before any model loads through the command line."""
+import pytest
+
+from conftest import IMDB_PPO, REPO, rejected
+from cory.cli import parse
+from cory.errors import ConfigError
+from cory.outputs import RunDir, checkpoints
+from cory.train import prepare_run
+from test_faults import tiny, write_checkpoint
+
+PRESET = str(REPO / "configs" / "imdb" / "ppo_tiny.yaml")
+
+
+def parsed(tmp_path, *flags):
+    return parse(IMDB_PPO, ["--config", PRESET, "--output_dir", str(tmp_path / "run"), *flags], check=False)
+
+
+def test_save_total_limit_from_flags_files_and_its_old_name(tmp_path):
+    assert parsed(tmp_path).save_total_limit == 1  # what runs kept before the field had HF's name: the newest
+    assert parsed(tmp_path, "--save_total_limit", "3").save_total_limit == 3
+    assert parsed(tmp_path, "--save_total_limit", "none").save_total_limit is None  # HF's default: every one
+    assert parsed(tmp_path, "--keep_checkpoints", "2").save_total_limit == 2  # the field's name before
+    old = tmp_path / "old.yaml"
+    old.write_text(f"{(REPO / 'configs' / 'imdb' / 'ppo_tiny.yaml').read_text()}\nkeep_checkpoints: 4\n")
+    assert parse(IMDB_PPO, ["--config", str(old)], check=False).save_total_limit == 4
+    old.write_text("keep_checkpoints: 4\nsave_total_limit: 2\n")
+    with pytest.raises(ConfigError, match="keep_checkpoints: .* gives it and save_total_limit, its name now"):
+        parse(IMDB_PPO, ["--config", str(old)], check=False)
+    from lab.experiment_plan import _overrides
+
+    assert _overrides(["keep_checkpoints=2"]) == {"save_total_limit": "2"}  # the runner's --set too
+
+
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_a_save_total_limit_below_one_is_one_line_before_any_model_loads(tmp_path, value):
+    line = rejected("imdb", "ppo", ["--config", PRESET, "--output_dir", tmp_path / "run", "--save_total_limit", value])
+    assert line == f"error: save_total_limit: must be >= 1 or none (none = keep every checkpoint), got {value}"
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("keep,kept", [(1, [5]), (2, [4, 5]), (None, [1, 2, 3, 4, 5])])
+def test_save_total_limit_keeps_exactly_the_newest_n(tmp_path, keep, kept):
+    run = RunDir(tmp_path / "run")
+    run.start({"steps": 10}, resume_step=None, overwrite=False)
+    for step in range(1, 6):
+        run.save_checkpoint(step, write_checkpoint({"policy.pt": b"w", "state.pt": b"s"}), keep=keep)
+    assert [step for step, _ in checkpoints(run.path)] == kept
+
+
+def test_a_run_keeps_its_newest_save_total_limit_checkpoints(tmp_path):
+    out = tmp_path / "run"
+    prepare_run(tiny(IMDB_PPO, "ppo", out, steps=3, save_every=1, save_total_limit=2)).fit()
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000002", "step_000003"]
