@@ -4,13 +4,15 @@ A checkpoint, ``checkpoints/step_NNNNNN/`` after N completed iterations, holds e
 on as the uninterrupted one would:
 
 - ``<agent>.pt`` for each agent (``policy``; or ``llm1`` and ``llm2``): its trainable parameters (with LoRA, its
-  adapter), its optimizer's state, its KL coefficient and its score normaliser (``Agent.state_dict``);
+  adapter), its optimizer's state (not with ``save_only_model``: a resume then starts Adam afresh, and says so),
+  its KL coefficient and its score normaliser (``Agent.state_dict``);
 - ``state.pt``: the ``step`` (completed iterations); the main process's data sampler (``task``: the task's
   ``state_dict``) and random streams (``rng``: torch's CPU generator, every CUDA device's on a GPU, numpy's,
   Python's, and the answer lengths' generator); the same pair for every other process (``other_ranks``); and the
   config it was trained with, less ``resume`` and ``overwrite`` (``config``); what its base model was
   (``base_model``: ``cory.assets.weights_fingerprint``, where there is one); the precision it computed in
-  (``precision``, what ``auto`` resolved to, which a resume on another machine keeps); and the sha256 of every agent file
+  (``precision``, what ``auto`` resolved to, which a resume on another machine keeps); whether the agent files lack
+  their optimizer state (``model_only``); and the sha256 of every agent file
   beside it (``files``), so that a resume takes only the files saved with it (``cory.run_rules.check_resumable``,
   which also checks ``step`` against the folder's name).
 
@@ -54,13 +56,15 @@ def save(run_dir: RunDir, step: int, agents: dict, sampler: dict, cfg: PPOArgs, 
     every process's ``sampler``.
     """
     samplers = parallel.gather_objects(sampler)
-    files = {f"{name}.pt": agent.state_dict() for name, agent in agents.items()}
+    files = {f"{name}.pt": agent.state_dict(optimizer=not cfg.save_only_model) for name, agent in agents.items()}
     # the config the weights were trained with, so that a resume can tell a hand-edited config.yaml
     state = {"step": step, **samplers[0], "other_ranks": samplers[1:],
              "config": {k: v for k, v in to_dict(cfg).items() if k not in INVOCATION_FIELDS},
              **({"base_model": base_model} if base_model is not None else {}),
              # what ``precision: auto`` resolved to where the run started: a resume elsewhere keeps it
-             "precision": next(iter(agents.values())).precision}
+             "precision": next(iter(agents.values())).precision,
+             # save_only_model: no optimizer state in the agent files, so a resume from here is not exact
+             "model_only": cfg.save_only_model}
 
     def write(folder: Path):
         for name, content in files.items():

@@ -139,6 +139,9 @@ class PPOArgs:
     # HF Trainer's names and meanings (TrainingArguments); its save_total_limit defaults to none, every one kept
     save_total_limit: int | None = arg(1, "checkpoints kept, the newest (none = every one, HF Trainer's default); "
                                        "keep_checkpoints, its name before, is still read", on_resume=True)
+    save_only_model: bool = arg(False, "checkpoints without the optimizer state (Adam's moments, two thirds of a full "
+                                "one): a --resume from one starts Adam afresh, so it is not exact (it warns)",
+                                on_resume=True)
     samples_per_step: int = arg(4, "queries and answers written to samples.jsonl per iteration", on_resume=True)
     eval_every: int = arg(0, "every N iterations (and before the first and after the last) score each agent on the "
                           "task's held-out prompts: reward, KL to the base model, distinct-n, repeats, to eval.jsonl "

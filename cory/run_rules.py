@@ -223,6 +223,12 @@ def check_resumable(run_dir: Path, cfg: PPOArgs, fingerprint: str | None = None)
             raise ConfigError(f"resume: {checkpoint} has no {name}.pt; is it a {method.name} run?")
         check_checkpoint_file(checkpoint / f"{name}.pt")
     check_one_checkpoint(checkpoint, state, method.agents)
+    # HF Trainer's documentation says its save_only_model checkpoints cannot be resumed, and its code then resumes them
+    # with a fresh optimizer, without a warning; here the data, random streams, KL coefficient and score statistics come
+    # back, Adam's moments do not, and a resume says so
+    if state.get("model_only"):
+        warnings.warn(f"resume: {checkpoint} holds no optimizer state (saved with save_only_model: true): Adam's "
+                      "moments start afresh, so the resumed run is not the one an uninterrupted run gives")
     return checkpoint
 
 

@@ -69,6 +69,9 @@ class Run:
         cfg = self.cfg
         self.run_dir.start(to_dict(cfg), resume_step=self.start_step if cfg.resume is not None else None,
                            overwrite=cfg.overwrite, method=self.method.name)
+        if cfg.save_only_model and self.run_dir.enabled:
+            print("checkpoints: the model only (save_only_model: true), no optimizer state: a --resume from one starts "
+                  "Adam afresh and is not exact", flush=True)
         self.heldout = self.heldout_evaluation()
         self.stop, self.logger = _StopSignals(verbose=self.run_dir.enabled), _Logger(cfg, self.run_dir.enabled)
         self.logged = 0  # iterations this invocation logged (a skipped batch logs none)

@@ -1,11 +1,11 @@
 """What a run keeps on disk, in HF Trainer's terms (docs/configuration.md, "Disk"): ``save_total_limit`` checkpoints
-kept. Tiny runs in-process; the checks of a value before any model loads through the command line."""
+kept, ``save_only_model`` (no optimizer state: a resume warns, and is not exact). Tiny runs in-process; the checks of a value before any model loads through the command line."""
 import pytest
 
 from conftest import IMDB_PPO, REPO, rejected
 from cory.cli import parse
 from cory.errors import ConfigError
-from cory.outputs import RunDir, checkpoints
+from cory.outputs import RunDir, checkpoints, latest_checkpoint, load_checkpoint_file
 from cory.train import prepare_run
 from test_faults import tiny, write_checkpoint
 
@@ -52,3 +52,30 @@ def test_a_run_keeps_its_newest_save_total_limit_checkpoints(tmp_path):
     out = tmp_path / "run"
     prepare_run(tiny(IMDB_PPO, "ppo", out, steps=3, save_every=1, save_total_limit=2)).fit()
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000002", "step_000003"]
+
+
+def test_save_only_model_checkpoints_lack_the_optimizer_and_a_resume_says_it_is_not_exact(tmp_path, capsys):
+    import io
+
+    import torch
+
+    out = tmp_path / "run"
+    run = prepare_run(tiny(IMDB_PPO, "ppo", out, steps=2, save_every=1, save_only_model=True))
+    run.fit()
+    assert "checkpoints: the model only (save_only_model: true), no optimizer state" in capsys.readouterr().out
+    checkpoint = latest_checkpoint(out)
+    saved = load_checkpoint_file(checkpoint / "policy.pt")
+    assert "optimizer" not in saved and {"params", "kl_coef", "normalizer"} <= saved.keys()
+    assert load_checkpoint_file(checkpoint / "state.pt")["model_only"] is True
+    whole = io.BytesIO()
+    torch.save(run.agents["policy"].state_dict(), whole)  # what the checkpoint would hold with the optimizer
+    assert (checkpoint / "policy.pt").stat().st_size < 0.4 * whole.getbuffer().nbytes  # Adam's two moments left out
+
+    with pytest.warns(UserWarning, match=r"holds no optimizer state \(saved with save_only_model: true\): Adam's "
+                                         "moments start afresh, so the resumed run is not the one an uninterrupted"):
+        resumed = prepare_run(tiny(IMDB_PPO, "ppo", out, steps=3, save_every=1, resume=str(out)))
+    agent = resumed.agents["policy"]
+    assert resumed.start_step == 2 and agent.trainer.optimizer.state_dict()["state"] == {}  # a fresh Adam
+    params = dict(agent.policy.named_parameters())
+    assert all(torch.equal(params[n], p) for n, p in saved["params"].items())  # the weights are back
+    assert agent.trainer.kl_ctl.value == saved["kl_coef"]
