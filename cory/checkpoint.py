@@ -139,7 +139,7 @@ def save_final(run_dir: RunDir, agents: dict, tokenizer, cfg: PPOArgs, world_siz
                 if getattr(agent.policy, "is_peft_model", False):
                     # a plain model that loads from the query alone, without peft or the base
                     model = copy.deepcopy(model).merge_and_unload()
-                model.save_pretrained(folder / name)
+                save_model(model, folder / name, cfg.final_dtype)
                 tokenizer.save_pretrained(folder / name)
             if world_size > 1:
                 record = {name: [d[name] for d in everyone] for name in digests}
@@ -157,6 +157,25 @@ def save_final(run_dir: RunDir, agents: dict, tokenizer, cfg: PPOArgs, world_siz
         if len({d[name] for d in everyone}) > 1:
             raise RunError(f"{name}: the {len(everyone)} processes ended with different weights (sha256 per "
                            f"process in {run_dir.path / 'final' / DIGESTS})")
+
+
+FINAL_DTYPES = {"bf16": torch.bfloat16}  # final_dtype -> the weights' dtype ("training": as they are)
+
+
+def save_model(model, folder: Path, final_dtype: str = "training") -> None:
+    """``model.save_pretrained(folder)``, its floating-point weights cast to ``final_dtype`` (``FINAL_DTYPES``) in a
+    copy of its state (the model trains on, or is evaluated, as it is) and its config.json saying so."""
+    if final_dtype == "training":
+        model.save_pretrained(folder)
+        return
+    dtype = FINAL_DTYPES[final_dtype]
+    cast: dict = {}  # one cast per tensor storage, so tied weights (embeddings and the LM head) stay one tensor
+    state = {name: cast.setdefault((t.data_ptr(), t.dtype, t.shape), t.detach().to(dtype))
+             if t.is_floating_point() else t for name, t in model.state_dict().items()}
+    model.save_pretrained(folder, state_dict=state)
+    config = copy.copy(model.config)  # save_pretrained wrote the dtype of the model's parameters, not of the file's
+    config.dtype = str(dtype).split(".")[1]
+    config.save_pretrained(folder)
 
 
 def _io_reason(e: Exception) -> str:

@@ -139,6 +139,8 @@ class PPOArgs:
     # HF Trainer's names and meanings (TrainingArguments); its save_total_limit defaults to none, every one kept
     save_total_limit: int | None = arg(1, "checkpoints kept, the newest (none = every one, HF Trainer's default); "
                                        "keep_checkpoints, its name before, is still read", on_resume=True)
+    final_dtype: str = arg("training", "the final models' weights (final/): training = in the dtype they trained in "
+                           "(float32); bf16 = bfloat16, half the size", choices=("training", "bf16"))
     save_only_model: bool = arg(False, "checkpoints without the optimizer state (Adam's moments, two thirds of a full "
                                 "one): a --resume from one starts Adam afresh, so it is not exact (it warns)",
                                 on_resume=True)

@@ -143,9 +143,10 @@ class Run:
                            f"metrics: none in {self.cfg.output_dir}")
         self.save(self.cfg.steps)
         checkpoint.save_final(self.run_dir, self.agents, self.tokenizer, self.cfg, self.world_size)
-        if self.heldout is not None and self.world_size == 1 and not self.cfg.use_peft:
-            # the evaluation after the last iteration scored the final models as saved (LoRA's are merged first):
-            # lab.evaluate reads it rather than sampling the same answers again
+        if (self.heldout is not None and self.world_size == 1 and not self.cfg.use_peft
+                and self.cfg.final_dtype == "training"):
+            # the evaluation after the last iteration scored the final models as saved (LoRA's are merged first, and
+            # a cast to final_dtype changes them): lab.evaluate reads it rather than sampling the same answers again
             own = self.heldout.own_final_evaluation(self.cfg.steps, final_weights_id(self.run_dir.path))
             if own is not None:
                 self.run_dir.write_own_final_evaluation(own)

@@ -1,5 +1,5 @@
 """What a run keeps on disk, in HF Trainer's terms (docs/configuration.md, "Disk"): ``save_total_limit`` checkpoints
-kept, ``save_only_model`` (no optimizer state: a resume warns, and is not exact). Tiny runs in-process; the checks of a value before any model loads through the command line."""
+kept, ``save_only_model`` (no optimizer state: a resume warns, and is not exact), ``final_dtype``. Tiny runs in-process; the checks of a value before any model loads through the command line."""
 import pytest
 
 from conftest import IMDB_PPO, REPO, rejected
@@ -79,3 +79,32 @@ def test_save_only_model_checkpoints_lack_the_optimizer_and_a_resume_says_it_is_
     params = dict(agent.policy.named_parameters())
     assert all(torch.equal(params[n], p) for n, p in saved["params"].items())  # the weights are back
     assert agent.trainer.kl_ctl.value == saved["kl_coef"]
+
+
+def test_final_dtype_bf16_writes_bfloat16_weights_that_load_as_the_trained_ones_cast(tmp_path):
+    import json
+
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "run"
+    run = prepare_run(tiny(IMDB_PPO, "ppo", out, steps=1, final_dtype="bf16", eval_every=1))
+    run.fit()
+    trained = run.agents["policy"].policy.pretrained_model
+    trained.save_pretrained(tmp_path / "as_trained")  # what final_dtype training writes
+    final = out / "final" / "policy"
+    with safe_open(final / "model.safetensors", "pt") as f, \
+            safe_open(tmp_path / "as_trained" / "model.safetensors", "pt") as g:
+        assert sorted(f.keys()) == sorted(g.keys())  # tied weights stay one tensor
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+        assert {g.get_tensor(k).dtype for k in g.keys()} == {torch.float32}
+    assert json.loads((final / "config.json").read_text())["dtype"] == "bfloat16"
+    half = (final / "model.safetensors").stat().st_size / (tmp_path / "as_trained" / "model.safetensors").stat().st_size
+    assert 0.45 < half < 0.55
+    loaded = dict(AutoModelForCausalLM.from_pretrained(final, dtype=torch.float32).named_parameters())
+    for name, p in trained.named_parameters():
+        assert torch.equal(loaded[name], p.detach().to(torch.bfloat16).float()), name
+    assert trained.dtype == torch.float32  # the run's own model was not cast
+    # the run's last held-out evaluation scored the float32 weights, not the files: it is not offered as theirs
+    assert (out / "eval.jsonl").is_file() and not (out / "final_evaluation.json").exists()
