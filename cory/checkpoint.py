@@ -159,6 +159,19 @@ def save_final(run_dir: RunDir, agents: dict, tokenizer, cfg: PPOArgs, world_siz
                            f"process in {run_dir.path / 'final' / DIGESTS})")
 
 
+def drop_resume_checkpoint(run_dir: RunDir, cfg: PPOArgs) -> None:
+    """``keep_resume_checkpoint: false``, once the final models are written: the run's checkpoint files go
+    (``RunDir.drop_checkpoints``: never a link, nor a file of another name), and the log says what that freed."""
+    if not run_dir.enabled:
+        return
+    freed, left = run_dir.drop_checkpoints()
+    print(f"checkpoint dropped (keep_resume_checkpoint: false): {_gib(freed)} freed; the final models are in "
+          f"{Path(cfg.output_dir) / 'final'}; --resume can no longer extend this run", flush=True)
+    if left:
+        names = ", ".join(str(p.relative_to(run_dir.path)) for p in left[:4]) + (", ..." if len(left) > 4 else "")
+        print(f"left in place, not the run's checkpoint files (a link, or another name): {names}", flush=True)
+
+
 FINAL_DTYPES = {"bf16": torch.bfloat16}  # final_dtype -> the weights' dtype ("training": as they are)
 
 

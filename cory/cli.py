@@ -26,6 +26,7 @@ def _help(cls, prog: str) -> str:
         "  --config FILE.yaml   a preset of `field: value` lines, e.g. configs/<task>/<method>_cpu.yaml",
         "  --resume RUN_DIR     continue that run from its newest checkpoint (its config.yaml is the base);",
         "                       only the fields marked [resume] may differ, e.g. --steps N extends a finished run",
+        "                       that kept its checkpoint (keep_resume_checkpoint: true)",
         "  --overwrite          replace the run already in output_dir (only ever a folder this project wrote)",
         "  --print_config       check the resolved config as a run would, print it as YAML and exit (trains nothing)",
         "", "fields (--name value; a true/false field may stand alone to mean true):"]

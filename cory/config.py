@@ -56,8 +56,8 @@ class PPOArgs:
     output_dir: str = arg(REQUIRED, "the run's folder (config, metrics, samples, checkpoints, final models); a "
                           "leading ~ is your home folder", on_resume=True)
     seed: int = arg(0, "seeds data order, sampling and initialisation", trl=True)
-    steps: int = arg(REQUIRED, "PPO iterations (one batch each); raise it with --resume RUN to extend a run",
-                     on_resume=True)
+    steps: int = arg(REQUIRED, "PPO iterations (one batch each); raise it with --resume RUN to extend a run (a "
+                     "finished one needs keep_resume_checkpoint: true)", on_resume=True)
     # ---- the model
     model_name: str = arg(REQUIRED, "'tiny', 'embedded:smollm2-135m', a model folder or a hub id", trl=True)
     use_peft: bool = arg(False, "train LoRA adapters (and the value head) instead of every weight")
@@ -139,6 +139,11 @@ class PPOArgs:
     # HF Trainer's names and meanings (TrainingArguments); its save_total_limit defaults to none, every one kept
     save_total_limit: int | None = arg(1, "checkpoints kept, the newest (none = every one, HF Trainer's default); "
                                        "keep_checkpoints, its name before, is still read", on_resume=True)
+    # a finished run's last checkpoint is what --resume RUN --steps N extends it from; a 135M CORY run's is 3.2 GB
+    keep_resume_checkpoint: bool = arg(False, "keep the run's checkpoint once its final models are written, so that "
+                                       "--resume RUN --steps N can extend it exactly; false = delete the run's "
+                                       "checkpoint files then (a stopped run keeps its checkpoint either way)",
+                                       on_resume=True)
     final_dtype: str = arg("training", "the final models' weights (final/): training = in the dtype they trained in "
                            "(float32); bf16 = bfloat16, half the size", choices=("training", "bf16"))
     save_only_model: bool = arg(False, "checkpoints without the optimizer state (Adam's moments, two thirds of a full "

@@ -150,6 +150,8 @@ class Run:
             own = self.heldout.own_final_evaluation(self.cfg.steps, final_weights_id(self.run_dir.path))
             if own is not None:
                 self.run_dir.write_own_final_evaluation(own)
+        if not self.cfg.keep_resume_checkpoint:  # the final models are whole: the checkpoint goes, as asked
+            checkpoint.drop_resume_checkpoint(self.run_dir, self.cfg)
 
     def stopped_at_once(self) -> Stopped:
         """A second signal: the current iteration is half done, so nothing new is saved."""

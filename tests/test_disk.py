@@ -1,8 +1,9 @@
 """What a run keeps on disk, in HF Trainer's terms (docs/configuration.md, "Disk"): ``save_total_limit`` checkpoints
-kept, ``save_only_model`` (no optimizer state: a resume warns, and is not exact), ``final_dtype``. Tiny runs in-process; the checks of a value before any model loads through the command line."""
+kept, ``save_only_model`` (no optimizer state: a resume warns, and is not exact), ``final_dtype``, and a
+finished run's checkpoint dropped unless ``keep_resume_checkpoint`` (the tiny presets keep it: tests extend runs). Tiny runs in-process; the checks of a value before any model loads through the command line."""
 import pytest
 
-from conftest import IMDB_PPO, REPO, rejected
+from conftest import IMDB_CORY, IMDB_PPO, REPO, rejected
 from cory.cli import parse
 from cory.errors import ConfigError
 from cory.outputs import RunDir, checkpoints, latest_checkpoint, load_checkpoint_file
@@ -108,3 +109,60 @@ def test_final_dtype_bf16_writes_bfloat16_weights_that_load_as_the_trained_ones_
     assert trained.dtype == torch.float32  # the run's own model was not cast
     # the run's last held-out evaluation scored the float32 weights, not the files: it is not offered as theirs
     assert (out / "eval.jsonl").is_file() and not (out / "final_evaluation.json").exists()
+
+
+def test_by_default_a_finished_run_drops_its_checkpoint_and_keeps_its_final_models(tmp_path, capsys):
+    from cory.final import final_complete
+    from cory.run_rules import nothing_to_do
+
+    from cory.config import PPOArgs, load_yaml
+
+    assert PPOArgs.__dataclass_fields__["keep_resume_checkpoint"].default is False
+    for preset in (REPO / "configs").glob("*/*.yaml"):  # the presets users run take the default; the tiny ones keep
+        assert ("keep_resume_checkpoint" in load_yaml(preset)) == preset.name.endswith("_tiny.yaml"), preset
+    out = tmp_path / "run"
+    prepare_run(tiny(IMDB_CORY, "cory", out, steps=2, save_every=1, save_total_limit=2,
+                     keep_resume_checkpoint=False)).fit()
+    said = capsys.readouterr().out
+    assert "checkpoint dropped (keep_resume_checkpoint: false): " in said and " MiB freed" in said, said
+    assert not (out / "checkpoints").exists() and final_complete(out, ["llm1", "llm2"])
+    assert "nothing to do" in nothing_to_do(tiny(IMDB_CORY, "cory", out, steps=2, resume=str(out)))
+    line = rejected("imdb", "cory", ["--resume", out, "--steps", "3"])
+    assert line == (f"error: resume: {out} finished its 2 iterations and kept no checkpoint (keep_resume_checkpoint: "
+                    f"false), so it cannot go on to --steps 3; start a run of 3 iterations in another folder (--config "
+                    f"{out / 'config.yaml'} --steps 3 --output_dir NEW), with --keep_resume_checkpoint true to "
+                    "extend that one later")
+    assert "a run cannot be shortened" in rejected("imdb", "cory", ["--resume", out, "--steps", "1"])
+
+
+def test_dropping_checkpoints_deletes_only_the_runs_files_and_follows_no_link(tmp_path):
+    elsewhere = tmp_path / "elsewhere"  # a user's files, reached through links from inside the run
+    (elsewhere / "step_000009").mkdir(parents=True)
+    (elsewhere / "step_000009" / "state.pt").write_bytes(b"theirs")
+    (elsewhere / "policy.pt").write_bytes(b"theirs too")
+    run = RunDir(tmp_path / "run")
+    run.start({"steps": 10}, resume_step=None, overwrite=False)
+    for step in (1, 2):
+        run.save_checkpoint(step, write_checkpoint({"policy.pt": b"w" * 100, "state.pt": b"s"}), keep=None)
+    root = run.path / "checkpoints"
+    (root / "step_000001" / "notes.txt").write_text("mine")  # a user's note in a checkpoint folder
+    (root / "step_000002" / "policy.pt").unlink()
+    (root / "step_000002" / "policy.pt").symlink_to(elsewhere / "policy.pt")  # a link under a checkpoint's name
+    (root / "step_best").mkdir()  # a user's folder: not a checkpoint's name
+    (root / "step_best" / "policy.pt").write_bytes(b"best")
+    (root / "step_000009").symlink_to(elsewhere / "step_000009", target_is_directory=True)
+    freed, left = run.drop_checkpoints()
+    assert freed == 100 + 1 + 1  # step 1's two files, step 2's state.pt
+    assert sorted(str(p.relative_to(root)) for p in left) == [
+        "step_000001/notes.txt", "step_000002/policy.pt", "step_000009", "step_best"]
+    assert (root / "step_000001" / "notes.txt").read_text() == "mine" and not (root / "step_000001" / "policy.pt").exists()
+    assert (root / "step_000002" / "policy.pt").is_symlink() and not (root / "step_000002" / "state.pt").exists()
+    assert (root / "step_best" / "policy.pt").read_bytes() == b"best"
+    assert (elsewhere / "policy.pt").read_bytes() == b"theirs too"
+    assert (elsewhere / "step_000009" / "state.pt").read_bytes() == b"theirs"
+    linked = tmp_path / "linked"  # a checkpoints/ folder that is itself a link: nothing in it is touched
+    other = RunDir(linked)
+    other.start({"steps": 10}, resume_step=None, overwrite=False)
+    (linked / "checkpoints").symlink_to(elsewhere, target_is_directory=True)
+    assert other.drop_checkpoints() == (0, [linked / "checkpoints"])
+    assert (elsewhere / "step_000009" / "state.pt").is_file() and (elsewhere / "policy.pt").is_file()
