@@ -129,22 +129,26 @@ class Agent:
         self.trainer.kl_ctl = kl_controller(self.cfg)
         self.normalizer = ScoreNormalizer()
 
-    def state_dict(self) -> dict:
+    def state_dict(self, optimizer: bool = True) -> dict:
+        """What a checkpoint saves of the agent; ``optimizer`` False (``save_only_model``) leaves out Adam's moments,
+        two thirds of it."""
         self.use_own_adapter()  # "requires grad" marks this agent's own adapter on a shared base
         return {
             "params": {n: p.detach() for n, p in self.policy.named_parameters() if p.requires_grad},
-            "optimizer": self.trainer.optimizer.state_dict(),
+            **({"optimizer": self.trainer.optimizer.state_dict()} if optimizer else {}),
             "kl_coef": self.trainer.kl_ctl.value,
             "normalizer": self.normalizer.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
+        """Put back what ``state_dict`` saved; without an optimizer state Adam starts afresh, as at iteration 0."""
         self.use_own_adapter()
         params = dict(self.policy.named_parameters())
         with torch.no_grad():
             for n, value in state["params"].items():
                 params[n].copy_(value)
-        self.trainer.optimizer.load_state_dict(state["optimizer"])
+        if "optimizer" in state:
+            self.trainer.optimizer.load_state_dict(state["optimizer"])
         self.trainer.kl_ctl.value = state["kl_coef"]
         self.normalizer.load_state_dict(state["normalizer"])
 

@@ -4,13 +4,15 @@ A checkpoint, ``checkpoints/step_NNNNNN/`` after N completed iterations, holds e
 on as the uninterrupted one would:
 
 - ``<agent>.pt`` for each agent (``policy``; or ``llm1`` and ``llm2``): its trainable parameters (with LoRA, its
-  adapter), its optimizer's state, its KL coefficient and its score normaliser (``Agent.state_dict``);
+  adapter), its optimizer's state (not with ``save_only_model``: a resume then starts Adam afresh, and says so),
+  its KL coefficient and its score normaliser (``Agent.state_dict``);
 - ``state.pt``: the ``step`` (completed iterations); the main process's data sampler (``task``: the task's
   ``state_dict``) and random streams (``rng``: torch's CPU generator, every CUDA device's on a GPU, numpy's,
   Python's, and the answer lengths' generator); the same pair for every other process (``other_ranks``); and the
   config it was trained with, less ``resume`` and ``overwrite`` (``config``); what its base model was
   (``base_model``: ``cory.assets.weights_fingerprint``, where there is one); the precision it computed in
-  (``precision``, what ``auto`` resolved to, which a resume on another machine keeps); and the sha256 of every agent file
+  (``precision``, what ``auto`` resolved to, which a resume on another machine keeps); whether the agent files lack
+  their optimizer state (``model_only``); and the sha256 of every agent file
   beside it (``files``), so that a resume takes only the files saved with it (``cory.run_rules.check_resumable``,
   which also checks ``step`` against the folder's name).
 
@@ -54,13 +56,15 @@ def save(run_dir: RunDir, step: int, agents: dict, sampler: dict, cfg: PPOArgs, 
     every process's ``sampler``.
     """
     samplers = parallel.gather_objects(sampler)
-    files = {f"{name}.pt": agent.state_dict() for name, agent in agents.items()}
+    files = {f"{name}.pt": agent.state_dict(optimizer=not cfg.save_only_model) for name, agent in agents.items()}
     # the config the weights were trained with, so that a resume can tell a hand-edited config.yaml
     state = {"step": step, **samplers[0], "other_ranks": samplers[1:],
              "config": {k: v for k, v in to_dict(cfg).items() if k not in INVOCATION_FIELDS},
              **({"base_model": base_model} if base_model is not None else {}),
              # what ``precision: auto`` resolved to where the run started: a resume elsewhere keeps it
-             "precision": next(iter(agents.values())).precision}
+             "precision": next(iter(agents.values())).precision,
+             # save_only_model: no optimizer state in the agent files, so a resume from here is not exact
+             "model_only": cfg.save_only_model}
 
     def write(folder: Path):
         for name, content in files.items():
@@ -68,7 +72,7 @@ def save(run_dir: RunDir, step: int, agents: dict, sampler: dict, cfg: PPOArgs, 
         # what ties the agent files to this state: a resume refuses files copied in from another checkpoint
         _save({**state, "files": {name: file_digest(folder / name) for name in files}}, folder / "state.pt")
     try:
-        run_dir.save_checkpoint(step, write, keep=cfg.keep_checkpoints)
+        run_dir.save_checkpoint(step, write, keep=cfg.save_total_limit)
     except OSError as e:
         # a file-size limit (ulimit -f: EFBIG; Python ignores the SIGXFSZ that would kill it) is a full disk for
         # one file: the same stop, and --resume continues once it is lifted
@@ -135,7 +139,7 @@ def save_final(run_dir: RunDir, agents: dict, tokenizer, cfg: PPOArgs, world_siz
                 if getattr(agent.policy, "is_peft_model", False):
                     # a plain model that loads from the query alone, without peft or the base
                     model = copy.deepcopy(model).merge_and_unload()
-                model.save_pretrained(folder / name)
+                save_model(model, folder / name, cfg.final_dtype)
                 tokenizer.save_pretrained(folder / name)
             if world_size > 1:
                 record = {name: [d[name] for d in everyone] for name in digests}
@@ -153,6 +157,38 @@ def save_final(run_dir: RunDir, agents: dict, tokenizer, cfg: PPOArgs, world_siz
         if len({d[name] for d in everyone}) > 1:
             raise RunError(f"{name}: the {len(everyone)} processes ended with different weights (sha256 per "
                            f"process in {run_dir.path / 'final' / DIGESTS})")
+
+
+def drop_resume_checkpoint(run_dir: RunDir, cfg: PPOArgs) -> None:
+    """``keep_resume_checkpoint: false``, once the final models are written: the run's checkpoint files go
+    (``RunDir.drop_checkpoints``: never a link, nor a file of another name), and the log says what that freed."""
+    if not run_dir.enabled:
+        return
+    freed, left = run_dir.drop_checkpoints()
+    print(f"checkpoint dropped (keep_resume_checkpoint: false): {_gib(freed)} freed; the final models are in "
+          f"{Path(cfg.output_dir) / 'final'}; --resume can no longer extend this run", flush=True)
+    if left:
+        names = ", ".join(str(p.relative_to(run_dir.path)) for p in left[:4]) + (", ..." if len(left) > 4 else "")
+        print(f"left in place, not the run's checkpoint files (a link, or another name): {names}", flush=True)
+
+
+FINAL_DTYPES = {"bf16": torch.bfloat16}  # final_dtype -> the weights' dtype ("training": as they are)
+
+
+def save_model(model, folder: Path, final_dtype: str = "training") -> None:
+    """``model.save_pretrained(folder)``, its floating-point weights cast to ``final_dtype`` (``FINAL_DTYPES``) in a
+    copy of its state (the model trains on, or is evaluated, as it is) and its config.json saying so."""
+    if final_dtype == "training":
+        model.save_pretrained(folder)
+        return
+    dtype = FINAL_DTYPES[final_dtype]
+    cast: dict = {}  # one cast per tensor storage, so tied weights (embeddings and the LM head) stay one tensor
+    state = {name: cast.setdefault((t.data_ptr(), t.dtype, t.shape), t.detach().to(dtype))
+             if t.is_floating_point() else t for name, t in model.state_dict().items()}
+    model.save_pretrained(folder, state_dict=state)
+    config = copy.copy(model.config)  # save_pretrained wrote the dtype of the model's parameters, not of the file's
+    config.dtype = str(dtype).split(".")[1]
+    config.save_pretrained(folder)
 
 
 def _io_reason(e: Exception) -> str:

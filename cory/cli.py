@@ -9,8 +9,8 @@ from pathlib import Path
 import yaml
 
 from cory import preflight, run_rules
-from cory.config import (INVOCATION_FIELDS, REQUIRED, allowed_type, build, field_help, field_types, load_yaml, to_dict,
-                         validate)
+from cory.config import (INVOCATION_FIELDS, RENAMED, REQUIRED, allowed_type, build, field_help, field_types,
+                         load_yaml, to_dict, validate)
 from cory.errors import AssetError, ConfigError, RunError, Stopped
 from cory.tasks import registered
 
@@ -26,6 +26,7 @@ def _help(cls, prog: str) -> str:
         "  --config FILE.yaml   a preset of `field: value` lines, e.g. configs/<task>/<method>_cpu.yaml",
         "  --resume RUN_DIR     continue that run from its newest checkpoint (its config.yaml is the base);",
         "                       only the fields marked [resume] may differ, e.g. --steps N extends a finished run",
+        "                       that kept its checkpoint (keep_resume_checkpoint: true)",
         "  --overwrite          replace the run already in output_dir (only ever a folder this project wrote)",
         "  --print_config       check the resolved config as a run would, print it as YAML with the hub assets the",
         "                       run fetches (hub_assets) and exit (trains nothing, asks the hub nothing)",
@@ -58,6 +59,7 @@ def split_flags(cls, argv: list[str]) -> tuple[str | None, dict[str, str]]:
             raise ConfigError(f"unexpected argument {arg!r}; flags look like --field value")
         key, eq, value = arg[2:].partition("=")
         key = key.replace("-", "_")
+        key = RENAMED.get(key, key)  # a field's old name (--keep_checkpoints) still works
         if not eq:
             nxt = argv[i + 1] if i + 1 < len(argv) else None
             if nxt is not None and not nxt.startswith("--"):

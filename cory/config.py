@@ -56,8 +56,8 @@ class PPOArgs:
     output_dir: str = arg(REQUIRED, "the run's folder (config, metrics, samples, checkpoints, final models); a "
                           "leading ~ is your home folder", on_resume=True)
     seed: int = arg(0, "seeds data order, sampling and initialisation", trl=True)
-    steps: int = arg(REQUIRED, "PPO iterations (one batch each); raise it with --resume RUN to extend a run",
-                     on_resume=True)
+    steps: int = arg(REQUIRED, "PPO iterations (one batch each); raise it with --resume RUN to extend a run (a "
+                     "finished one needs keep_resume_checkpoint: true)", on_resume=True)
     # ---- the model
     model_name: str = arg(REQUIRED, "'tiny', 'embedded:smollm2-135m', a model folder or a hub id", trl=True)
     use_peft: bool = arg(False, "train LoRA adapters (and the value head) instead of every weight")
@@ -136,7 +136,19 @@ class PPOArgs:
     repetition_penalty: float = arg(1.0, "sampling repetition penalty (1 = off)")
     # ---- outputs and faults
     save_every: int = arg(25, "iterations between checkpoints", on_resume=True)
-    keep_checkpoints: int = arg(1, "checkpoints kept (the newest)", on_resume=True)
+    # HF Trainer's names and meanings (TrainingArguments); its save_total_limit defaults to none, every one kept
+    save_total_limit: int | None = arg(1, "checkpoints kept, the newest (none = every one, HF Trainer's default); "
+                                       "keep_checkpoints, its name before, is still read", on_resume=True)
+    # a finished run's last checkpoint is what --resume RUN --steps N extends it from; a 135M CORY run's is 3.2 GB
+    keep_resume_checkpoint: bool = arg(False, "keep the run's checkpoint once its final models are written, so that "
+                                       "--resume RUN --steps N can extend it exactly; false = delete the run's "
+                                       "checkpoint files then (a stopped run keeps its checkpoint either way)",
+                                       on_resume=True)
+    final_dtype: str = arg("training", "the final models' weights (final/): training = in the dtype they trained in "
+                           "(float32); bf16 = bfloat16, half the size", choices=("training", "bf16"))
+    save_only_model: bool = arg(False, "checkpoints without the optimizer state (Adam's moments, two thirds of a full "
+                                "one): a --resume from one starts Adam afresh, so it is not exact (it warns)",
+                                on_resume=True)
     samples_per_step: int = arg(4, "queries and answers written to samples.jsonl per iteration", on_resume=True)
     eval_every: int = arg(0, "every N iterations (and before the first and after the last) score each agent on the "
                           "task's held-out prompts: reward, KL to the base model, distinct-n, repeats, to eval.jsonl "
@@ -172,6 +184,8 @@ class CoryArgs(PPOArgs):
 
 # run-control fields that describe one invocation, not the experiment
 INVOCATION_FIELDS = ("resume", "overwrite")
+# a field's name before it was renamed -> its name now: read in config files, flags and saved runs' config.yaml
+RENAMED = {"keep_checkpoints": "save_total_limit"}
 # folders, where a leading ~ is the home folder
 PATH_FIELDS = ("output_dir", "dataset_path", "resume")
 SEED_LIMIT = 2 ** 31  # numpy seeds below 2**32, and each process adds its rank
@@ -325,7 +339,19 @@ def load_yaml(path: str | os.PathLike) -> dict:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"config: {path} must be a mapping of field: value, got {type(data).__name__}")
-    return data
+    return renamed(data, str(path))
+
+
+def renamed(values: dict, source: str) -> dict:
+    """``values`` with each field given under its old name (``RENAMED``) under its name now; both names at once is
+    a mistake (``source``: where they came from, for the error)."""
+    out = dict(values)
+    for old, new in RENAMED.items():
+        if old in out:
+            if new in out:
+                raise ConfigError(f"{old}: {source} gives it and {new}, its name now; give {new} only")
+            out[new] = out.pop(old)
+    return out
 
 
 def short(value, width: int = 60) -> str:
@@ -338,7 +364,7 @@ def build(cls, overrides: dict | None = None, cli: dict | None = None):
     """An instance of ``cls`` from YAML-typed ``overrides`` and string-typed ``cli`` values."""
     types_ = field_types(cls)
     values = {}
-    for source, from_cli in ((overrides or {}), False), ((cli or {}), True):
+    for source, from_cli in (renamed(overrides or {}, "the config"), False), (renamed(cli or {}, "the flags"), True):
         for key, value in source.items():
             if not isinstance(key, str) or key not in types_:
                 raise ConfigError(f"unknown field {short(key)}; see --help for the allowed fields")
@@ -405,6 +431,13 @@ def _check_learner(cfg: PPOArgs) -> None:
                           "PPOTrainer step has GAE only)")
 
 
+def _check_outputs(cfg: PPOArgs) -> None:
+    """What a run keeps on disk."""
+    if cfg.save_total_limit is not None and cfg.save_total_limit < 1:
+        raise ConfigError(f"save_total_limit: must be >= 1 or none (none = keep every checkpoint), got "
+                          f"{cfg.save_total_limit}")
+
+
 def validate(cfg: PPOArgs) -> None:
     """Range and consistency checks that need nothing but the values."""
     def positive(name, integer=True):
@@ -420,8 +453,9 @@ def validate(cfg: PPOArgs) -> None:
         if choices:
             _one_of(f.name, v, choices)
     for name in ("steps", "batch_size", "mini_batch_size", "gradient_accumulation_steps", "ppo_epochs",
-                 "response_length_min", "save_every", "keep_checkpoints", "num_generations"):
+                 "response_length_min", "save_every", "num_generations"):
         positive(name)
+    _check_outputs(cfg)
     _check_learner(cfg)
     for name in ("lora_r", "lora_alpha"):
         if getattr(cfg, name) is None:

@@ -97,6 +97,14 @@ def final_complete(run_dir: str | os.PathLike, agents: tuple[str, ...] | list[st
     return bool(agents) and all(_has_weights(final / name) for name in agents) and _sizes_hold(final)
 
 
+def final_iterations(run_dir: str | os.PathLike) -> int | None:
+    """The iterations done by the models in ``run_dir/final``, as its marker records them; None without one."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        done = json.loads((Path(run_dir) / FINAL / MARKER).read_text()).get("iterations")
+        return done if isinstance(done, int) and not isinstance(done, bool) else None
+    return None
+
+
 def final_weights_id(run_dir: str | os.PathLike) -> str | None:
     """Which weights ``run_dir/final`` holds now (``contents_id``); None when there is no final/. An evaluation
     records it (``RECORD``)."""

@@ -17,6 +17,7 @@ import re
 import shlex
 import shutil
 import socket
+import stat
 import sys
 import tempfile
 import time
@@ -406,8 +407,9 @@ class RunDir:
             f.flush()
             os.fsync(f.fileno())
 
-    def save_checkpoint(self, step: int, write, keep: int) -> Path | None:
-        """``write(folder)`` fills a temporary folder that is renamed to ``step_N`` when complete."""
+    def save_checkpoint(self, step: int, write, keep: int | None) -> Path | None:
+        """``write(folder)`` fills a temporary folder that is renamed to ``step_N`` when complete; then only the newest
+        ``keep`` checkpoints stay (None: every one)."""
         if not self.enabled:
             return None
         root = self.path / CHECKPOINTS
@@ -423,9 +425,36 @@ class RunDir:
             if tmp.exists():
                 remove_checkpoint(tmp)
         older = [p for _, p in checkpoints(self.path) if p != final]
-        for p in older[: max(0, len(older) - (keep - 1))]:
+        for p in older[: max(0, len(older) - (keep - 1))] if keep is not None else []:
             remove_checkpoint(p)
         return final
+
+
+    def drop_checkpoints(self) -> tuple[int, list[Path]]:
+        """Delete the run's checkpoint files (``keep_resume_checkpoint: false``, once final/ is written): in each
+        folder of a checkpoint's name (``step_N``, or one being written), the files of a checkpoint's names that are
+        regular files; then each folder left empty. Links are neither followed nor deleted, and a user's file (any
+        other name, a folder such as ``step_best``) stays, with its folder. Returns (bytes freed, what was left)."""
+        root = self.path / CHECKPOINTS
+        if not self.enabled or root.is_symlink() or not root.is_dir():
+            return 0, [root] if self.enabled and root.is_symlink() else []
+        freed, left = 0, []
+        for folder in sorted(root.iterdir()):
+            if not (_CHECKPOINT.fullmatch(folder.name) or _CHECKPOINT_TMP.fullmatch(folder.name)) or \
+                    folder.is_symlink() or not folder.is_dir():
+                left.append(folder)
+                continue
+            for name in sorted(CHECKPOINT_FILES):
+                path = folder / name
+                with contextlib.suppress(FileNotFoundError):
+                    st = path.lstat()
+                    if stat.S_ISREG(st.st_mode):
+                        path.unlink()
+                        freed += st.st_size
+            left += sorted(folder.iterdir())
+            _remove(folder, "walk")  # only once empty
+        _remove(root, "walk")
+        return freed, left
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -36,7 +36,7 @@ import yaml
 from cory.config import (INVOCATION_FIELDS, REQUIRED, CoryArgs, PPOArgs, field_types, field_help, metadata,
                          on_resume_fields, to_dict)
 from cory.errors import ConfigError
-from cory.final import file_digest, final_complete
+from cory.final import file_digest, final_complete, final_iterations
 from cory.method import method_of
 from cory.outputs import (LOCK, MANIFEST, check_checkpoint_file, checkpoints, evaluations, in_use, latest_checkpoint,
                           load_checkpoint_file, read_jsonl, read_manifest, run_folder_of, scan_run_dir, written_here)
@@ -130,12 +130,16 @@ def nothing_to_do(cfg: PPOArgs) -> str | None:
     says so, and the resume then changes nothing (no config, row, evaluation or model rewritten); else None."""
     run_dir = Path(cfg.output_dir)
     done = checkpoints(run_dir)
-    if cfg.resume is None or not done or done[-1][0] != cfg.steps:
+    # without a checkpoint (keep_resume_checkpoint: false dropped it), final/'s marker says what the run has done
+    last = done[-1][0] if done else final_iterations(run_dir)
+    if cfg.resume is None or last != cfg.steps:
         return None
     if not final_complete(run_dir, method_of(cfg).agents):
         return None  # cut off while saving them (a final/ from before they were written whole): the resume writes them
+    extend = ("--steps N, more iterations, extends it" if done else
+              "it kept no checkpoint, keep_resume_checkpoint: false, so a longer run starts in another folder")
     return (f"nothing to do: {run_dir} has done its {cfg.steps} iterations and holds its final models; nothing "
-            "changed (--steps N, more iterations, extends it)")
+            f"changed ({extend})")
 
 
 # -- 4. the folder a run writes ---------------------------------------------------------------------------------------
@@ -195,6 +199,9 @@ def check_resumable(run_dir: Path, cfg: PPOArgs, fingerprint: str | None = None)
     check_identity(run_dir, method.name, cfg.task)
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None:  # the run would start again from iteration 0, deleting every row
+        dropped = dropped_refusal(run_dir, cfg)
+        if dropped:
+            raise ConfigError(dropped)
         refusal = restart_refusal(run_dir)
         if refusal:
             raise ConfigError(f"resume: {refusal} and no checkpoint to resume from; resuming would start it again "
@@ -223,7 +230,28 @@ def check_resumable(run_dir: Path, cfg: PPOArgs, fingerprint: str | None = None)
             raise ConfigError(f"resume: {checkpoint} has no {name}.pt; is it a {method.name} run?")
         check_checkpoint_file(checkpoint / f"{name}.pt")
     check_one_checkpoint(checkpoint, state, method.agents)
+    # HF Trainer's documentation says its save_only_model checkpoints cannot be resumed, and its code then resumes them
+    # with a fresh optimizer, without a warning; here the data, random streams, KL coefficient and score statistics come
+    # back, Adam's moments do not, and a resume says so
+    if state.get("model_only"):
+        warnings.warn(f"resume: {checkpoint} holds no optimizer state (saved with save_only_model: true): Adam's "
+                      "moments start afresh, so the resumed run is not the one an uninterrupted run gives")
     return checkpoint
+
+
+def dropped_refusal(run_dir: Path, cfg: PPOArgs) -> str | None:
+    """Why the ``--resume`` of a run made here that finished and then dropped its checkpoint
+    (``keep_resume_checkpoint: false``) cannot go on, else None. (One that asks for the iterations it has done has
+    nothing to do, ``nothing_to_do``.)"""
+    done = final_iterations(run_dir)
+    if done is None or copied_run(run_dir) or not final_complete(run_dir, method_of(cfg).agents):
+        return None
+    kept = f"{run_dir} finished its {done} iterations and kept no checkpoint (keep_resume_checkpoint: false)"
+    if cfg.steps < done:
+        return f"steps: {kept}, more than --steps {cfg.steps}; a run cannot be shortened: start a new one"
+    return (f"resume: {kept}, so it cannot go on to --steps {cfg.steps}; start a run of {cfg.steps} iterations in "
+            f"another folder (--config {run_dir / 'config.yaml'} --steps {cfg.steps} --output_dir NEW), with "
+            "--keep_resume_checkpoint true to extend that one later")
 
 
 def check_one_checkpoint(checkpoint: Path, state: dict, agents) -> None:

@@ -69,6 +69,9 @@ class Run:
         cfg = self.cfg
         self.run_dir.start(to_dict(cfg), resume_step=self.start_step if cfg.resume is not None else None,
                            overwrite=cfg.overwrite, method=self.method.name)
+        if cfg.save_only_model and self.run_dir.enabled:
+            print("checkpoints: the model only (save_only_model: true), no optimizer state: a --resume from one starts "
+                  "Adam afresh and is not exact", flush=True)
         self.heldout = self.heldout_evaluation()
         self.stop, self.logger = _StopSignals(verbose=self.run_dir.enabled), _Logger(cfg, self.run_dir.enabled)
         self.logged = 0  # iterations this invocation logged (a skipped batch logs none)
@@ -140,12 +143,15 @@ class Run:
                            f"metrics: none in {self.cfg.output_dir}")
         self.save(self.cfg.steps)
         checkpoint.save_final(self.run_dir, self.agents, self.tokenizer, self.cfg, self.world_size)
-        if self.heldout is not None and self.world_size == 1 and not self.cfg.use_peft:
-            # the evaluation after the last iteration scored the final models as saved (LoRA's are merged first):
-            # lab.evaluate reads it rather than sampling the same answers again
+        if (self.heldout is not None and self.world_size == 1 and not self.cfg.use_peft
+                and self.cfg.final_dtype == "training"):
+            # the evaluation after the last iteration scored the final models as saved (LoRA's are merged first, and
+            # a cast to final_dtype changes them): lab.evaluate reads it rather than sampling the same answers again
             own = self.heldout.own_final_evaluation(self.cfg.steps, final_weights_id(self.run_dir.path))
             if own is not None:
                 self.run_dir.write_own_final_evaluation(own)
+        if not self.cfg.keep_resume_checkpoint:  # the final models are whole: the checkpoint goes, as asked
+            checkpoint.drop_resume_checkpoint(self.run_dir, self.cfg)
 
     def stopped_at_once(self) -> Stopped:
         """A second signal: the current iteration is half done, so nothing new is saved."""

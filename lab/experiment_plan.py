@@ -17,7 +17,7 @@ import yaml
 
 from cory.assets import check_hub_asset
 from cory.cli import CONFIG_MARKER
-from cory.config import SEED_LIMIT, CoryArgs, PPOArgs, load_yaml, on_resume_fields
+from cory.config import RENAMED, SEED_LIMIT, CoryArgs, PPOArgs, load_yaml, on_resume_fields
 from cory.errors import AssetError, ConfigError
 from cory.outputs import LOCK, MANIFEST
 from cory.targets import check_text_path, text_refusal
@@ -144,6 +144,7 @@ def _overrides(items: list[str]) -> dict[str, str]:
     for item in items:
         key, eq, value = item.partition("=")
         key = key.strip().lstrip("-").replace("-", "_")
+        key = RENAMED.get(key, key)  # a field's old name (keep_checkpoints) still works
         if not eq or not key:
             raise ExperimentError(f"--set: expected FIELD=VALUE, got {item!r}")
         if key in RUNNER_FIELDS or key == "config":

@@ -147,8 +147,8 @@ def seed_result(exp: Experiment, label: str, seed: int, criterion: Criterion,
 
 
 # fields that do not make one setting differ from another: the run's identity, its length and its bookkeeping
-_SAME_SETTING = {"seed", "steps", "output_dir", "save_every", "keep_checkpoints", "samples_per_step", "report_to",
-                 "resume", "overwrite", "on_nonfinite", "max_pass_tokens"}
+_SAME_SETTING = {"seed", "steps", "output_dir", "save_every", "keep_checkpoints", "save_total_limit", "samples_per_step",
+                 "report_to", "resume", "overwrite", "on_nonfinite", "max_pass_tokens"}
 
 
 def _changes(config: dict, base: dict) -> str:

@@ -149,7 +149,7 @@ def below(limit, strict=True):
 BAD_FLOATS = st.sampled_from([math.nan, math.inf, -math.inf])
 OUT_OF_RANGE = {
     **{n: st.integers(max_value=0) for n in ("steps", "batch_size", "mini_batch_size", "gradient_accumulation_steps",
-                                             "ppo_epochs", "response_length_min", "save_every", "keep_checkpoints",
+                                             "ppo_epochs", "response_length_min", "save_every", "save_total_limit",
                                              "lora_r", "lora_alpha", "num_generations")},
     **{n: st.one_of(below(0), BAD_FLOATS) for n in ("learning_rate", "target", "horizon", "temperature",
                                                      "repetition_penalty")},

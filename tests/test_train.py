@@ -121,7 +121,7 @@ def test_resume_equals_uninterrupted(tmp_path, method, cls, over):
     # value_head_init zero: the resumed run must carry on from the saved head, not start from zeros again
     straight = tiny(cls, method, tmp_path / "a", steps=4, save_every=2, **over)
     prepare_run(straight).fit()
-    first = tiny(cls, method, tmp_path / "b", steps=2, **over)
+    first = tiny(cls, method, tmp_path / "b", steps=2, keep_resume_checkpoint=True, **over)  # the tiny presets' too
     prepare_run(first).fit()
     out = tmp_path / "b" / "run"
     # the resumed process starts from the saved config with a longer horizon
