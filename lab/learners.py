@@ -32,6 +32,7 @@ from lab.errors import OneLineParser, ReportError, exit_on_error
 from lab.figures import check_targets, generated_by, integer_iterations, save_figure, write_atomically
 from lab.compute import compute_of
 from lab.results import METHOD_NAMES, Experiment, Group, finite, fmt, load_experiment, setting_name
+from cory.metrics import TRANSFER_KEYS
 from lab.transfer import NAMES, RULE, heldout_lines, recorded, sawtooth_lines, training_windows
 
 MIN_GAIN = 0.15  # the learner issue's bar: held-out accuracy at least the base model's + 0.15
@@ -188,7 +189,8 @@ def transfer_lines(groups: list[tuple[str, Group]]) -> list[str]:
             name = METHOD_NAMES.get(group.method, group.method)
             lines += [f"**{name} with {est}**, in training (each seed's mean over a stint of roles, then over seeds):",
                       "",
-                      markdown_table(["iterations", "observer", *NAMES.values()], training_windows(group)), ""]
+                      markdown_table(["iterations", "observer", *(NAMES[k] for k in TRANSFER_KEYS)],
+                                     training_windows(group)), ""]
             held_out = heldout_lines(group)
             if held_out:
                 lines += [*held_out, ""]

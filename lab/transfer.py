@@ -196,7 +196,8 @@ def transfer_section(exp: Experiment) -> str | None:
         return None
     assert group is not None
     lines = [RULE, "", "**In training** (each seed's mean over a stint of roles, then over seeds):", "",
-             markdown_table(["iterations", "observer", *NAMES.values()], training_windows(group))]
+             markdown_table(["iterations", "observer", *(NAMES[k] for k in TRANSFER_KEYS)],
+                            training_windows(group))]
     held_out = heldout_lines(group)
     if held_out:
         lines += ["", *held_out]
