@@ -22,8 +22,8 @@ if str(REPO) not in sys.path:
 
 from cory.errors import ConfigError, Stopped, file_fault  # noqa: E402  (light: no torch)
 from cory.memory import cpu_info  # noqa: E402,F401  (the benchmarks' own: beside every timing)
-from cory.run_rules import check_output_json  # noqa: E402
-from cory.targets import write_whole  # noqa: E402
+from cory.run.run_rules import check_output_json  # noqa: E402
+from cory.run.targets import write_whole  # noqa: E402
 from lab.runs import git_state  # noqa: E402  (one reading of the commit, the runner's)
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -69,7 +69,7 @@ def git_commit(tree: str | os.PathLike = REPO) -> str:
 
 
 def write_json(path: str | os.PathLike, doc) -> str | None:
-    """``doc`` into ``path`` whole (``cory.targets.write_whole``), so an earlier file stays whole when the disk
+    """``doc`` into ``path`` whole (``cory.run.targets.write_whole``), so an earlier file stays whole when the disk
     fills, and a target that is no regular file (a pipe, a device) is never replaced; the one-line reason when it
     cannot be written, else None."""
     try:

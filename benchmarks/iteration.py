@@ -409,11 +409,11 @@ def check_configs(args) -> None:
 def check_assets(args) -> None:
     """What the workers load, found on this machine as they will look for it (offline: ``HF_HUB_OFFLINE=1``):
     the model (a hub id must be in the local Hugging Face cache), and the task's reward and data, by the
-    training run's own checks (``cory.preflight.check_config``). Before any worker starts; not for --dry_run,
+    training run's own checks (``cory.run.preflight.check_config``). Before any worker starts; not for --dry_run,
     which loads nothing."""
     from cory.assets import HUB, RANDOM_SHAPES, SMOLLM2_SPEC, TINY_SPEC, check_hub_asset
     from cory.errors import AssetError, ConfigError
-    from cory.preflight import check_config
+    from cory.run.preflight import check_config
     from iteration_worker import build_cfg
 
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")  # as the workers run

@@ -213,7 +213,7 @@ def check_hub_asset(
 
 @dataclass(frozen=True)
 class HubAsset:
-    """A hub repository a run fetches (``cory.preflight.hub_assets`` lists a config's): ``repo_id``, its
+    """A hub repository a run fetches (``cory.run.preflight.hub_assets`` lists a config's): ``repo_id``, its
     ``repo_type`` ("model" or "dataset"), the config ``field`` that asks for it; ``fallback``: what the run takes
     instead where the hub does not have it (None: the run cannot go on without it); ``offline``: what to set in
     its place to run without the hub."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from cory import preflight, run_rules
+from cory.run import preflight, run_rules
 from cory.config import (INVOCATION_FIELDS, RENAMED, REQUIRED, allowed_type, build, field_help, field_types,
                          load_yaml, to_dict, validate)
 from cory.errors import AssetError, ConfigError, RunError, Stopped
@@ -104,7 +104,7 @@ def parse(cls, argv: list[str] | None = None, prog: str | None = None, *, check:
 
 
 def _resumed(cls, flags: dict, base: dict, config: str | None):
-    """The saved run's config with the changes a resume allows (``cory.run_rules``: any other change is refused by
+    """The saved run's config with the changes a resume allows (``cory.run.run_rules``: any other change is refused by
     name)."""
     run_dir = Path(flags["resume"]).expanduser()
     script_task = cls.__dataclass_fields__["task"].default
@@ -144,7 +144,7 @@ def main(cls, argv: list[str] | None = None) -> None:
 
     ``--print_config``: the resolved config, checked as far as a run checks it before loading a model, printed
     as YAML (``method`` and ``config``; this is how the experiment runner reads a script's values), then the hub
-    assets the run fetches (``hub_assets``: ``cory.preflight.hub_assets``, the hub not asked)."""
+    assets the run fetches (``hub_assets``: ``cory.run.preflight.hub_assets``, the hub not asked)."""
     argv = sys.argv[1:] if argv is None else argv
     print_config = PRINT_CONFIG in argv
     try:

@@ -6,7 +6,7 @@ field, wrong type, out-of-range value, unreadable file) raises ``ConfigError`` w
 before any model is loaded.
 
 This module is the bottom of the package: it imports nothing of ``cory`` but its errors. Checks that need to know the
-models, rewards or data live with them (``cory.preflight`` gathers them, still before any model loads).
+models, rewards or data live with them (``cory.run.preflight`` gathers them, still before any model loads).
 """
 from __future__ import annotations
 

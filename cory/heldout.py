@@ -396,7 +396,7 @@ class PeriodicEvaluation:
     def own_final_evaluation(self, iterations: int, final_weights: str | None) -> dict | None:
         """The document ``lab.evaluate`` reads instead of evaluating the final models again
         (``RUN/final_evaluation.json``): this evaluation's latest results when they are of the final models
-        (taken after the last of ``iterations``) and ``final_weights`` names those models (cory.final), else None.
+        (taken after the last of ``iterations``) and ``final_weights`` names those models (cory.run.final), else None.
         The models evaluated in one dtype each; a mixed run is left to the evaluation."""
         if self.last is None or self.last[0] != iterations or final_weights is None:
             return None

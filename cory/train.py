@@ -1,10 +1,10 @@
 """A training run: load everything, play the game's iterations, log, checkpoint, resume, stop cleanly.
 
 ``train(cfg)`` is what the training scripts call (the config's class says which method it plays, ``cory.method``). The iterations themselves are in
-``cory.game``; this module is the loop around them: metrics and samples (``cory.outputs``), atomic
+``cory.game``; this module is the loop around them: metrics and samples (``cory.run.outputs``), atomic
 checkpoints every ``save_every`` iterations, ``--resume``, the stop signals (Ctrl-C, SIGTERM) that finish
 the iteration and save, non-finite rewards, and the final models. What a checkpoint holds, and how it is saved
-and put back, is ``cory.checkpoint``'s.
+and put back, is ``cory.run.checkpoint``'s.
 """
 from __future__ import annotations
 
@@ -23,15 +23,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from cory import checkpoint, game, memory, models, parallel, preflight
+from cory import game, memory, models, parallel
+
+from cory.run import checkpoint, preflight
 from cory.agent import make_agents, resolve_precision, set_precision
 from cory.assets import locate
 from cory.config import PPOArgs, to_dict
 from cory.errors import NonFinite, RunError, Stopped
-from cory.final import final_weights_id
+from cory.run.final import final_weights_id
 from cory.heldout import PeriodicEvaluation
 from cory.method import AGENT_NAMES, Method, method_of
-from cory.outputs import RUNNER_PID, RunDir, RunLock, check_saveable, latest_checkpoint
+from cory.run.outputs import RUNNER_PID, RunDir, RunLock, check_saveable, latest_checkpoint
 from cory.rollout import Rollout
 from cory.passes import cuda_share
 from cory.patches import cuda_allocator_segments, return_freed_memory
@@ -207,7 +209,7 @@ class Run:
                             "use --on_nonfinite skip to skip such batches")
         return RunError(f"{e}; the last good checkpoint is {latest_checkpoint(self.run_dir.path)}")
 
-    # -- checkpoints (what they hold: cory.checkpoint) -------------------------------------------
+    # -- checkpoints (what they hold: cory.run.checkpoint) -------------------------------------------
     def sampler_state(self) -> dict:
         return checkpoint.sampler_state(self.task, self.rollout.length_rng)
 

@@ -34,8 +34,8 @@ import sys
 from pathlib import Path
 
 from cory.errors import ConfigError
-from cory.outputs import RunLock, in_use, read_jsonl, read_manifest, run_folder_of
-from cory.targets import NotRegularFile, open_regular, special_kind, stopped_as_interrupt, target_refusal
+from cory.run.outputs import RunLock, in_use, read_jsonl, read_manifest, run_folder_of
+from cory.run.targets import NotRegularFile, open_regular, special_kind, stopped_as_interrupt, target_refusal
 from lab.errors import OneLineParser, ReportError, exit_on_error
 from lab.figures import writer_command
 from lab.design import DESIGN_DIGEST, DESIGN_FILE, design_digest
@@ -224,7 +224,7 @@ def collect(source: str | Path, dest: str | Path) -> tuple[list[str], list[str]]
 
 def _collect_locked(source: Path, dest: Path) -> tuple[list[str], list[str]]:
     src, merged, copies, notes = plan(source, dest)  # again, now that no other writer can change the folder
-    staging = dest / f".collect.{os.getpid()}-{secrets.token_hex(4)}.tmp"  # cory.targets.TEMPORARY's form
+    staging = dest / f".collect.{os.getpid()}-{secrets.token_hex(4)}.tmp"  # cory.run.targets.TEMPORARY's form
     record = staging / "runs.json"
     made: list[Path] = []  # what this call put in the destination, in order
     written = None  # the inode of the record to be renamed into place

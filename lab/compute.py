@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cory.targets import open_regular
+from cory.run.targets import open_regular
 
 
 # the CPU's kind as the precision line of a run's log gives it (cory.agent.AUTO_ON_CPU's reasons, CUDA's)

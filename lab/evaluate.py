@@ -29,12 +29,12 @@ from tqdm.auto import tqdm
 
 from cory.assets import is_valid_model_spec, locate, model_spec
 from cory.errors import AssetError, ConfigError, RunError
-from cory.final import RECORD, final_weights_id
+from cory.run.final import RECORD, final_weights_id
 from cory.heldout import evaluate_reward, own_final_settings, sample
 from cory.models import load_causal_lm, load_tokenizer
-from cory.outputs import OWN_FINAL_EVALUATION, in_use, json_safe
+from cory.run.outputs import OWN_FINAL_EVALUATION, in_use, json_safe
 from cory.rollout import checked_scores, decode_and_clean, stop_at, tokenize_prompts
-from cory.targets import write_whole
+from cory.run.targets import write_whole
 from cory.tasks import (REWARD_METRICS, TRAINING_PROTOCOL, SamplingProtocol, check_examples, make_eval_task,
                         task_spec)
 from lab.errors import EvalError, exit_on_error
@@ -139,7 +139,7 @@ def _task(make):
 
 def own_final_evaluation(p: Plan, entry: ModelEntry) -> dict | None:
     """The result the run itself took of this final model after its last iteration (``RUN/final_evaluation.json``,
-    written by training), when it scored these very weights (cory.final's id) with the settings this evaluation
+    written by training), when it scored these very weights (cory.run.final's id) with the settings this evaluation
     has: the numbers and samples a second reading would give, read instead of sampled again. Else None."""
     if entry.run_dir is None or p.protocol != "training":
         return None

@@ -17,11 +17,11 @@ from cory.assets import (MODEL_SPECS_HELP, SMOLLM2_SPEC, TINY_SPEC, check_hub_as
                          model_spec)
 from cory.config import load_yaml
 from cory.errors import AssetError, ConfigError
-from cory.final import WEIGHT_FILES, final_complete, final_weights_id
+from cory.run.final import WEIGHT_FILES, final_complete, final_weights_id
 from cory.heldout import BATCH_SIZE
 from cory.models import check_weights_fit
-from cory.outputs import in_use, read_manifest, run_folder_of
-from cory.targets import check_output_file
+from cory.run.outputs import in_use, read_manifest, run_folder_of
+from cory.run.targets import check_output_file
 from cory.tasks import PASS_AT_K, REWARD_METRICS, check_eval_config, load_task_file, registered, task_spec
 from lab.errors import EvalError, OneLineParser
 
@@ -232,7 +232,7 @@ class Plan:
     protocol: str = "training"  # a name in the task's Evaluation.protocols
     command: str | None = None  # as typed, recorded in the JSON
     scored_run: Path | None = None  # the run whose final models every row but the base's comes from
-    final_weights: str | None = None  # which final weights of that run these are (cory.final), as planned
+    final_weights: str | None = None  # which final weights of that run these are (cory.run.final), as planned
 
     def task_config(self) -> SimpleNamespace:
         """The fields of a training config the task's ``make`` and checks read."""

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from cory.errors import ConfigError
 from cory.memory import cpu_info
-from cory.outputs import RunLock, in_use
+from cory.run.outputs import RunLock, in_use
 from lab import heldout_runs
 from lab.errors import ExperimentError, ReportError, exit_on_error
 from lab.experiment_plan import build_parser, plan

@@ -19,7 +19,7 @@ from pathlib import Path
 from cory.config import load_yaml
 from cory.errors import AssetError, ConfigError
 from lab.errors import EvalError
-from cory.final import final_complete, read_evaluation, stale
+from cory.run.final import final_complete, read_evaluation, stale
 from cory.tasks import REWARD_METRICS, registered
 
 

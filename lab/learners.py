@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cory.targets import stopped_as_interrupt
+from cory.run.targets import stopped_as_interrupt
 from lab.collapse import markdown_table
 from lab.errors import OneLineParser, ReportError, exit_on_error
 from lab.figures import check_targets, generated_by, integer_iterations, save_figure, write_atomically

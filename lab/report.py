@@ -45,8 +45,8 @@ from lab.paths import along_paths
 from lab.transfer import plot_transfer, transfer_section
 from lab.verdict import NOT_LEARNED, VERDICT_RULE, ablation_lines, verdict
 from lab.errors import ReportError, exit_on_error
-from cory.outputs import read_jsonl
-from cory.targets import stopped_as_interrupt
+from cory.run.outputs import read_jsonl
+from cory.run.targets import stopped_as_interrupt
 from cory.tasks import registered
 
 

@@ -32,10 +32,10 @@ from lab.errors import ReportError
 from lab.labels import (AGENT_NAMES, LLM1, LLM2, METHOD_NAMES, POLICY, fmt,  # noqa: F401 (re-exported)
                         learner_name)
 from lab.runs import record_refusal
-from cory.final import read_evaluation, stale
+from cory.run.final import read_evaluation, stale
 from cory.method import CORY, PPO
-from cory.outputs import MANIFEST, read_jsonl, read_manifest
-from cory.targets import special_file_refusal
+from cory.run.outputs import MANIFEST, read_jsonl, read_manifest
+from cory.run.targets import special_file_refusal
 
 LAST_N = 10
 MAIN_METHODS = ("ppo", "cory")

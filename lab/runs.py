@@ -20,10 +20,10 @@ from pathlib import Path
 
 from cory.config import load_yaml
 from cory.errors import ConfigError
-from cory.final import final_complete
+from cory.run.final import final_complete
 from lab.design import DESIGN_DIGEST, design_digest
-from cory.outputs import LOCK, MANIFEST, RUNNER_PID, latest_checkpoint, read_jsonl, read_manifest
-from cory.run_rules import check_output_dir, copied_run, evaluation_refusal, restart_refusal, run_finished
+from cory.run.outputs import LOCK, MANIFEST, RUNNER_PID, latest_checkpoint, read_jsonl, read_manifest
+from cory.run.run_rules import check_output_dir, copied_run, evaluation_refusal, restart_refusal, run_finished
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -318,7 +318,7 @@ class Children:
         with self.lock:
             if self.stopped_by is not None:
                 return None
-            # the run stops, checkpointed, if this runner dies without passing a signal on (cory.outputs.RUNNER_PID)
+            # the run stops, checkpointed, if this runner dies without passing a signal on (cory.run.outputs.RUNNER_PID)
             env = {**(kwargs.pop("env", None) or os.environ), RUNNER_PID: str(os.getpid())}
             proc = subprocess.Popen(cmd, start_new_session=True, env=env, **kwargs)
             self.running.add(proc)

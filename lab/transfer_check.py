@@ -41,8 +41,8 @@ from cory.heldout import BATCH_SIZE, answers_and_rewards
 from lab.figures import write_atomically
 from lab.runs import git_state
 from cory.models import load_causal_lm, load_tokenizer
-from cory.outputs import json_safe
-from cory.run_rules import check_output_json
+from cory.run.outputs import json_safe
+from cory.run.run_rules import check_output_json
 from cory.rollout import checked_scores, stop_at
 from cory.tasks import check_config, check_examples, load_task_file, make_task, registered, task_spec
 from cory.tasks.base import zero_one_broken, zero_one_reward

@@ -71,7 +71,7 @@ def trained(script: str, out: Path, *args) -> list[dict]:
     paper's r_c = task reward - eta * KL of every agent it logs."""
     import pytest as _pytest
 
-    from cory.outputs import read_jsonl
+    from cory.run.outputs import read_jsonl
 
     p = run_script(script, *args, "--output_dir", out)
     assert p.returncode == 0, p.stderr[-2000:]

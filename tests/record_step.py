@@ -76,7 +76,7 @@ def record_run(method: str, config: str, over: dict, out: Path) -> dict:
     from cory.assets import locate, model_spec
     from cory.config import build, load_yaml
     from cory.models import load_causal_lm
-    from cory.outputs import read_jsonl
+    from cory.run.outputs import read_jsonl
     from cory.train import prepare_run
 
     values = load_yaml(REPO / config)

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from cory.outputs import read_jsonl
+from cory.run.outputs import read_jsonl
 
 GUIDE = REPO / "docs" / "adding_a_task.md"
 # the guide's commands, on the tiny model so each takes seconds

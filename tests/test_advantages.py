@@ -8,7 +8,7 @@ import torch
 
 from conftest import IMDB_PPO, REPO, rejected, trained
 from cory.config import PPOArgs, build, metadata
-from cory.outputs import read_jsonl
+from cory.run.outputs import read_jsonl
 from cory.ppo import (CRITIC_FREE, ESTIMATORS, advantages, explained_variance, gae, group_normalised, leave_one_out,
                       per_token_rewards, whiten)
 

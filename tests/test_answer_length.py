@@ -7,7 +7,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from conftest import IMDB_CORY, IMDB_PPO, REPO, script_hyperparameters
 from cory import assets
 from cory.config import build, load_yaml
-from cory.outputs import read_jsonl
+from cory.run.outputs import read_jsonl
 from cory.train import train
 
 

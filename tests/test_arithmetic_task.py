@@ -9,7 +9,7 @@ from conftest import trained
 from cory.assets import locate
 from cory.heldout import evaluate_reward
 from cory import models
-from cory.outputs import read_jsonl
+from cory.run.outputs import read_jsonl
 from cory.tasks import task_spec
 from cory.tasks.arithmetic import (EVAL_SIZE, SETTINGS, ArithmeticTask, build_observer_prompt, build_prompt,
                                    held_out, is_held_out)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from cory.outputs import MANIFEST, folder_id
+from cory.run.outputs import MANIFEST, folder_id
 from entry_points import refused, tree
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -52,7 +52,7 @@ def left_behind(tmpdir: Path) -> list[str]:
 
 
 def fake_run(folder: Path) -> Path:
-    """A folder that holds a run, as ``cory.outputs`` recognises one (its manifest), with a final model folder."""
+    """A folder that holds a run, as ``cory.run.outputs`` recognises one (its manifest), with a final model folder."""
     (folder / "final" / "llm1").mkdir(parents=True)
     (folder / MANIFEST).write_text(json.dumps({"project": "cory", "method": "ppo", "task": "imdb",
                                                "folder": folder_id(folder)}) + "\n")

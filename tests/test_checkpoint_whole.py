@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 from conftest import IMDB_PPO, rejected
-from cory.final import file_digest
-from cory.outputs import latest_checkpoint, load_checkpoint_file, read_jsonl
-from cory.run_rules import check_one_checkpoint
+from cory.run.final import file_digest
+from cory.run.outputs import latest_checkpoint, load_checkpoint_file, read_jsonl
+from cory.run.run_rules import check_one_checkpoint
 from cory.train import RunError, prepare_run
 from test_faults import tiny
 

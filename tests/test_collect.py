@@ -287,7 +287,7 @@ def test_a_folder_another_writer_holds_is_refused(repo_folder, tmp_path, which):
     rename lost the first's record: a run that could then never be collected again. A collect takes the runner's
     lock on the destination (a runner there, or another collect, holds it), and a runner at work in the source is
     waited for too."""
-    from cory.outputs import RunLock
+    from cory.run.outputs import RunLock
 
     source = clone_of(tmp_path / "clone" / "horizon", "cory/seed_0")
     held = RunLock(repo_folder if which == "destination" else source, "--out", "experiment runner").acquire()

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from cory import checkpoint
-from cory.outputs import load_checkpoint_file
+from cory.run import checkpoint
+from cory.run.outputs import load_checkpoint_file
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import pytest
 from conftest import IMDB_CORY, IMDB_PPO, REPO, rejected
 from cory.cli import parse
 from cory.errors import ConfigError
-from cory.outputs import RunDir, checkpoints, latest_checkpoint, load_checkpoint_file
+from cory.run.outputs import RunDir, checkpoints, latest_checkpoint, load_checkpoint_file
 from cory.train import prepare_run
 from test_faults import tiny, write_checkpoint
 
@@ -112,8 +112,8 @@ def test_final_dtype_bf16_writes_bfloat16_weights_that_load_as_the_trained_ones_
 
 
 def test_by_default_a_finished_run_drops_its_checkpoint_and_keeps_its_final_models(tmp_path, capsys):
-    from cory.final import final_complete
-    from cory.run_rules import nothing_to_do
+    from cory.run.final import final_complete
+    from cory.run.run_rules import nothing_to_do
 
     from cory.config import PPOArgs, load_yaml
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from conftest import REPO
-from cory.checkpoint import weights_digest
-from cory.outputs import latest_checkpoint, read_jsonl
+from cory.run.checkpoint import weights_digest
+from cory.run.outputs import latest_checkpoint, read_jsonl
 
 
 def torchrun(*args, timeout=900):

@@ -16,7 +16,7 @@ from cory.assets import locate
 from cory.heldout import evaluate_reward, sequence_kl
 from lab.evaluate import main
 from cory.metrics import degeneration, distinct_n
-from cory.outputs import json_safe
+from cory.run.outputs import json_safe
 
 
 @pytest.fixture(scope="module")

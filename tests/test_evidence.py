@@ -8,12 +8,12 @@ import shutil
 import pytest
 import yaml
 
-from cory.final import MARKER, RECORD, final_weights_id, stale, write_final
+from cory.run.final import MARKER, RECORD, final_weights_id, stale, write_final
 from lab.design import DESIGN_DIGEST, design_digest, load_design
 from lab.report import build_report
 from lab.results import load_experiment
 from lab.runs import Record
-from cory.outputs import MANIFEST, RunLock
+from cory.run.outputs import MANIFEST, RunLock
 from test_report import synthetic
 
 

@@ -10,7 +10,7 @@ from conftest import REPO
 from lab import experiments
 from lab.experiments import build_parser, plan
 from lab.runs import command, pair_state
-from cory.outputs import read_jsonl
+from cory.run.outputs import read_jsonl
 
 
 def planned(*argv):
@@ -260,7 +260,7 @@ def test_sigterm_to_the_runner_reaches_its_run_and_is_recorded(tmp_path, capsys,
     import signal
     import time
 
-    from cory.outputs import latest_checkpoint
+    from cory.run.outputs import latest_checkpoint
 
     out = tmp_path / "exp"
     proc, child = _runner_with_a_logged_row(out, stdout=subprocess.PIPE)
@@ -317,7 +317,7 @@ def test_a_runner_killed_outright_takes_its_run_down_checkpointed(tmp_path):
     import signal
     import time
 
-    from cory.outputs import latest_checkpoint
+    from cory.run.outputs import latest_checkpoint
 
     out = tmp_path / "exp"
     proc, child = _runner_with_a_logged_row(out, stdout=subprocess.DEVNULL)

@@ -10,8 +10,8 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from conftest import IMDB_CORY, IMDB_PPO, REPO, run_script, start_script, wait_for_rows
 from cory.config import build, load_yaml
-from cory.outputs import RunDir, latest_checkpoint, read_jsonl
-from cory.run_rules import check_output_dir
+from cory.run.outputs import RunDir, latest_checkpoint, read_jsonl
+from cory.run.run_rules import check_output_dir
 from cory.train import RunError, prepare_run
 
 
@@ -230,7 +230,7 @@ def test_a_second_signal_during_a_checkpoint_write_stays_an_interrupt(tmp_path, 
     comes out as KeyboardInterrupt (the clean 'interrupted' exit), not as torch's zip writer's RuntimeError."""
     import io
 
-    from cory import checkpoint
+    from cory.run import checkpoint
 
     class InterruptedFile(io.FileIO):
         def write(self, data):

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from conftest import REPO
-from cory.outputs import LOCK
+from cory.run.outputs import LOCK
 from entry_points import lab, refused, tree
 
 COMMITTED = REPO / "results" / "imdb_cpu_learning"

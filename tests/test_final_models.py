@@ -1,5 +1,5 @@
 """A run is finished only when its final models are whole: final/ is written under a temporary name beside it and
-renamed into place (cory.final.write_final), so a save cut short (a full disk, a kill) leaves no final/ that the
+renamed into place (cory.run.final.write_final), so a save cut short (a full disk, a kill) leaves no final/ that the
 runner skips as finished, the resume then writes it, and nothing reads a half-written one as the run's result."""
 import errno
 import json
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import IMDB_PPO, REPO, run_script
-from cory.final import MARKER, final_complete, final_weights_id
+from cory.run.final import MARKER, final_complete, final_weights_id
 from entry_points import lab, refused, succeeded, tree
 
 

@@ -7,7 +7,7 @@ import torch
 
 from conftest import IMDB_CORY, REPO, run_script
 from cory.config import build, load_yaml
-from cory.outputs import read_jsonl
+from cory.run.outputs import read_jsonl
 
 CUDA = pytest.param("cuda", marks=[pytest.mark.gpu,
                                    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from conftest import GSM8K_DIR, run_script, trained
 from cory import models
 from cory.assets import locate
-from cory.outputs import read_jsonl
+from cory.run.outputs import read_jsonl
 from cory.tasks.base import Example
 from cory.tasks.gsm8k import Gsm8kTask
 from cory.rollout import decode_and_clean

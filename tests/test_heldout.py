@@ -5,7 +5,7 @@ import pytest
 from conftest import GSM8K_PPO, IMDB_CORY, IMDB_PPO, REPO, rejected
 from cory.config import build, load_yaml
 from cory.metrics import degeneration, distinct_n, longest_run, repeat_share
-from cory.outputs import read_jsonl
+from cory.run.outputs import read_jsonl
 from cory.train import prepare_run
 
 TIME_KEYS = ("time/", "memory/")

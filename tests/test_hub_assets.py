@@ -1,4 +1,4 @@
-"""The hub assets a run fetches (``cory.preflight.hub_assets``), listed from the config and the disk alone, by each
+"""The hub assets a run fetches (``cory.run.preflight.hub_assets``), listed from the config and the disk alone, by each
 task's own rules: the model where it is a hub id, IMDB's classifier reward and reviews, GSM8K's openai/gsm8k unless
 ``dataset_path`` is set. The hub is never asked."""
 import json
@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from conftest import GSM8K_CORY, GSM8K_PPO, IMDB_CORY, IMDB_PPO, rejected
-from cory import assets, preflight
+from cory import assets
+from cory.run import preflight
 from cory.cli import parse
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import REPO
 from cory.errors import ConfigError
-from cory.targets import check_target, stopped_as_interrupt, target_refusal, write_whole
+from cory.run.targets import check_target, stopped_as_interrupt, target_refusal, write_whole
 from entry_points import lab, refused, tree
 from test_benchmark_mistakes import SMALLEST, bench
 from test_report import synthetic

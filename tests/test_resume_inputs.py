@@ -8,7 +8,7 @@ import torch
 import pytest
 
 from conftest import TINY, rejected, run_script
-from cory.outputs import LOCK
+from cory.run.outputs import LOCK
 from entry_points import refused, tree
 
 
@@ -19,7 +19,7 @@ def files(run):
 
 @pytest.mark.slow
 def test_a_task_state_of_another_format_version(finished, tmp_path):
-    from cory.outputs import load_checkpoint_file
+    from cory.run.outputs import load_checkpoint_file
 
     run = tmp_path / "ppo"
     shutil.copytree(finished / "ppo", run)

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from conftest import TINY, rejected, run_script
-from cory.outputs import latest_checkpoint, read_jsonl
+from cory.run.outputs import latest_checkpoint, read_jsonl
 
 
 def copy_run(finished, tmp_path, method="ppo"):
@@ -149,7 +149,7 @@ def test_probes_of_a_folder_at_once_are_not_writers(tmp_path):
     import threading
 
     from cory.errors import ConfigError
-    from cory.outputs import LOCK, RunLock, in_use
+    from cory.run.outputs import LOCK, RunLock, in_use
 
     (tmp_path / LOCK).write_text('{"pid": 1, "host": "h", "started": "s", "command": "an earlier run"}\n')
     probe = os.open(tmp_path / LOCK, os.O_RDONLY)

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conftest import REPO, run_script
-from cory.outputs import latest_checkpoint, read_jsonl
+from cory.run.outputs import latest_checkpoint, read_jsonl
 
 COMMITTED = REPO / "results" / "imdb_cpu_learning"  # 20 iterations of PPO and CORY: no checkpoints, no final/
 

@@ -1,4 +1,4 @@
-"""An evaluation records which final weights it scored (``final_weights`` in ``eval_<task>.json``, see cory.final):
+"""An evaluation records which final weights it scored (``final_weights`` in ``eval_<task>.json``, see cory.run.final):
 one of weights a resume has since replaced is stale, and the runner evaluates again what the report leaves out
 (named). An evaluation that records none (the committed ones) or a run without final/ cannot be checked: trusted."""
 import json
@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from conftest import run_script
-from cory.final import RECORD, final_weights_id
+from cory.run.final import RECORD, final_weights_id
 from entry_points import lab, succeeded, tree
 
 EVAL_FAST = ["--limit", "4", "--max_new_tokens", "5"]

@@ -6,7 +6,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from conftest import GSM8K_CORY, IMDB_CORY, IMDB_PPO, REPO, run_script, trained
 from cory.config import build, load_yaml
-from cory.outputs import read_jsonl
+from cory.run.outputs import read_jsonl
 from cory.train import prepare_run
 
 TIME_KEYS = ("time/", "memory/")  # measurements of the machine, not of the run

@@ -12,7 +12,7 @@ from lab.results import load_experiment
 from lab.transfer import heldout_rows, sawtooth_lines, stints, training_windows, transfer_section
 from lab.transfer_check import echo, main as transfer_check, rates, table as transfer_table, wilson
 from cory.metrics import TRANSFER_KEYS, knowledge_transfer
-from cory.outputs import read_jsonl
+from cory.run.outputs import read_jsonl
 from cory.tasks.arithmetic import ArithmeticTask, build_observer_prompt, first_line
 from cory.tasks.base import Example, zero_one_reward
 from cory.tasks.gsm8k_answers import trim_at_stop

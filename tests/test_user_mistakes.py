@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO, TINY, one_line, rejected, run_script, start_script, wait_for_rows
-from cory.outputs import folder_id, latest_checkpoint, read_jsonl
+from cory.run.outputs import folder_id, latest_checkpoint, read_jsonl
 
 
 # ----------------------------------------------------------------------------- data loss
@@ -497,7 +497,7 @@ def test_loggers_write_inside_the_run_folder(tmp_path, logger):
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
         events = EventAccumulator(str(out / "tensorboard")).Reload()
         assert [e.step for e in events.Scalars("policy/kl")] == [0, 1]
-    from cory.outputs import scan_run_dir
+    from cory.run.outputs import scan_run_dir
     assert scan_run_dir(out)[1] == []  # the logger's folder is a run's own: --overwrite replaces it with the rest
 
 
@@ -549,7 +549,7 @@ def test_the_projects_environment_variables_act_only_where_they_mean_something(t
     after its first iteration; CORY_CUDA_SHARE, a share of a GPU, refused a CPU run over a bad value. Both are ignored
     where they mean nothing: the run trains all its iterations."""
     from conftest import run_script
-    from cory.outputs import read_jsonl
+    from cory.run.outputs import read_jsonl
 
     out = tmp_path / "run"
     p = run_script("imdb_train/ppo.py", "--config", "configs/imdb/ppo_tiny.yaml", "--steps", "2", "--output_dir", out,

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from cory.errors import AssetError, ConfigError
-from cory.targets import text_refusal
+from cory.run.targets import text_refusal
 from cory.tasks.base import Evaluation, Task, zero_one_reward
 
 

@@ -20,7 +20,7 @@ import torch
 from cory import models
 from cory.assets import locate
 from cory.heldout import evaluate_reward
-from cory.outputs import load_checkpoint_file
+from cory.run.outputs import load_checkpoint_file
 from cory.tasks.arithmetic import ArithmeticTask
 
 TRAINING_ONE_DIGIT_SHARE = 0.51  # measured: 2,000 training draws of sums_2x12 (DESIGN.md)

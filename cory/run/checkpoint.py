@@ -13,11 +13,11 @@ on as the uninterrupted one would:
   (``base_model``: ``cory.assets.weights_fingerprint``, where there is one); the precision it computed in
   (``precision``, what ``auto`` resolved to, which a resume on another machine keeps); whether the agent files lack
   their optimizer state (``model_only``); and the sha256 of every agent file
-  beside it (``files``), so that a resume takes only the files saved with it (``cory.run_rules.check_resumable``,
+  beside it (``files``), so that a resume takes only the files saved with it (``cory.run.run_rules.check_resumable``,
   which also checks ``step`` against the folder's name).
 
 It is written whole or not at all (``RunDir.save_checkpoint``) and read back as data only
-(``cory.outputs.load_checkpoint_file``, which the checks before any model loads share without torch). The run's
+(``cory.run.outputs.load_checkpoint_file``, which the checks before any model loads share without torch). The run's
 final models (``final/``, ``save_final``) are saved here too.
 """
 from __future__ import annotations
@@ -38,8 +38,8 @@ import torch
 from cory import parallel
 from cory.config import INVOCATION_FIELDS, PPOArgs, to_dict
 from cory.errors import ConfigError, RunError
-from cory.final import file_digest, write_final
-from cory.outputs import DIGESTS, RunDir, latest_checkpoint, load_checkpoint_file
+from cory.run.final import file_digest, write_final
+from cory.run.outputs import DIGESTS, RunDir, latest_checkpoint, load_checkpoint_file
 from cory.tasks.base import Task
 
 
@@ -50,7 +50,7 @@ def sampler_state(task: Task, length_rng: np.random.Generator) -> dict:
 
 def save(run_dir: RunDir, step: int, agents: dict, sampler: dict, cfg: PPOArgs, base_model: str | None = None) -> None:
     """Checkpoint after ``step`` completed iterations; ``sampler``: this process's ``sampler_state``; ``base_model``:
-    the base model's ``weights_fingerprint``, which a resume compares (``cory.run_rules.check_resumable``).
+    the base model's ``weights_fingerprint``, which a resume compares (``cory.run.run_rules.check_resumable``).
 
     The agents are the same in every process; the data and random streams are not, so the main process saves
     every process's ``sampler``.
@@ -96,7 +96,7 @@ def restore(folder: Path, agents: dict, task: Task, length_rng: np.random.Genera
             world_size: int) -> int:
     """Put the checkpoint in ``folder`` back into the agents, the task and the random streams; returns its step.
     What it refuses can only be found with the models loaded; every other rule of a resume is checked before
-    (``cory.run_rules``)."""
+    (``cory.run.run_rules``)."""
     for name, agent in agents.items():
         state = load_checkpoint_file(folder / f"{name}.pt")
         try:
@@ -127,7 +127,7 @@ def restore(folder: Path, agents: dict, task: Task, length_rng: np.random.Genera
 
 def save_final(run_dir: RunDir, agents: dict, tokenizer, cfg: PPOArgs, world_size: int) -> None:
     """The plain final models, from the main process, once every process holds the same weights: written whole
-    or not at all (``cory.final.write_final``), so a save cut short leaves no final/ that reads as finished."""
+    or not at all (``cory.run.final.write_final``), so a save cut short leaves no final/ that reads as finished."""
     digests = ({name: weights_digest(agent.state_dict()["params"]) for name, agent in agents.items()}
                if world_size > 1 else {})
     everyone = parallel.gather_objects(digests)

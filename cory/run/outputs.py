@@ -1,8 +1,8 @@
 """A run's folder, its files only: what a run writes (and so all that ``--overwrite`` deletes), the manifest, the
 lock, resolved config, metrics and samples (JSON lines), atomic checkpoints and their data-only loader. Whether a
-run may start, resume, continue or overwrite there is decided in ``cory.run_rules``.
+run may start, resume, continue or overwrite there is decided in ``cory.run.run_rules``.
 
-The checks made before any model loads (``cory.preflight``, ``cory.run_rules``, the command line's ``--help`` and
+The checks made before any model loads (``cory.run.preflight``, ``cory.run.run_rules``, the command line's ``--help`` and
 ``--print_config``) read run folders through this module, so torch is imported only inside the functions that save
 or load checkpoints: those checks stay quick and torch-free."""
 from __future__ import annotations
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import yaml
 
-from cory import final as final_models
+from cory.run import final as final_models
 from cory.errors import ConfigError
 from cory.method import AGENT_NAMES
-from cory.targets import TEMPORARY
+from cory.run.targets import TEMPORARY
 from cory.tasks import registered
 
 CHECKPOINTS = "checkpoints"

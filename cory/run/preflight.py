@@ -1,6 +1,6 @@
 """Everything that can be checked before a model loads, gathered from the layers that know it: the values
 alone (``cory.config``), the model spec (``cory.assets``), the task, reward and data (``cory.tasks``), and the
-run folder: whether the run may start, resume, continue or overwrite there (``cory.run_rules``). A mistake raises
+run folder: whether the run may start, resume, continue or overwrite there (``cory.run.run_rules``). A mistake raises
 ConfigError with one line; nothing has been written yet."""
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from cory.assets import (HUB, SMOLLM2_SPEC, UNREACHABLE, HubAsset, ModelSpec, ch
 from cory.config import PPOArgs
 from cory.errors import AssetError, ConfigError
 from cory.method import method_of
-from cory.outputs import load_checkpoint_file
-from cory.run_rules import check_output_dir, check_resumable, nothing_to_do
+from cory.run.outputs import load_checkpoint_file
+from cory.run.run_rules import check_output_dir, check_resumable, nothing_to_do
 from cory.tasks import check_config as check_task
 from cory.tasks import REWARD_METRICS, task_spec
 
@@ -49,7 +49,7 @@ def check_config(cfg: PPOArgs) -> ModelSpec:
     return spec
 
 
-REPO = Path(__file__).resolve().parent.parent  # where the presets are (configs/<task>/<method>_<preset>.yaml)
+REPO = Path(__file__).resolve().parents[2]  # where the presets are (configs/<task>/<method>_<preset>.yaml)
 
 
 def hub_assets(cfg: PPOArgs, spec: ModelSpec | None = None) -> list[HubAsset]:

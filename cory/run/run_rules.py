@@ -1,7 +1,7 @@
 """When a run may start, resume, continue or be overwritten: the rules, in the order a run meets them, each with
 the one-line error a user gets (a ConfigError, raised before any model loads and before anything is written).
 Nothing here writes or deletes: a rule refuses, or lets the run go on (what a run writes, and so what
-``--overwrite`` may delete: ``cory.outputs``).
+``--overwrite`` may delete: ``cory.run.outputs``).
 
 1. A script trains its own task (``check_script_task``).
 2. ``--resume RUN``: RUN is a run folder that no other process is writing, of this script's method and task
@@ -22,7 +22,7 @@ Nothing here writes or deletes: a rule refuses, or lets the run go on (what a ru
    (``check_output_json``).
 
 The experiment runner (``lab.runs``) asks the same rules before it reruns or replaces a run. Two things can only be
-found with the models loaded, and are refused there (``cory.checkpoint.restore``): an agent file that does not fit
+found with the models loaded, and are refused there (``cory.run.checkpoint.restore``): an agent file that does not fit
 the model, and a saved data stream the task does not take.
 """
 from __future__ import annotations
@@ -36,11 +36,11 @@ import yaml
 from cory.config import (INVOCATION_FIELDS, REQUIRED, CoryArgs, PPOArgs, field_types, field_help, metadata,
                          on_resume_fields, to_dict)
 from cory.errors import ConfigError
-from cory.final import file_digest, final_complete, final_iterations
+from cory.run.final import file_digest, final_complete, final_iterations
 from cory.method import method_of
-from cory.outputs import (LOCK, MANIFEST, check_checkpoint_file, checkpoints, evaluations, in_use, latest_checkpoint,
+from cory.run.outputs import (LOCK, MANIFEST, check_checkpoint_file, checkpoints, evaluations, in_use, latest_checkpoint,
                           load_checkpoint_file, read_jsonl, read_manifest, run_folder_of, scan_run_dir, written_here)
-from cory.targets import check_output_file, check_writable
+from cory.run.targets import check_output_file, check_writable
 
 
 # -- 1. a script and its task -----------------------------------------------------------------------------------------
