@@ -21,7 +21,7 @@ def test_the_check_fails_on_a_stale_call_and_a_vanished_name(tmp_path):
     stale = tmp_path / "stale.py"
     stale.write_text("from cory.train import prepare_run\n"
                      "from cory.heldout import no_such_function\n"
-                     "from cory import checkpoint\n\n\n"
+                     "from cory.run import checkpoint\n\n\n"
                      "def use(cfg):\n"
                      "    prepare_run(cfg, 'cory')\n"
                      "    checkpoint.rng_state()\n"
