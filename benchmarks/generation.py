@@ -182,7 +182,7 @@ def measure(args, argv: list[str]) -> int:
     from cory import models
 
     from cory.assets import locate
-    from cory.agent import precision_context, resolve_precision, set_precision
+    from cory.device.precision import precision_context, resolve_precision, set_precision
     from cory.errors import AssetError
     from cory.generation import generate_from_shared_prefix
 

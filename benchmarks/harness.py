@@ -21,7 +21,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from cory.errors import ConfigError, Stopped, file_fault  # noqa: E402  (light: no torch)
-from cory.memory import cpu_info  # noqa: E402,F401  (the benchmarks' own: beside every timing)
+from cory.device.memory import cpu_info  # noqa: E402,F401  (the benchmarks' own: beside every timing)
 from cory.run.run_rules import check_output_json  # noqa: E402
 from cory.run.targets import write_whole  # noqa: E402
 from lab.runs import git_state  # noqa: E402  (one reading of the commit, the runner's)

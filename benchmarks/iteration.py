@@ -472,7 +472,7 @@ def run_worker(args, variant: str, folder: Path) -> dict:
 
 def settings(args, variant: str) -> dict:
     """What ``variant`` runs with: the preset's values with this command's flags, as the worker builds them."""
-    from cory.agent import resolve_precision
+    from cory.device.precision import resolve_precision
     from iteration_worker import authors_cfg, build_cfg
 
     sys.path.insert(0, str(REPO))

@@ -56,7 +56,7 @@ def matmul_peak_gflops(size: int = 2048, repeats: int = 5, device: str = "cpu", 
 
 def matmul_peaks(device: str) -> dict:
     if device != "cuda":
-        from cory.agent import native_bf16_cpu
+        from cory.device.precision import native_bf16_cpu
 
         # bf16 on a CPU that computes it natively (AVX-512 BF16 or AMX); emulated, it is no peak to measure against
         return {"fp32": matmul_peak_gflops(), **({"bf16": matmul_peak_gflops(kind="bf16")} if native_bf16_cpu() else {})}
@@ -186,7 +186,7 @@ def phase_memory(trainer, phases: dict):
     ``phases``: for trl's step the rollout pass, the reference pass, the full-vocabulary KL (compute_rewards, while
     the full log-probabilities are alive) and the training passes; for ours (``cory.ppo``) the rollout pass (the
     reference and the KL taken in it) and the training passes. Returns a function that undoes the wrapping."""
-    from cory import memory
+    from cory.device import memory
 
     def record(kind, fn):
         def wrapped(*a, **k):
@@ -235,7 +235,7 @@ def instrument(run, log: list) -> None:
     """Log each agent's generation and PPO step: wall and CPU seconds, tokens, and memory (resident before the
     step; the peak of the generation, of the step and of each phase of the step). The FLOPs and tokens/s come
     from these counts."""
-    from cory import memory
+    from cory.device import memory
     from cory.passes import shared_tokens
 
     for agent in run.agents.values():
@@ -292,7 +292,7 @@ def measure(args, tmp: str) -> dict:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from cory.agent import resolve_precision
+    from cory.device.precision import resolve_precision
     from cory.game import cory_iteration, is_swap_step, ppo_iteration
     from cory.method import CORY
     from cory.train import prepare_run

@@ -23,10 +23,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from cory import game, memory, models, parallel
+from cory import game, models, parallel
+
+from cory.device import memory
 
 from cory.run import checkpoint, preflight
-from cory.agent import make_agents, resolve_precision, set_precision
+from cory.agent import make_agents
+from cory.device.precision import resolve_precision, set_precision
 from cory.assets import locate
 from cory.config import PPOArgs, to_dict
 from cory.errors import NonFinite, RunError, Stopped
@@ -36,7 +39,7 @@ from cory.method import AGENT_NAMES, Method, method_of
 from cory.run.outputs import RUNNER_PID, RunDir, RunLock, check_saveable, latest_checkpoint
 from cory.rollout import Rollout
 from cory.passes import cuda_share
-from cory.patches import cuda_allocator_segments, return_freed_memory
+from cory.device.patches import cuda_allocator_segments, return_freed_memory
 from cory.tasks import make_task
 
 __all__ = ["Run", "RunError", "prepare_run", "train"]

@@ -10,7 +10,7 @@ from pathlib import Path
 from cory.run.targets import open_regular
 
 
-# the CPU's kind as the precision line of a run's log gives it (cory.agent.AUTO_ON_CPU's reasons, CUDA's)
+# the CPU's kind as the precision line of a run's log gives it (cory.device.precision.AUTO_ON_CPU's reasons, CUDA's)
 _KINDS = (("AVX-512 BF16", "AVX-512 BF16"), ("AMX", "AMX"), ("without native bfloat16", "no native bf16"),
           ("CUDA", "CUDA"), ("as configured", "configured"))
 

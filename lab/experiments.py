@@ -39,7 +39,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from cory.errors import ConfigError
-from cory.memory import cpu_info
+from cory.device.memory import cpu_info
 from cory.run.outputs import RunLock, in_use
 from lab import heldout_runs
 from lab.errors import ExperimentError, ReportError, exit_on_error

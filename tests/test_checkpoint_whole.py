@@ -116,7 +116,7 @@ def test_precision_auto_resumed_on_a_cpu_of_another_kind_keeps_the_precision_it_
                                                                                             capsys):
     """Started where auto is bf16 (AVX-512 BF16), resumed where it is fp32 (bf16 emulated): the run goes on in bf16,
     and says so, as a resume keeps an explicit precision."""
-    from cory import agent as agent_module
+    from cory.device import precision as agent_module
 
     out = tmp_path / "run"
     monkeypatch.setattr(agent_module, "cpu_bf16_kernels", lambda: "avx512_bf16")

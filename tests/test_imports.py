@@ -21,7 +21,7 @@ def _graph() -> dict[str, set[str]]:
             else:
                 continue
             # "from cory import models" names the module; the package itself only re-exports
-            graph[name] |= {t for t in targets if t in modules and t not in (name, "cory", "cory.run", "cory.tasks", "lab")}
+            graph[name] |= {t for t in targets if t in modules and t not in (name, "cory", "cory.device", "cory.run", "cory.tasks", "lab")}
     return graph
 
 

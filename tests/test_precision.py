@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from conftest import IMDB_PPO
-from cory.agent import Agent, resolve_precision, set_precision
+from cory.agent import Agent
+from cory.device.precision import resolve_precision, set_precision
 from cory.config import build
 from cory.errors import ConfigError
 
@@ -84,7 +85,7 @@ def test_auto_is_the_default_and_follows_the_hardware_not_this_machine():
 def test_auto_asks_what_the_math_library_will_run(monkeypatch):
     """A CPU with AVX-512 BF16 whose library is held below it (ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2)
     emulates bfloat16: auto must not pick it there for a speed-up measured on native kernels."""
-    from cory.agent import cpu_bf16_kernels
+    from cory.device.precision import cpu_bf16_kernels
 
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
@@ -105,6 +106,6 @@ def test_an_agent_computes_in_the_resolved_precision(setup, tmp_path, monkeypatc
                           "output_dir": str(tmp_path)})
     agent = Agent("policy", cfg, policy, reference, tok)
     for kernels, want in (("avx512_bf16", torch.bfloat16), ("amx", None), ("emulated", None)):
-        monkeypatch.setattr("cory.agent.cpu_bf16_kernels", lambda: kernels)
+        monkeypatch.setattr("cory.device.precision.cpu_bf16_kernels", lambda: kernels)
         with agent.compute():
             assert (torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None) == want

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from cory.agent import native_bf16_cpu
+from cory.device.precision import native_bf16_cpu
 from cory.metrics import TRANSFER_KEYS
 from record_step import BF16_RUNS, RECORD, RUNS, bf16_record_path, cpu_flags, kernel_family, record_run
 

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from cory import memory
+from cory.device import memory
 from cory.assets import (HUB, SMOLLM2_SPEC, UNREACHABLE, HubAsset, ModelSpec, check_4bit, hub_unavailable,
                          model_spec, weights_fingerprint)
 from cory.config import PPOArgs
