@@ -63,6 +63,9 @@ def save_figure(fig, path: Path) -> None:
     mid-write leaves the old figure, never a cut one; a target that is not a regular file is refused, and so is a
     figure already there that the lab did not draw (``figure_is_ours``): a researcher's own PNG is not replaced."""
     path = Path(path)
+    refusal = target_refusal(path, path.name)  # a link, a pipe, a device, a folder
+    if refusal:
+        raise ReportError(refusal)
     if path.is_file() and not figure_is_ours(path):
         raise ReportError(f"{path.name}: {path} was not drawn by cory's lab (no \"{FIGURE_MARK[0]}\" text chunk in "
                           "the PNG), so it is not replaced: move it away, or "
