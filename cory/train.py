@@ -210,7 +210,9 @@ class Run:
             self.save(step, self.iteration_start)
             return RunError(f"{e}; the last good state is saved in {latest_checkpoint(self.run_dir.path)}; "
                             "use --on_nonfinite skip to skip such batches")
-        return RunError(f"{e}; the last good checkpoint is {latest_checkpoint(self.run_dir.path)}")
+        latest = latest_checkpoint(self.run_dir.path)
+        return RunError(f"{e}; " + (f"the last good checkpoint is {latest}" if latest is not None else
+                                    "no checkpoint was saved yet"))
 
     # -- checkpoints (what they hold: cory.run.checkpoint) -------------------------------------------
     def sampler_state(self) -> dict:

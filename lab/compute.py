@@ -1,5 +1,5 @@
 """What a run computed in, as its log says: the precision and the CPU's kind (``precision: bf16 (auto on a CPU with
-AVX-512 BF16 ...)``, the line every training run prints first). ``auto`` picks per CPU, so these are facts of the
+AVX-512 BF16 ...)``, the line every training run prints first; of a run restarted, its last attempt's). ``auto`` picks per CPU, so these are facts of the
 machine a run met, not of its config: lab.results names a folder whose runs disagree, and lab.learners sets a cost
 against another only among runs that computed alike.
 """
@@ -15,17 +15,34 @@ _KINDS = (("AVX-512 BF16", "AVX-512 BF16"), ("AMX", "AMX"), ("without native bfl
           ("CUDA", "CUDA"), ("as configured", "configured"))
 
 
-def compute_of(root: Path, label: str, seed: int) -> str:
-    """"<precision>, <CPU kind>" from the first ``precision:`` line of the run's log (logs/<label>/seed_<n>.log);
-    "?" where the log or the line is missing, or the log is not a regular file (a pipe is not waited on)."""
+def logged_precision(log: Path) -> tuple[str, str] | None:
+    """(precision, why) from the last ``precision:`` line of the run log ``log``: what the run's latest attempt
+    computed in. The runner appends every attempt to one log, and an attempt restarted from the beginning throws
+    the earlier rows away, so the first line may name a precision no kept row was computed in; a resumed attempt
+    prints the precision its checkpoint recorded (``auto, kept from the run's checkpoint``), so the last line is
+    the checkpoint's word, and the log is what a committed run keeps (its checkpoints are not committed). None
+    where the log or the line is missing, or the log is not a regular file (a pipe is not waited on)."""
     try:
-        with open_regular(Path(root) / "logs" / label / f"seed_{seed}.log", encoding="utf-8", errors="replace") as f:
-            line = next((ln for ln in f if ln.startswith("precision: ")), None)
+        with open_regular(log, encoding="utf-8", errors="replace") as f:
+            line = None
+            for ln in f:
+                if ln.startswith("precision: "):
+                    line = ln
     except OSError:
-        return "?"
+        return None
     if line is None:
-        return "?"
+        return None
     precision, _, why = line[len("precision: "):].strip().partition(" ")
+    return precision, why
+
+
+def compute_of(root: Path, label: str, seed: int) -> str:
+    """"<precision>, <CPU kind>" from the run's log (logs/<label>/seed_<n>.log, ``logged_precision``: its last
+    attempt's line); "?" where the log or the line is missing."""
+    said = logged_precision(Path(root) / "logs" / label / f"seed_{seed}.log")
+    if said is None:
+        return "?"
+    precision, why = said
     kind = next((name for key, name in _KINDS if key in why), None)
     return f"{precision}, {kind}" if kind else precision
 

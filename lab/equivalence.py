@@ -12,12 +12,12 @@ Writes ``EQUIVALENCE.md`` and ``fig_equivalence.png`` into the first folder.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from lab.compute import logged_precision
 from lab.errors import OneLineParser, ReportError, exit_on_error
 from lab.figures import _axes, check_targets, generated_by, integer_iterations, save_figure, write_atomically
 from lab.results import POLICY, Experiment, fmt, load_experiment
@@ -131,14 +131,13 @@ def build(first_dir: str, second_dir: str, upto: int) -> Path:
 
 def _precision(exp: Experiment) -> str:
     """The runs' configured precision, with what ``auto`` resolved to where their logs say (``precision: X (why)``,
-    the first line a run prints)."""
+    the first line a run prints; its last attempt's, ``lab.compute.logged_precision``)."""
     values = set()
     for seed, run in exp.groups["ppo"].runs.items():
         value = str(run.config.get("precision"))
         log = exp.path / "logs" / "ppo" / f"seed_{seed}.log"
-        if value == "auto" and log.is_file():
-            said = re.search(r"^precision: (\w+)", log.read_text(errors="replace"), re.M)
-            value = f"auto → {said.group(1)}" if said else value
+        said = logged_precision(log) if value == "auto" else None
+        value = f"auto → {said[0]}" if said else value
         values.add(value)
     return "/".join(sorted(values))
 

@@ -136,3 +136,27 @@ def test_an_output_dir_inside_another_runs_folder_is_refused_directly_or_through
         line = rejected("imdb", "ppo", ["--config", "configs/imdb/ppo_tiny.yaml", "--output_dir", inner])
         assert f"output_dir: {inner} is inside the run folder " in line and "choose a folder outside it" in line, line
         assert not inner.exists()
+
+
+def test_a_checkpoint_without_an_agent_file_says_to_move_it_aside(finished, tmp_path):
+    """Like every other damaged-checkpoint line: what is missing, what the method's checkpoint holds, and to move
+    it aside (not a question about the method, which the manifest already answered)."""
+    run = copy_run(finished, tmp_path, "ppo")
+    checkpoint = latest_checkpoint(run)
+    (checkpoint / "policy.pt").unlink()
+    line = rejected("imdb", "ppo", ["--resume", run, "--steps", "3"])
+    assert f"{checkpoint} has no policy.pt, which a ppo run's checkpoint holds (policy.pt)" in line
+    assert f"move {checkpoint} aside to resume from an older checkpoint" in line and "is it a" not in line
+
+
+def test_a_stop_before_any_checkpoint_says_none_was_saved(tmp_path):
+    """A non-finite loss in the first iteration: no checkpoint yet, said so, never "the last good checkpoint is
+    None"."""
+    from types import SimpleNamespace
+
+    from cory.errors import NonFinite
+    from cory.train import Run
+
+    run = SimpleNamespace(run_dir=SimpleNamespace(path=tmp_path))
+    error = Run.stopped_by(run, NonFinite(0, "policy", "loss"), 0)
+    assert str(error) == "step 0: non-finite loss for policy; no checkpoint was saved yet"

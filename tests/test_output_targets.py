@@ -215,3 +215,55 @@ def test_two_reports_at_once_on_one_folder_both_finish_and_leave_no_temporary_fi
         assert proc.returncode == 0 and "Traceback" not in err, err[-2000:]
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
     assert (tmp_path / "REPORT.md").is_file()
+
+
+LINKED = "is a symbolic link; give the file itself"
+
+
+def test_a_link_to_a_file_or_to_nothing_is_refused_as_a_link(tmp_path):
+    (tmp_path / "mine.json").write_text('{"command": "python -m lab.evaluate --task imdb"}')
+    (tmp_path / "link.json").symlink_to(tmp_path / "mine.json")
+    (tmp_path / "dangling.json").symlink_to(tmp_path / "nowhere.json")
+    for link in ("link.json", "dangling.json"):
+        assert target_refusal(tmp_path / link, "--json") == f"--json {tmp_path / link} {LINKED} (the file would " \
+            "replace the link, and what it points to would stay as it was)"
+    (tmp_path / "dir_link").symlink_to(tmp_path)
+    assert "is a folder" in target_refusal(tmp_path / "dir_link", "--json")  # a link is judged by its target first
+    with pytest.raises(ConfigError, match=LINKED):
+        write_whole(tmp_path / "link.json", "{}")
+    still(tmp_path / "link.json", stat.S_ISLNK)
+    assert (tmp_path / "mine.json").read_text() == '{"command": "python -m lab.evaluate --task imdb"}'
+
+
+def _linked_output(tmp_path, program: str) -> Path:
+    """A --json file that ``program`` wrote, and a link to it: what the command is given."""
+    (tmp_path / "written.json").write_text(json.dumps({"command": f"python -m {program} --task arithmetic"}))
+    (tmp_path / "out.json").symlink_to(tmp_path / "written.json")
+    return tmp_path / "out.json"
+
+
+def test_evaluate_refuses_a_json_link_before_any_model_loads(tmp_path, monkeypatch, capsys):
+    from lab import evaluate
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(evaluate, "load_causal_lm", loaded)
+    link = _linked_output(tmp_path, "lab.evaluate")
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(["--task", "imdb", "--model", "tiny", "--limit", "2", "--max_new_tokens", "2", "--json",
+                       str(link)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err == [f"error: --json {link} {LINKED} (the file would replace the link, and what "
+                                         "it points to would stay as it was)"], err
+    still(link, stat.S_ISLNK)
+
+
+def test_transfer_check_and_a_benchmark_refuse_a_json_link(tmp_path):
+    link = _linked_output(tmp_path, "lab.transfer_check")
+    before = tree(tmp_path)
+    refused(lab("transfer_check", "--task", "arithmetic", "--dataset", "sums_2x1", "--n", "8", "--json", link,
+                timeout=300), f"--json {link} {LINKED}")
+    p = bench("levers.py", *SMALLEST["levers.py"], "--json", link, cwd=tmp_path, timeout=180)
+    refused(p, f"--json {link} {LINKED}")
+    assert tree(tmp_path) == before

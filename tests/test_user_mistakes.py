@@ -580,3 +580,22 @@ def test_a_heldout_evaluation_shows_its_bar_prints_its_line_and_reaches_tensorbo
     rows = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
     assert [e.value for e in events.Scalars("eval/policy/task_reward")] == pytest.approx(
         [r["task_reward"] for r in rows])
+
+
+def test_a_manifest_without_its_task_names_the_script_generically(finished, tmp_path):
+    """A manifest and a config.yaml naming no task (edited, or damaged): the advice names the method's script of
+    the run's task, never "None_train/ppo.py"."""
+    run = tmp_path / "ppo"
+    shutil.copytree(finished / "ppo", run)
+    manifest = json.loads((run / "cory_run.json").read_text())
+    del manifest["task"]
+    (run / "cory_run.json").write_text(json.dumps(manifest))
+    line = rejected("imdb", "cory", ["--config", "configs/imdb/cory_tiny.yaml", "--output_dir", run])
+    assert "holds a ppo run on imdb; continue it with imdb_train/ppo.py --resume" in line  # its config.yaml's task
+    config = run / "config.yaml"
+    config.write_text("".join(ln for ln in config.read_text().splitlines(True) if not ln.startswith("task:")))
+    for argv in (["--resume", run, "--steps", "3"],
+                 ["--config", "configs/imdb/cory_tiny.yaml", "--output_dir", run]):
+        line = rejected("imdb", "cory", argv)
+        assert "None" not in line, line
+        assert "continue it with <task>_train/ppo.py, the script of the task it was trained on" in line, line

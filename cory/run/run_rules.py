@@ -107,8 +107,21 @@ def check_identity(run_dir: Path, method: str, task: str | None) -> None:
     naming the script that does."""
     was, was_task = run_identity(run_dir)
     if was != method or (task and was_task and was_task != task):
-        raise ConfigError(f"resume: {run_dir} is a {was} run on the {was_task} task; continue it with "
-                          f"{was_task}_train/{was}.py")
+        on = f" on the {was_task} task" if was_task else ""
+        raise ConfigError(f"resume: {run_dir} is a {was} run{on}; continue it with {script_of(was, was_task)}")
+
+
+def script_of(method: str, task: str | None) -> str:
+    """The training script that continues a ``method`` run of ``task``; named generically where a manifest records
+    no task."""
+    if task:
+        return f"{task}_train/{method}.py"
+    return f"<task>_train/{method}.py, the script of the task it was trained on (its manifest names none)"
+
+
+def aside(checkpoint: Path) -> str:
+    """What every damaged-checkpoint refusal advises."""
+    return f"move {checkpoint} aside to resume from an older checkpoint, or start again with --overwrite"
 
 
 def run_identity(run_dir: Path) -> tuple[str, str | None]:
@@ -168,10 +181,12 @@ def check_output_dir(output_dir: str, *, resume: bool, overwrite: bool, method: 
         return
     if not overwrite:
         there = read_manifest(path) or {}
-        if method and there.get("method") and (there["method"], there.get("task")) != (method, task):
-            raise ConfigError(f"output_dir: {output_dir} holds a {there['method']} run on {there.get('task')}; "
-                              f"continue it with {there.get('task')}_train/{there['method']}.py --resume "
-                              f"{output_dir}, or choose another output_dir (--overwrite replaces it)")
+        was, was_task = run_identity(path)  # the manifest's word, or its config.yaml's task where it names none
+        if method and there.get("method") and (was, was_task) != (method, task):
+            on = f" on {was_task}" if was_task else ""
+            raise ConfigError(f"output_dir: {output_dir} holds a {was} run{on}; continue it with "
+                              f"{script_of(was, was_task)} --resume {output_dir}, or choose another output_dir "
+                              "(--overwrite replaces it)")
         raise ConfigError(f"output_dir: {output_dir} already holds files; pass --resume {output_dir} to continue "
                           f"the run there or --overwrite to replace it")
     # --overwrite deletes only what a run of this project wrote, in a folder that says it is one
@@ -227,7 +242,9 @@ def check_resumable(run_dir: Path, cfg: PPOArgs, fingerprint: str | None = None)
                           "reference too); resume with the model it was trained from, or start again with --overwrite")
     for name in method.agents:
         if not (checkpoint / f"{name}.pt").is_file():
-            raise ConfigError(f"resume: {checkpoint} has no {name}.pt; is it a {method.name} run?")
+            raise ConfigError(f"resume: {checkpoint} has no {name}.pt, which a {method.name} run's checkpoint holds "
+                              f"({', '.join(a + '.pt' for a in method.agents)}): damaged, or not this method's; "
+                              f"{aside(checkpoint)}")
         check_checkpoint_file(checkpoint / f"{name}.pt")
     check_one_checkpoint(checkpoint, state, method.agents)
     # HF Trainer's documentation says its save_only_model checkpoints cannot be resumed, and its code then resumes them
@@ -259,19 +276,19 @@ def check_one_checkpoint(checkpoint: Path, state: dict, agents) -> None:
     another step would resume from that step, on weights trained further or less), and each agent file is the one
     whose sha256 it records (not copied in from another step, seed or method). A checkpoint saved before it
     recorded them is taken as whole, with a warning: the step is still checked."""
-    aside = f"move {checkpoint} aside to resume from an older checkpoint, or start again with --overwrite"
+    move_aside = aside(checkpoint)
     folder_step = int(checkpoint.name.split("_")[-1])
     if state["step"] != folder_step:
         raise ConfigError(f"resume: {checkpoint / 'state.pt'} is the state after {state['step']} iterations, not "
                           f"after {folder_step} as its folder {checkpoint.name} says: it is not that checkpoint's "
-                          f"own; {aside}")
+                          f"own; {move_aside}")
     rng = state.get("rng")
     lacking = next((key for key in ("task", "rng") if key not in state), None) or next(
         (f"rng.{key}" for key in ("torch", "numpy", "python", "length") if not isinstance(rng, dict) or key not in rng),
         None)
     if lacking:  # restore() would stop on it with a traceback, after the models have loaded
         raise ConfigError(f"resume: {checkpoint / 'state.pt'} holds no {lacking!r} (damaged, or edited by hand), so "
-                          f"the run cannot be restored from it; {aside}")
+                          f"the run cannot be restored from it; {move_aside}")
     recorded = state.get("files")
     if not isinstance(recorded, dict):
         warnings.warn(f"resume: {checkpoint / 'state.pt'} records no digest of its agent files (saved before they "
@@ -281,7 +298,7 @@ def check_one_checkpoint(checkpoint: Path, state: dict, agents) -> None:
         path = checkpoint / f"{name}.pt"
         if recorded.get(path.name) != file_digest(path):
             raise ConfigError(f"resume: {path} is not the file {checkpoint / 'state.pt'} was saved with (its sha256 "
-                              "differs: copied from another checkpoint, run or method, or damaged); " + aside)
+                              "differs: copied from another checkpoint, run or method, or damaged); " + move_aside)
 
 
 def check_trained_config(checkpoint: Path, trained: dict | None, cfg: PPOArgs) -> None:

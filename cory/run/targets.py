@@ -4,7 +4,8 @@ renamed over it once complete, so that a full disk or a stop leaves the file bef
 
 A rename replaces whatever has the name: a named pipe, a socket, a device (run as root, ``--json /dev/null``
 replaced the machine's /dev/null), or the link ``/dev/stdout``. So a target that exists and is not a regular file
-is refused in one line before any work (``check_target``, from each command's checks) and again at the rename
+(or is a symbolic link, whose target would stay stale) is refused in one line before any work (``check_target``,
+from each command's checks) and again at the rename
 (``write_whole``), which is then the only way these files are written. The other checks of a path to be
 written, made before any work: its name is text (``check_text_path``), its folder can be written in
 (``check_writable``), and a file there is one the command wrote, not a user's (``check_output_file``).
@@ -79,9 +80,16 @@ def text_refusal(path: str | os.PathLike, name: str) -> str | None:
 
 def target_refusal(path: str | os.PathLike, name: str) -> str | None:
     """Why ``path`` may not be replaced by a file written whole (one line naming ``name``, the flag or file to
-    blame, and what is allowed), or None when it may: it is not there, or it is a regular file."""
+    blame, and what is allowed), or None when it may: it is not there, or it is a regular file and not a symbolic
+    link (a link to a pipe or a device is judged by its target; a link to a file is refused as a link, since the
+    rename would replace the link and leave its target stale). The one check of every output target: each
+    command's ``--json`` (``check_output_file``, ``cory.run_rules.check_output_json``) and the lab's documents and
+    figures (``lab.figures.check_targets``)."""
     path = Path(path)
     kind = _kind(path)
+    if kind is None and path.is_symlink():  # a link to a regular file, or to nothing: the rename would replace it
+        return (f"{name} {path} is a symbolic link; give the file itself (the file would replace the link, and what "
+                "it points to would stay as it was)")
     if kind is None:
         return None
     if kind == "a folder":
