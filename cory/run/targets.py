@@ -83,7 +83,7 @@ def target_refusal(path: str | os.PathLike, name: str) -> str | None:
     blame, and what is allowed), or None when it may: it is not there, or it is a regular file and not a symbolic
     link (a link to a pipe or a device is judged by its target; a link to a file is refused as a link, since the
     rename would replace the link and leave its target stale). The one check of every output target: each
-    command's ``--json`` (``check_output_file``, ``cory.run_rules.check_output_json``) and the lab's documents and
+    command's ``--json`` (``check_output_file``, ``cory.run.run_rules.check_output_json``) and the lab's documents and
     figures (``lab.figures.check_targets``)."""
     path = Path(path)
     kind = _kind(path)
