@@ -91,7 +91,7 @@ def figure_is_ours(path: Path) -> bool:
             return False
         try:
             with Image.open(f, formats=["PNG"]) as image:
-                text = dict(image.text)
+                text = dict(getattr(image, "text", {}))  # a PNG's tEXt/iTXt chunks (PngImageFile.text)
         except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError):
             return False  # not a PNG, or a broken one
     key, value = FIGURE_MARK
