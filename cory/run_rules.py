@@ -39,7 +39,8 @@ from cory.errors import ConfigError
 from cory.final import file_digest, final_complete
 from cory.method import method_of
 from cory.outputs import (LOCK, MANIFEST, check_checkpoint_file, checkpoints, evaluations, in_use, latest_checkpoint,
-                          load_checkpoint_file, read_jsonl, read_manifest, run_folder_of, scan_run_dir, written_here)
+                          linked_checkpoints, load_checkpoint_file, read_jsonl, read_manifest, run_folder_of,
+                          scan_run_dir, written_here)
 from cory.targets import check_output_file, check_writable
 
 
@@ -193,6 +194,11 @@ def check_resumable(run_dir: Path, cfg: PPOArgs, fingerprint: str | None = None)
     iteration 0)."""
     method = method_of(cfg)
     check_identity(run_dir, method.name, cfg.task)
+    linked = linked_checkpoints(run_dir)
+    if linked:  # it is passed over, so the run would redo its iteration and then fail to save over the link
+        raise ConfigError(f"resume: {linked[0]} is a symbolic link (to {os.readlink(linked[0])}), not a checkpoint "
+                          "this run saved; a run never writes through a link, so it refuses: move the link out of "
+                          f"{linked[0].parent}, then resume")
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None:  # the run would start again from iteration 0, deleting every row
         refusal = restart_refusal(run_dir)

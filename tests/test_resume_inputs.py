@@ -104,3 +104,17 @@ def test_a_base_model_folder_changed_since_the_checkpoint(tmp_path):
             f"resume: the base model {base} has changed since step_000001 was saved",
             "resume with the model it was trained from, or start again with --overwrite")
     assert files(run) == before
+
+
+@pytest.mark.slow
+def test_a_newest_checkpoint_that_is_a_symlink_is_refused_before_training(finished, tmp_path):
+    """Issue 75: it was passed over, the run redid an iteration and then crashed saving over the link."""
+    run = tmp_path / "ppo"
+    shutil.copytree(finished / "ppo", run)
+    link = run / "checkpoints" / "step_000003"
+    link.symlink_to(run / "checkpoints" / "step_000002")
+    before = files(run)
+    refused(run_script("imdb_train/ppo.py", "--resume", run, "--steps", "4"),
+            f"resume: {link} is a symbolic link", "never writes through a link", "move the link out of")
+    assert files(run) == before and link.is_symlink()
+
