@@ -42,6 +42,7 @@ from cory.outputs import (LOCK, MANIFEST, check_checkpoint_file, checkpoints, ev
                           linked_checkpoints, load_checkpoint_file, read_jsonl, read_manifest, run_folder_of,
                           scan_run_dir, written_here)
 from cory.targets import check_output_file, check_writable
+from cory.tasks.base import STATE_COUNTS, state_count
 
 
 # -- 1. a script and its task -----------------------------------------------------------------------------------------
@@ -250,6 +251,13 @@ def check_one_checkpoint(checkpoint: Path, state: dict, agents) -> None:
     if lacking:  # restore() would stop on it with a traceback, after the models have loaded
         raise ConfigError(f"resume: {checkpoint / 'state.pt'} holds no {lacking!r} (damaged, or edited by hand), so "
                           f"the run cannot be restored from it; {aside}")
+    counts = [key for key in STATE_COUNTS if key in state["task"]] if isinstance(state["task"], dict) else []
+    for key in counts:
+        try:  # the task checks them too, but only after the models have loaded
+            state_count(state["task"], key)
+        except ValueError as e:
+            raise ConfigError(f"resume: {checkpoint / 'state.pt'}: its {e} (damaged, or edited by hand), so the "
+                              f"run cannot be restored from it; {aside}") from None
     recorded = state.get("files")
     if not isinstance(recorded, dict):
         warnings.warn(f"resume: {checkpoint / 'state.pt'} records no digest of its agent files (saved before they "
