@@ -443,7 +443,7 @@ def run_worker(args, variant: str, folder: Path) -> dict:
            "--warmup", str(warmup), "--swap_period", str(args.swap_period), "--threads", str(args.threads),
            "--seed", str(args.seed), "--variants", variant, "--task", args.task, "--device", args.device,
            "--gradient_accumulation_steps", str(args.gradient_accumulation_steps)]
-    if args.mini_batch_size:
+    if args.mini_batch_size is not None:
         cmd += ["--mini_batch_size", str(args.mini_batch_size)]
     for field in OVERRIDES:
         if getattr(args, field) is not None:

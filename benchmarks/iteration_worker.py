@@ -125,7 +125,7 @@ def build_cfg(args, variant: str, out_dir: str):
     script = importlib.import_module(f"{args.task}_train.{method}")
     base = load_yaml(REPO / "configs" / args.task / f"{method}_{args.preset}.yaml")
     base.update(output_dir=out_dir, batch_size=args.batch_size,
-                mini_batch_size=args.mini_batch_size or args.batch_size,
+                mini_batch_size=args.batch_size if args.mini_batch_size is None else args.mini_batch_size,  # 0 too
                 gradient_accumulation_steps=args.gradient_accumulation_steps, steps=args.warmup + args.iterations,
                 seed=args.seed, use_peft=variant.endswith("_peft") or base.get("use_peft", False))
     if method == "cory":

@@ -136,7 +136,8 @@ def _run(args, argv, pairs: list[Pair], spec: dict, out: Path) -> int:
 
 
 def _check_experiment_folder(args, spec: dict, out: Path) -> None:
-    """``--out`` holds no other task's or preset's experiment, and no training run of its own."""
+    """``--out`` holds no other task's or preset's experiment, nor one whose runs were made with other ``--set``
+    values (runs.json's), and no training run of its own."""
     try:
         prior = json.loads((out / "runs.json").read_text(encoding="utf-8")) if (out / "runs.json").is_file() else {}
     except ValueError:  # not JSON, or not UTF-8
@@ -148,6 +149,14 @@ def _check_experiment_folder(args, spec: dict, out: Path) -> None:
         if prior.get(key) not in (None, spec[key]):
             raise ExperimentError(f"--out: {args.out} holds the {prior.get('task')}/{prior.get('preset')} "
                                   f"experiment; use another folder for {spec['task']}/{spec['preset']}")
+    # one folder, one experiment: a method run under other --set values would be compared as if it were not
+    recorded = prior.get("set") if prior.get("runs") else None
+    if isinstance(recorded, dict) and recorded != spec["set"]:
+        key = sorted(k for k in {*recorded, *spec["set"]} if recorded.get(k) != spec["set"].get(k))[0]
+        said = (lambda v: "not set" if v is None else repr(f"{key}={v}"))
+        raise ExperimentError(f"--set {key}: this command has it {said(spec['set'].get(key))}, but the runs in "
+                              f"{rel(out / 'runs.json')} were made with it {said(recorded.get(key))}; a folder holds "
+                              "one experiment's settings: give the same --set, or use a new --out folder")
 
 
 def _states(pairs: list[Pair], restart_cut_off: bool = False) -> dict[str, tuple[str, str]]:

@@ -284,7 +284,7 @@ def load_experiment(path: str | Path) -> Experiment:
         raise ReportError(f"{path}: no runs/ folder; is it an experiment folder written by lab.experiments?")
     if (special := special_file_refusal(root)) is not None:  # before any file is opened: a pipe would hang it
         raise ReportError(special)
-    notes = []
+    notes, aside = [], []  # aside: (where, run, why) of the runs whose place says otherwise
     groups: dict[str, Group] = {}
     for label_dir in sorted(p for p in runs_root.iterdir() if p.is_dir()):
         method, kl = parse_label(label_dir.name)
@@ -301,12 +301,17 @@ def load_experiment(path: str | Path) -> Experiment:
             run = _load_seed(seed, seed_dir, f"{label_dir.name}/{seed_dir.name}", notes)
             misplaced = _misplaced(run, method, seed) if run is not None else None
             if misplaced:
-                notes.append(f"`{label_dir.name}/{seed_dir.name}` {misplaced}; left out: move it where it belongs.")
+                aside.append((f"{label_dir.name}/{seed_dir.name}", run, misplaced))
             elif run is not None:
                 group.runs[seed] = run
         if group.runs:
             groups[label_dir.name] = group
-    _other_tasks(root, groups, notes)
+    expected = _other_tasks(root, groups, notes)
+    for where, run, misplaced in aside:  # a run of another task is named by its task, the first thing that differs
+        task = _task_of(run)
+        notes.append(f"`{where}` holds a {task} run, not a {expected} run as this folder's others are; left out: move "
+                     "it to an experiment of its task." if expected and task and task != expected else
+                     f"`{where}` {misplaced}; left out: move it where it belongs.")
     notes += mixed_precision_notes(root, {label: sorted(g.runs) for label, g in groups.items()})
     runs_json = _runs_json(root, groups, notes)
     draws = _evaluations(root / "base_draws", "base_draws", notes) if (root / "base_draws").is_dir() else []
@@ -331,9 +336,9 @@ def _misplaced(run: SeedRun, method: str, seed: int) -> str | None:
     return None
 
 
-def _other_tasks(root: Path, groups: dict[str, Group], notes: list[str]) -> None:
+def _other_tasks(root: Path, groups: dict[str, Group], notes: list[str]) -> str | None:
     """Leave out, named with their task, the runs of another task than the folder's (runs.json's where some of its
-    runs are of it, else the task most of its runs have): a run copied from another experiment."""
+    runs are of it, else the task most of its runs have): a run copied from another experiment. Returns that task."""
     tasks = {(label, seed): _task_of(r) for label, g in groups.items() for seed, r in g.runs.items()}
     counts: dict[str, int] = {}
     for task in tasks.values():
@@ -354,6 +359,7 @@ def _other_tasks(root: Path, groups: dict[str, Group], notes: list[str]) -> None
                          "are; left out: move it to an experiment of its task.")
     for label in [label for label, g in groups.items() if not g.runs]:
         del groups[label]
+    return expected
 
 
 def _load_seed(seed: int, seed_dir: Path, where: str, notes: list[str]) -> SeedRun | None:

@@ -33,6 +33,9 @@ def _score(answer: str, result: str) -> float:
     ("The answer is 68, or maybe 70", "68", 1.0),  # "answer is" wins over the last number
     ("no number at all", "68", 0.0),
     ("", "68", 0.0),
+    ("The answer is \u0666\u0668.", "68", 1.0),  # Arabic-Indic digits are read by their value, as int() reads them
+    ("The answer is \uff16\uff18.", "68", 1.0),  # fullwidth digits likewise (0 from fc91ef7 until issue 75)
+    ("The answer is \uff16\uff18\uff10.", "68", 0.0),  # and a longer number is still another number
 ])
 def test_the_reward_is_exact_correctness_of_the_final_number(answer, result, reward):
     assert _score(answer, result) == reward

@@ -172,6 +172,14 @@ def test_iteration_refuses_a_mini_batch_that_does_not_divide_the_batch_before_an
     assert tree(tmp_path) == before
 
 
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_iteration_dry_run_refuses_a_mini_batch_that_is_not_positive(tmp_path, tmpdir_env, value):
+    """Issue 75: --mini_batch_size 0 was taken as "the whole batch" under --dry_run; the config's check says it."""
+    p = bench("iteration.py", "--preset", "tiny", "--dry_run", "--mini_batch_size", value, "--variants", "ppo",
+              cwd=tmp_path, env={"TMPDIR": str(tmpdir_env)})
+    refused(p, f"--mini_batch_size: must be > 0, got {value}")
+
+
 @pytest.mark.parametrize("name,model,says", [
     ("iteration.py", "gpt2-large", "--model: model 'gpt2-large' is not in the local Hugging Face cache"),
     ("iteration.py", "/no/such/dir", "--model: '/no/such/dir' is not a model spec; allowed: "),

@@ -97,6 +97,19 @@ def test_the_report_names_a_run_of_another_task_and_leaves_it_out(tmp_path):
     assert any("`ppo/seed_1` holds a arithmetic run, not a imdb run" in n for n in exp.notes), exp.notes
 
 
+def test_a_run_of_another_task_and_another_seed_is_named_by_its_task(tmp_path):
+    """Issue 75: a run copied from another task's experiment (its seed 7 at seed_1) was named by its seed only."""
+    synthetic(tmp_path, cory_wins=True, seeds=(0, 1, 2), steps=6)
+    run = tmp_path / "runs" / "ppo" / "seed_1"
+    _manifest(run, "ppo", task="arithmetic")
+    config = run / "config.yaml"
+    config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "task": "arithmetic", "seed": 7}))
+    exp = load_experiment(tmp_path)
+    assert sorted(exp.groups["ppo"].runs) == [0, 2]
+    assert any("`ppo/seed_1` holds a arithmetic run, not a imdb run" in n for n in exp.notes), exp.notes
+    assert not any("seed 7" in n for n in exp.notes), exp.notes
+
+
 def test_the_runner_records_the_design_at_the_first_run_and_the_report_names_a_later_edit(tmp_path):
     (tmp_path / "design.yaml").write_text("margin: 0.05\n")
     spec = {"task": "imdb", "methods": ["ppo", "cory"], "seeds": [0, 1, 2], "kl_coefs": None}

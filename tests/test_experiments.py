@@ -119,6 +119,33 @@ def test_empty_out_refused_before_anything_is_written(tmp_path, monkeypatch, cap
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("recorded, given, says", [
+    ({}, ["--set", "advantage_estimator=rloo", "--set", "num_generations=2"],
+     "--set advantage_estimator: this command has it 'advantage_estimator=rloo', but the runs in "),
+    ({"advantage_estimator": "rloo"}, [], "--set advantage_estimator: this command has it not set, but the runs in "),
+    ({"learning_rate": "1e-4"}, ["--set", "learning_rate=5e-5"],
+     "--set learning_rate: this command has it 'learning_rate=5e-5', but the runs in "),
+])
+def test_a_second_command_with_other_set_values_into_one_folder_is_refused(tmp_path, capsys, recorded, given, says):
+    """Issue 75: another learner's runs were added to a folder whose report then compared them with the first's,
+    and runs.json's experiment-wide set was overwritten for the runs that did not use it."""
+    out = tmp_path / "exp"
+    out.mkdir()
+    record = {"task": "imdb", "preset": "tiny", "set": recorded, "runs": {"ppo/seed_0": {"attempts": []}}}
+    (out / "runs.json").write_text(json.dumps(record))
+    before = (out / "runs.json").read_text()
+    with pytest.raises(SystemExit) as e:
+        experiments.main(["--task", "imdb", "--preset", "tiny", "--methods", "cory", "--seeds", "0", "--out", str(out),
+                          "--no_eval", *given])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"error: {says}") and len(err.strip().splitlines()) == 1, err
+    assert "made with it" in err and "use a new --out folder" in err
+    assert (out / "runs.json").read_text() == before and sorted(p.name for p in out.iterdir()) == ["runs.json"]
+    # the same --set, in another order, is the same experiment
+    args = build_parser().parse_args(["--task", "imdb", "--preset", "tiny", "--out", str(out)])
+    experiments._check_experiment_folder(args, {"task": "imdb", "preset": "tiny", "set": dict(recorded)}, out)
+
+
 def test_ppo_2x_without_a_larger_model_offline(tmp_path, capsys):
     # the cpu preset's larger sibling is a hub model: offline (conftest) it is unavailable, said in one line
     with pytest.raises(SystemExit) as e:

@@ -25,7 +25,7 @@ from cory.tasks.gsm8k import (
     load_gsm8k,
     resolve_source,
 )
-from cory.tasks.gsm8k_answers import correctness_reward, extract_answer, normalize_number, reference_answer, trim_at_stop
+from cory.tasks.gsm8k_answers import authors_correct, correctness_reward, extract_answer, normalize_number, reference_answer, trim_at_stop
 
 GSM8K_DIR = Path(
     os.environ.get("CORY_GSM8K_DIR")
@@ -208,6 +208,16 @@ def test_correctness_reward():
     assert correctness_reward("9 then 10", "9") == 0.0  # last number wins
     assert correctness_reward("#### 9", "not a number") == 0.0
     assert isinstance(correctness_reward("#### 9", "9"), float)
+
+
+@pytest.mark.parametrize("digits", ["\u0664\u0662", "\uff14\uff12", "\u06f4\u06f2", "4\u0662"])
+def test_a_number_in_unicode_decimal_digits_is_read_by_its_value(digits):
+    """Decided in issue 75: every Unicode decimal digit (what ``\\d`` and int() accept) counts as its value in the
+    training reward, as it did before fc91ef7; the authors' evaluation compares strings, so there it stays 0."""
+    assert extract_answer(f"The answer is {digits}.") == "42" and normalize_number(f"${digits}") == "42"
+    assert correctness_reward(f"#### {digits}", "42") == 1.0 and correctness_reward(f"so {digits} apples", "42") == 1.0
+    assert correctness_reward(f"The answer is {digits}1", "42") == 0.0
+    assert authors_correct(f"The answer is {digits}.", "#### 42") == 0.0
 
 
 def test_trim_at_stop():

@@ -104,3 +104,42 @@ def test_a_base_model_folder_changed_since_the_checkpoint(tmp_path):
             f"resume: the base model {base} has changed since step_000001 was saved",
             "resume with the model it was trained from, or start again with --overwrite")
     assert files(run) == before
+
+
+@pytest.mark.slow
+def test_a_newest_checkpoint_that_is_a_symlink_is_refused_before_training(finished, tmp_path):
+    """Issue 75: it was passed over, the run redid an iteration and then crashed saving over the link."""
+    run = tmp_path / "ppo"
+    shutil.copytree(finished / "ppo", run)
+    link = run / "checkpoints" / "step_000003"
+    link.symlink_to(run / "checkpoints" / "step_000002")
+    before = files(run)
+    refused(run_script("imdb_train/ppo.py", "--resume", run, "--steps", "4"),
+            f"resume: {link} is a symbolic link", "never writes through a link", "move the link out of")
+    assert files(run) == before and link.is_symlink()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("value", [-1, 2.5, True])
+def test_a_hand_edited_task_position_is_refused_naming_it(finished, tmp_path, value):
+    from cory.run.outputs import load_checkpoint_file
+
+    run = tmp_path / "ppo"
+    shutil.copytree(finished / "ppo", run)
+    state_file = run / "checkpoints" / "step_000002" / "state.pt"
+    state = load_checkpoint_file(state_file)
+    state["task"]["pos"] = value
+    torch.save(state, state_file)
+    before = files(run)
+    refused(run_script("imdb_train/ppo.py", "--resume", run, "--steps", "3"),
+            f"resume: {state_file}: its task pos {value!r} is not a whole number from 0", "edited by hand")
+    assert files(run) == before
+
+
+def test_a_task_state_count_is_a_whole_number_in_its_range():
+    from cory.tasks.base import state_count
+
+    assert state_count({"position": 3}, "position", 5) == 3
+    for bad in (-1, 2.5, "3", None, True, 6):
+        with pytest.raises(ValueError, match=r"task position .* is not a whole number from 0"):
+            state_count({"position": bad}, "position", 5)

@@ -133,6 +133,15 @@ def checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     return sorted((step, p) for step, p in found if p.is_dir() and not p.is_symlink() and (p / "state.pt").is_file())
 
 
+def linked_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """The entries of the run's checkpoints folder under a checkpoint's name that are symbolic links, by name:
+    ``checkpoints`` passes over them, and a save under that name would write through the link."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if _CHECKPOINT.fullmatch(p.name) and p.is_symlink())
+
+
 def read_manifest(run_dir: str | os.PathLike) -> dict | None:
     """The marker a run writes when it starts (``{"project": "cory", "method", "task", "folder"}``), or None."""
     try:

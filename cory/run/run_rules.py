@@ -38,9 +38,11 @@ from cory.config import (INVOCATION_FIELDS, REQUIRED, CoryArgs, PPOArgs, field_t
 from cory.errors import ConfigError
 from cory.run.final import file_digest, final_complete, final_iterations
 from cory.method import method_of
-from cory.run.outputs import (LOCK, MANIFEST, check_checkpoint_file, checkpoints, evaluations, in_use, latest_checkpoint,
-                          load_checkpoint_file, read_jsonl, read_manifest, run_folder_of, scan_run_dir, written_here)
+from cory.run.outputs import (LOCK, MANIFEST, check_checkpoint_file, checkpoints, evaluations, in_use,
+                              latest_checkpoint, linked_checkpoints, load_checkpoint_file, read_jsonl, read_manifest,
+                              run_folder_of, scan_run_dir, written_here)
 from cory.run.targets import check_output_file, check_writable
+from cory.tasks.base import STATE_COUNTS, state_count
 
 
 # -- 1. a script and its task -----------------------------------------------------------------------------------------
@@ -212,6 +214,11 @@ def check_resumable(run_dir: Path, cfg: PPOArgs, fingerprint: str | None = None)
     iteration 0)."""
     method = method_of(cfg)
     check_identity(run_dir, method.name, cfg.task)
+    linked = linked_checkpoints(run_dir)
+    if linked:  # it is passed over, so the run would redo its iteration and then fail to save over the link
+        raise ConfigError(f"resume: {linked[0]} is a symbolic link (to {os.readlink(linked[0])}), not a checkpoint "
+                          "this run saved; a run never writes through a link, so it refuses: move the link out of "
+                          f"{linked[0].parent}, then resume")
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None:  # the run would start again from iteration 0, deleting every row
         dropped = dropped_refusal(run_dir, cfg)
@@ -289,6 +296,13 @@ def check_one_checkpoint(checkpoint: Path, state: dict, agents) -> None:
     if lacking:  # restore() would stop on it with a traceback, after the models have loaded
         raise ConfigError(f"resume: {checkpoint / 'state.pt'} holds no {lacking!r} (damaged, or edited by hand), so "
                           f"the run cannot be restored from it; {move_aside}")
+    counts = [key for key in STATE_COUNTS if key in state["task"]] if isinstance(state["task"], dict) else []
+    for key in counts:
+        try:  # the task checks them too, but only after the models have loaded
+            state_count(state["task"], key)
+        except ValueError as e:
+            raise ConfigError(f"resume: {checkpoint / 'state.pt'}: its {e} (damaged, or edited by hand), so the "
+                              f"run cannot be restored from it; {move_aside}") from None
     recorded = state.get("files")
     if not isinstance(recorded, dict):
         warnings.warn(f"resume: {checkpoint / 'state.pt'} records no digest of its agent files (saved before they "

@@ -40,7 +40,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from cory.tasks.base import REWARD_METRICS, Evaluation, Example
+from cory.tasks.base import REWARD_METRICS, Evaluation, Example, state_count
 from cory.tasks.gsm8k import CorrectnessTask, question_prompt
 from cory.tasks.gsm8k_answers import extract_answer, normalize_number
 from cory.tasks.registry import register_task
@@ -197,7 +197,7 @@ class ArithmeticTask(CorrectnessTask):
             raise ValueError(f"arithmetic task state is for setting {state['setting']!r}, this task draws "
                              f"{self.setting_name!r}")
         self.seed = int(state.get("seed", self.seed))
-        self._position = int(state["position"])
+        self._position = state_count(state, "position")
         self._stream = self._make_stream()
 
 

@@ -57,6 +57,21 @@ class Task(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
 
+# the counters a task's sampler state keeps (how far it has drawn): whole numbers from 0, checked on resume
+STATE_COUNTS = ("position", "pos", "epoch", "batches")
+
+
+def state_count(state: dict, key: str, limit: int | None = None) -> int:
+    """``state[key]`` as a count of what a sampler has drawn: a whole number from 0 (to ``limit``); a hand-edited
+    -1 or 2.5 is a ValueError naming the key and the value, not a stream resumed at some other place."""
+    value = state[key]
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0 or (
+            limit is not None and value > limit):
+        allowed = f"a whole number from 0 to {limit}" if limit is not None else "a whole number from 0"
+        raise ValueError(f"task {key} {value!r} is not {allowed}")
+    return int(value)
+
+
 class TaskBase:
     """The parts of ``Task`` most tasks share: answers end at EOS alone and the reward sees the whole answer.
     Subclass it and write the rest (docs/adding_a_task.md)."""

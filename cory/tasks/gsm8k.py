@@ -30,7 +30,7 @@ from cory.errors import ConfigError
 from cory.tasks.gsm8k_answers import (authors_correct, correctness_reward, normalize_number, reference_answer,
                                       trim_at_stop)
 from cory.tasks.base import (PASS_AT_K, TRAINING_PROTOCOL, Evaluation, Example, SamplingProtocol,
-                             TaskBase)
+                             TaskBase, state_count)
 from cory.tasks.registry import register_task
 
 logger = logging.getLogger(__name__)
@@ -442,8 +442,8 @@ class Gsm8kTask(CorrectnessTask):
                 f"{len(self._train)} (different data source?)"
             )
         self.seed = int(state.get("seed", self.seed))
-        self._epoch = int(state["epoch"])
-        self._pos = int(state["position"])
+        self._epoch = state_count(state, "epoch")
+        self._pos = state_count(state, "position", len(self._train))
         self._perm = self._permutation(self._epoch)
 
 

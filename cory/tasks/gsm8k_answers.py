@@ -4,6 +4,7 @@ Apart from ``cory.tasks.gsm8k`` (prompts, data, the task) so that each reads at 
 from __future__ import annotations
 
 import re
+import unicodedata
 
 # A number: optional minus (only when not glued to a preceding word/number/closing bracket, so
 # the hyphen in "3-4" or "COVID-19" is not a sign), optional currency symbol, digits with
@@ -20,12 +21,20 @@ _LEAD_RE = re.compile(r"^[\s:=*_`'\"(\[{$\u20ac\u00a3]*(?:\\boxed\{|\\\(|\\\[)?[
 _ANSWER_IS_RE = re.compile(r"answer\s+is", re.IGNORECASE)
 
 
+def _ascii_digits(num: str) -> str:
+    """``num`` with every Unicode decimal digit (what ``\\d`` matched) written as its ASCII digit: "٤٢" and "４２"
+    are 42, as int() and Decimal read them and as this reward read them before its string rewrite."""
+    if num.isascii():
+        return num
+    return "".join(str(unicodedata.decimal(c)) if c.isdecimal() else c for c in num)
+
+
 def _canonical(sign: str | None, num: str) -> str | None:
-    """The number's one spelling: no commas, leading zeros or trailing decimal zeros ("1,000.50" -> "1000.5",
-    "-0.0" -> "0"). Written with string operations, exact at any length and linear in it: through int() a number
-    of more than 4300 digits raised (Python's limit on int-string conversion) and one far longer took quadratic
-    time, in a reward that must return a score for any answer a model writes."""
-    whole, _, fraction = num.replace(",", "").partition(".")
+    """The number's one spelling: ASCII digits, no commas, leading zeros or trailing decimal zeros ("1,000.50" ->
+    "1000.5", "-0.0" -> "0", "٤٢" -> "42"). Written with string operations, exact at any length and linear in it:
+    through int() a number of more than 4300 digits raised (Python's limit on int-string conversion) and one far
+    longer took quadratic time, in a reward that must return a score for any answer a model writes."""
+    whole, _, fraction = _ascii_digits(num).replace(",", "").partition(".")
     whole, fraction = whole.lstrip("0") or "0", fraction.rstrip("0")
     value = f"{whole}.{fraction}" if fraction else whole
     return f"-{value}" if sign and value != "0" else value

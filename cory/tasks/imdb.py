@@ -31,7 +31,7 @@ import numpy as np
 
 from cory.assets import HubAsset, check_hub_asset, model_config
 from cory.errors import AssetError, ConfigError
-from cory.tasks.base import REWARD_METRICS, Evaluation, Example, TaskBase
+from cory.tasks.base import REWARD_METRICS, Evaluation, Example, TaskBase, state_count
 from cory.tasks.registry import register_task
 
 logger = logging.getLogger(__name__)
@@ -405,9 +405,9 @@ class ImdbTask(TaskBase):
         if perm.shape != (len(self._pool),):
             raise ValueError("IMDB sampler state has a permutation of the wrong size")
         self._perm = perm
-        self._pos = int(state["pos"])
-        self._epoch = int(state["epoch"])
-        self._batches = int(state.get("batches", 0))
+        self._pos = state_count(state, "pos", len(self._pool))
+        self._epoch = state_count(state, "epoch")
+        self._batches = state_count({"batches": 0, **state}, "batches")
         self._perm_rng.bit_generator.state = copy.deepcopy(state["perm_rng"])
         self._len_rng.bit_generator.state = copy.deepcopy(state["len_rng"])
 
