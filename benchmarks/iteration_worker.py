@@ -286,20 +286,14 @@ def worker(args) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def measure(args, tmp: str) -> dict:
+def prepared(cfg, variant: str):
+    """The run of ``cfg``, its agents the authors' where ``variant`` is theirs."""
     import numpy as np
     import torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    from cory.device.precision import resolve_precision
-    from cory.game import cory_iteration, is_swap_step, ppo_iteration
     from cory.method import CORY
     from cory.train import prepare_run
 
-    variant = args.worker
-    method, cfg = build_cfg(args, variant, os.path.join(tmp, "run"))
-    t0 = time.perf_counter()
     run = prepare_run(cfg)
     if variant == "authors":
         agent_cls = authors_agent_class()
@@ -311,6 +305,21 @@ def measure(args, tmp: str) -> dict:
         torch.manual_seed(cfg.seed)
         np.random.seed(cfg.seed)
     gc.collect()
+    return run
+
+
+def measure(args, tmp: str) -> dict:
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from cory.device.precision import resolve_precision
+    from cory.game import cory_iteration, is_swap_step, ppo_iteration
+
+    variant = args.worker
+    method, cfg = build_cfg(args, variant, os.path.join(tmp, "run"))
+    t0 = time.perf_counter()
+    run = prepared(cfg, variant)
     load_s = time.perf_counter() - t0
     weights = weight_counts(next(iter(run.agents.values())).policy)
     rss_loaded = rss_mb()
