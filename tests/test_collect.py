@@ -307,6 +307,8 @@ def test_a_folder_another_writer_holds_is_refused(repo_folder, tmp_path, which):
 # place): what a SIGTERM from a scheduler, or Ctrl-C, does to a collect of a long run's files
 STOPPED_AT = """
 import os, shutil, signal, sys
+# a suite started in the background by a non-interactive shell runs with SIGINT ignored, inherited here: a terminal's
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C is what the test sends
 import lab.collect
 step, nth, signum = sys.argv[3], int(sys.argv[4]), getattr(signal, sys.argv[5])
 calls = []
