@@ -27,7 +27,7 @@ from cory import game, models, parallel
 
 from cory.device import memory
 
-from cory.run import checkpoint, preflight
+from cory.run import checkpoint, preflight, run_rules
 from cory.agent import make_agents
 from cory.device.precision import resolve_precision, set_precision
 from cory.assets import locate
@@ -229,9 +229,9 @@ def prepare_run(cfg: PPOArgs) -> Run | None:
     """Everything a run needs, checked, loaded and (with ``resume``) restored; nothing is written yet. None for the
     ``--resume`` of a finished run: there is nothing to do."""
     method = method_of(cfg)
-    plan = preflight.check_run(cfg)
-    if plan is None:
+    if run_rules.nothing_to_do(cfg):  # a finished run's --resume checks nothing further and changes nothing
         return None
+    plan = preflight.check_run(cfg)
     cuda_allocator_segments()
     if torch.cuda.is_available():  # a bad share of the GPU fails here, before any model loads; on a CPU it means nothing
         cuda_share()

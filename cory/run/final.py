@@ -149,12 +149,10 @@ def _cached_digest(path: Path) -> str:
 
 
 def file_digest(path: str | os.PathLike) -> str:
-    """sha256 of a file's bytes (hex): what a checkpoint's state.pt records of each agent file beside it."""
-    h = hashlib.sha256()
+    """sha256 of a file's bytes (hex): what a checkpoint's state.pt records of each agent file beside it (and what a
+    resume checks them by, ``run_rules.check_one_checkpoint``)."""
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def read_evaluation(path: Path) -> dict | None:

@@ -17,7 +17,7 @@ from cory.config import PPOArgs
 from cory.errors import AssetError, ConfigError
 from cory.method import method_of
 from cory.run.outputs import load_checkpoint_file
-from cory.run.run_rules import check_output_dir, check_resumable, nothing_to_do
+from cory.run.run_rules import check_output_dir, check_resumable
 from cory.tasks import check_config as check_task
 from cory.tasks import REWARD_METRICS, task_spec
 
@@ -109,22 +109,20 @@ def check_hub(cfg: PPOArgs, spec: ModelSpec | None = None) -> None:
                      f"use {instead} instead{each} (docs/gpu.md)")
 
 
-def check_run(cfg: PPOArgs) -> RunPlan | None:
+def check_run(cfg: PPOArgs) -> RunPlan:
     """Every check a training run makes before it writes anything or loads a model: the config (above), the hub
     assets it needs (``check_hub``), then what the run will write: its folder, what it may replace or continue, and
-    the loggers it reports to (before the folder is created). Returns what the run needs of it; None for the
-    ``--resume`` of a finished run (``nothing_to_do``), which checks nothing further and changes nothing."""
-    if nothing_to_do(cfg):
-        return None
+    the loggers it reports to (before the folder is created). Returns what the run needs of it. (The ``--resume`` of
+    a finished run is asked first, ``run_rules.nothing_to_do``, and checks nothing.)"""
     spec = check_config(cfg)
     check_hub(cfg, spec)  # before the 4-bit check: the offline preset it names needs no GPU either
+    fingerprint = weights_fingerprint(spec)  # what a checkpoint records of the base model, and a resume compares
     if cfg.load_in_4bit:
         check_4bit()
         if not cfg.use_peft:
             raise ConfigError("load_in_4bit: needs use_peft: true (4-bit weights cannot be trained directly)")
     check_output_dir(cfg.output_dir, resume=cfg.resume is not None, overwrite=cfg.overwrite, method=cfg.method,
                      task=cfg.task)
-    fingerprint = weights_fingerprint(spec)
     resume_from = check_resumable(Path(cfg.output_dir), cfg, fingerprint) if cfg.resume is not None else None
     if cfg.report_to == "wandb":
         check_wandb()

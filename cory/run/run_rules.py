@@ -27,6 +27,7 @@ the model, and a saved data stream the task does not take.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
 from pathlib import Path
@@ -36,7 +37,7 @@ import yaml
 from cory.config import (INVOCATION_FIELDS, REQUIRED, CoryArgs, PPOArgs, field_types, field_help, metadata,
                          on_resume_fields, to_dict)
 from cory.errors import ConfigError
-from cory.run.final import file_digest, final_complete, final_iterations
+from cory.run.final import final_complete, final_iterations
 from cory.method import method_of
 from cory.run.outputs import (LOCK, MANIFEST, check_checkpoint_file, checkpoints, evaluations, in_use,
                               latest_checkpoint, linked_checkpoints, load_checkpoint_file, read_jsonl, read_manifest,
@@ -268,7 +269,7 @@ def dropped_refusal(run_dir: Path, cfg: PPOArgs) -> str | None:
     (``keep_resume_checkpoint: false``) cannot go on, else None. (One that asks for the iterations it has done has
     nothing to do, ``nothing_to_do``.)"""
     done = final_iterations(run_dir)
-    if done is None or copied_run(run_dir) or not final_complete(run_dir, method_of(cfg).agents):
+    if done is None or not final_complete(run_dir, method_of(cfg).agents) or copied_run(run_dir):
         return None
     kept = f"{run_dir} finished its {done} iterations and kept no checkpoint (keep_resume_checkpoint: false)"
     if cfg.steps < done:
@@ -310,7 +311,9 @@ def check_one_checkpoint(checkpoint: Path, state: dict, agents) -> None:
         return
     for name in agents:
         path = checkpoint / f"{name}.pt"
-        if recorded.get(path.name) != file_digest(path):
+        with open(path, "rb") as f:  # the sha256 that checkpoint.save records (``final.file_digest``)
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        if recorded.get(path.name) != digest:
             raise ConfigError(f"resume: {path} is not the file {checkpoint / 'state.pt'} was saved with (its sha256 "
                               "differs: copied from another checkpoint, run or method, or damaged); " + move_aside)
 
