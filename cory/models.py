@@ -371,7 +371,11 @@ class AdapterView:
 
     def named_parameters(self):
         mark = f"lora_{self.adapter}" if self.adapter is not None else "base"
-        return ((f"{mark}:{name}", p) for name, p in self.model.named_parameters()
-                if self.adapter is None and "lora_" not in name
-                or self.adapter is not None and ("lora_" not in name or f".{self.adapter}." in name
-                                                 or name.endswith(f".{self.adapter}")))
+        return ((f"{mark}:{name}", p) for name, p in self.model.named_parameters() if self.reads(name))
+
+    def reads(self, name: str) -> bool:
+        """Whether the parameter ``name`` is one this view computes with: the base's weights, and this adapter's own
+        (peft names them ``...lora_A.<adapter>.weight``), never another adapter's."""
+        if "lora_" not in name:
+            return True
+        return self.adapter is not None and (f".{self.adapter}." in name or name.endswith(f".{self.adapter}"))

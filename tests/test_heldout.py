@@ -207,6 +207,19 @@ def test_a_lora_run_evaluates_along_training_against_its_base_with_the_adapters_
         assert last[0]["kl"] != last[1]["kl"]
 
 
+def test_an_adapter_view_reads_the_base_and_its_own_adapter_only():
+    """Two agents' adapters on one base: each view names the base's weights and its own adapter's, the base view
+    none of the adapters' (peft's names: ``...lora_A.<adapter>.weight``), so no two views pass for the same weights."""
+    from cory.models import AdapterView
+
+    names = ["q.base_layer.weight", "q.lora_A.llm1.weight", "q.lora_B.llm2.weight", "q.lora_embedding_A.llm1",
+             "q.lora_A.llm10.weight"]
+    read = {adapter: [n for n in names if AdapterView(None, adapter).reads(n)] for adapter in (None, "llm1", "llm2")}
+    assert read == {None: ["q.base_layer.weight"],
+                    "llm1": ["q.base_layer.weight", "q.lora_A.llm1.weight", "q.lora_embedding_A.llm1"],
+                    "llm2": ["q.base_layer.weight", "q.lora_B.llm2.weight"]}
+
+
 def test_eval_every_refusals_are_one_line():
     assert "eval_every: must be >= 0" in rejected("imdb", "ppo", ["--config", "configs/imdb/ppo_tiny.yaml",
                                                                   "--eval_every", "-1"])
