@@ -13,7 +13,8 @@ does not keep) and its logs are copied, and the destination's runs.json gains th
 last and whole. The copies are made into a temporary folder of this collect's own in the destination
 (``.collect.<pid>-<hex>.tmp``), renamed into place once all are whole, and the record renamed over runs.json last: a
 stop (Ctrl-C, or SIGTERM, which stops it as Ctrl-C does) or a fault before then removes what this collect made, so
-that the same command can be run again. The source's base-model evaluation is not copied when the destination has
+that the same command can be run again (a collect killed outright leaves that folder: the next one into the
+destination removes it, and says so). The source's base-model evaluation is not copied when the destination has
 one: the folder keeps its first draw (a different one is named). Nothing is written before every check has passed,
 and the checks are made again under the destination's lock, the one the experiment runner takes (one writer of a
 runs.json at a time). A run key is the runner's (``<method>[_kl<eta>]/seed_<n>``), never a path out of the
@@ -25,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -224,6 +226,7 @@ def collect(source: str | Path, dest: str | Path) -> tuple[list[str], list[str]]
 
 def _collect_locked(source: Path, dest: Path) -> tuple[list[str], list[str]]:
     src, merged, copies, notes = plan(source, dest)  # again, now that no other writer can change the folder
+    notes += _remove_left_staging(dest)
     staging = dest / f".collect.{os.getpid()}-{secrets.token_hex(4)}.tmp"  # cory.run.targets.TEMPORARY's form
     record = staging / "runs.json"
     made: list[Path] = []  # what this call put in the destination, in order
@@ -258,6 +261,21 @@ def _collect_locked(source: Path, dest: Path) -> tuple[list[str], list[str]]:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return sorted(src["runs"]), notes
+
+
+STAGING = re.compile(r"\.collect\.\d+-[0-9a-f]{8}\.tmp")
+
+
+def _remove_left_staging(dest: Path) -> list[str]:
+    """The temporary folders of collects killed mid-copy (SIGKILL, a power cut: no handler ran), in the destination:
+    removed, each a note. Under the lock no other collect is at work there, so each one of that name is a dead
+    collect's copies, nothing else (a link of that name is left alone)."""
+    notes = []
+    for path in sorted(dest.iterdir()):
+        if STAGING.fullmatch(path.name) and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+            notes.append(f"removed {path}, the copies of a collect that was killed before it finished")
+    return notes
 
 
 def _inode(path: Path) -> int | None:

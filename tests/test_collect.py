@@ -66,6 +66,22 @@ def test_a_clones_run_is_collected_whole(repo_folder, tmp_path):
     assert list(merged["runs"]) == ["ppo/seed_0", "cory/seed_0"] and merged["methods"] == ["ppo", "cory"]
 
 
+def test_the_copies_a_killed_collect_left_are_removed_by_the_next(repo_folder, tmp_path):
+    """SIGKILL runs no handler: the temporary folder of copies stays; the next collect there (under the lock, so no
+    collect is at work) removes it and says so. A link of that name, or another dotted folder, is left alone."""
+    left = repo_folder / ".collect.4242-0123abcd.tmp"
+    (left / "0").mkdir(parents=True)
+    (left / "0" / "metrics.jsonl").write_text("{}\n")
+    mine = repo_folder / ".collect.notes"
+    mine.mkdir()
+    link = repo_folder / ".collect.4243-0123abcd.tmp"
+    link.symlink_to(mine)
+    runs, notes = collect(clone_of(tmp_path / "clone" / "horizon", "cory/seed_0"), repo_folder)
+    assert runs == ["cory/seed_0"]
+    assert notes == [f"removed {left}, the copies of a collect that was killed before it finished"]
+    assert not left.exists() and mine.is_dir() and link.is_symlink()
+
+
 def test_a_second_collect_is_refused_and_changes_nothing(repo_folder, tmp_path):
     source = clone_of(tmp_path / "clone" / "horizon", "cory/seed_0")
     collect(source, repo_folder)
