@@ -16,7 +16,7 @@ from cory import models, parallel
 from cory.config import PPOArgs, has_critic
 from cory.device.precision import precision_context, resolve_precision
 from cory.generation import generate_from_shared_prefix, new_tokens
-from cory.passes import trainable_state_bytes
+from cory.device.budget import trainable_state_bytes
 from cory.device.patches import frozen_models_not_wrapped
 from cory.ppo import AgentTrainer, ScoreNormalizer, StepStats, kl_controller, ppo_config
 

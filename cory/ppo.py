@@ -39,8 +39,8 @@ from trl.core import PPODecorators, entropy_from_logits, masked_mean
 
 from cory.config import TRL_FIELDS, PPOArgs, has_critic
 from cory.errors import RunError
-from cory.passes import (WindowOutputs, accepts_logits_to_keep, pass_plan, packs, resolve_budget, shared_tokens,
-                         window_passes)
+from cory.device.budget import resolve_budget
+from cory.passes import WindowOutputs, accepts_logits_to_keep, pass_plan, packs, shared_tokens, window_passes
 
 
 class KLController:

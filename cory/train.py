@@ -38,7 +38,7 @@ from cory.heldout import PeriodicEvaluation
 from cory.method import AGENT_NAMES, Method, method_of
 from cory.run.outputs import RUNNER_PID, RunDir, RunLock, check_saveable, latest_checkpoint
 from cory.rollout import Rollout
-from cory.passes import cuda_share
+from cory.device.budget import cuda_share
 from cory.device.patches import cuda_allocator_segments, return_freed_memory
 from cory.tasks import make_task
 

@@ -70,12 +70,12 @@ def run(argv: list[str] | None = None) -> int:
         lock.release()
 
 
-GPU_SHARE_ENV = "CORY_CUDA_SHARE"  # cory.passes.SHARE_ENV, named here so the runner need not import torch
+GPU_SHARE_ENV = "CORY_CUDA_SHARE"  # cory.device.budget.SHARE_ENV, named here so the runner need not import torch
 
 
 def child_env(environ, jobs: int) -> dict:
     """The runs' environment: parallel runs share the cores (instead of each starting one thread per core) and the
-    GPU (each budgets its passes within its share, ``cory.passes.cuda_share``; 0.9 of the card in all, since
+    GPU (each budgets its passes within its share, ``cory.device.budget.cuda_share``; 0.9 of the card in all, since
     every process's CUDA context and allocator slack lie outside what it budgets). A setting the user made wins. A
     relative CORY_CACHE is made absolute from where the runner was started: the runs start in the repository."""
     env = {**environ, "PYTHONUNBUFFERED": "1"}

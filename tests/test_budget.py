@@ -10,7 +10,8 @@ from cory.assets import locate
 from cory.agent import Agent
 from cory.config import build
 from cory.errors import ConfigError
-from cory import passes as budget
+from cory.device import budget
+from cory.passes import pass_plan
 import cory.ppo
 
 
@@ -139,6 +140,6 @@ def test_auto_uses_an_h100_for_the_paper_batch_of_gpt2_large():
         reserve = agents * budget.trainable_state_bytes(large)
         tokens = budget.auto_pass_tokens(free, per_token, reserve)
         assert tokens >= 10 * 384, (agents, tokens)
-        assert len(budget.pass_plan(lengths, tokens)) <= 2 < len(budget.pass_plan(lengths, 384))
+        assert len(pass_plan(lengths, tokens)) <= 2 < len(pass_plan(lengths, 384))
         used = reserve + tokens * per_token
         assert 0.5 * free < used <= free, (agents, used / gib, free / gib)

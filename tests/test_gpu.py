@@ -63,7 +63,7 @@ def assert_same(a, b, rel=1e-4):
 def test_auto_budget_under_a_small_memory_figure_gives_the_same_run(tmp_path, monkeypatch, device):
     """The free memory is stubbed to a few MiB, so the measured budget comes out at the floor and every PPO
     mini-batch runs in several passes: no out-of-memory, and the same metrics as one pass per mini-batch."""
-    from cory import passes as budget
+    from cory.device import budget
     from cory.train import prepare_run
 
     chosen = []
