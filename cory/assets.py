@@ -83,10 +83,10 @@ _TINY_POSITIONS = 512  # the tiny model's context (its recipe below)
 _SMOLLM2_POSITIONS = 8192  # SmolLM2-135M's context (max_position_embeddings of the GGUF's config)
 _SMOLLM2_VOCAB = 49152  # SmolLM2-135M's vocabulary (vocab_size of the GGUF's config)
 
-_TRUE = {"1", "ON", "YES", "TRUE"}
-
 # Same shape the hub accepts: "name" or "org/name", no "--" or ".." (huggingface_hub rules).
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]{0,95}(/[A-Za-z0-9][\w.\-]{0,95})?$")
+UNREACHABLE = "the hub is unreachable"
+_probe_results: dict[tuple[str, str, str], str] = {}  # _hub_answer's, one per (endpoint, repo type, id)
 
 
 def cache_dir() -> Path:
@@ -96,16 +96,10 @@ def cache_dir() -> Path:
 
 # --------------------------------------------------------------------------- hub checks
 
-def _env_true(name: str) -> bool:
-    return os.environ.get(name, "").strip().upper() in _TRUE
-
-
 def _offline_env() -> str | None:
     # Read at call time: huggingface_hub freezes its own HF_HUB_OFFLINE constant at import.
-    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        if _env_true(name):
-            return name
-    return None
+    return next((name for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+                 if os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}), None)
 
 
 def local_snapshot(repo_id: str, repo_type: str = "model") -> Path | None:
@@ -131,7 +125,9 @@ def _in_datasets_cache(repo_id: str) -> bool:
     return Path(root, repo_id.replace("/", "___")).is_dir()
 
 
-_probe_results: dict[tuple[str, str, str], str] = {}
+def _cached(repo_id: str, repo_type: str) -> bool:
+    """In the local Hugging Face cache (the disk alone; the hub is not asked)."""
+    return local_snapshot(repo_id, repo_type) is not None or (repo_type == "dataset" and _in_datasets_cache(repo_id))
 
 
 def _endpoint() -> str:
@@ -170,15 +166,10 @@ def _hub_answer(repo_id: str, repo_type: str, timeout: float) -> str:
     return _probe_results[key]
 
 
-UNREACHABLE = "the hub is unreachable"
-
-
 def hub_unavailable(repo_id: str, repo_type: str = "model", timeout: float = 5.0, *, ask: bool = True) -> str | None:
     """None if ``repo_id`` is in the local cache or the hub has it; else why not, in a few words (``ask``: False
     takes the hub as unreachable without asking it, for a caller that has just found it so)."""
-    if local_snapshot(repo_id, repo_type) is not None:
-        return None
-    if repo_type == "dataset" and _in_datasets_cache(repo_id):
+    if _cached(repo_id, repo_type):
         return None
     offline = _offline_env()
     answer = "unreachable" if offline or not ask else _hub_answer(repo_id, repo_type, timeout)
@@ -189,26 +180,16 @@ def hub_unavailable(repo_id: str, repo_type: str = "model", timeout: float = 5.0
             UNREACHABLE)
 
 
-def check_hub_asset(
-    repo_id: str, repo_type: str = "model", timeout: float = 5.0, *, hint: str | None = None
-) -> None:
-    """Return if ``repo_id`` is cached locally or the hub has it; else raise AssetError fast.
-
-    ``hint`` replaces the default advice at the end of the message (the default suggests the
-    offline models, which only makes sense for the policy model).
-    """
+def check_hub_asset(repo_id: str, repo_type: str = "model", timeout: float = 5.0, *, hint: str | None = None) -> None:
+    """Return if ``repo_id`` is cached locally or the hub has it; else raise AssetError fast. ``hint`` replaces the
+    advice that ends the message (the default's offline models make sense only for the policy model)."""
     why = hub_unavailable(repo_id, repo_type, timeout)
     if why is None:
         return
     if hint is None:
-        hint = (
-            f"use --model_name {SMOLLM2_SPEC} (or {TINY_SPEC}) to run offline"
-            if repo_type == "model"
-            else "copy it into the local cache or run where the hub is reachable"
-        )
-    raise AssetError(
-        f"{repo_type} '{repo_id}' is not in the local Hugging Face cache and {why}; {hint}"
-    )
+        hint = (f"use --model_name {SMOLLM2_SPEC} (or {TINY_SPEC}) to run offline" if repo_type == "model"
+                else "copy it into the local cache or run where the hub is reachable")
+    raise AssetError(f"{repo_type} '{repo_id}' is not in the local Hugging Face cache and {why}; {hint}")
 
 
 @dataclass(frozen=True)
@@ -225,9 +206,7 @@ class HubAsset:
     offline: str | None = None
 
     def cached(self) -> bool:
-        """In the local Hugging Face cache (the disk alone; the hub is not asked)."""
-        return local_snapshot(self.repo_id, self.repo_type) is not None or (
-            self.repo_type == "dataset" and _in_datasets_cache(self.repo_id))
+        return _cached(self.repo_id, self.repo_type)
 
 
 # --------------------------------------------------------------------------- model specs
