@@ -41,6 +41,7 @@ from cory.errors import AssetError
 
 TINY_SPEC = "tiny"
 SMOLLM2_SPEC = "embedded:smollm2-135m"
+TINY, EMBEDDED, RANDOM, FOLDER, HUB = "tiny", "embedded", "random", "folder", "hub"  # the five kinds of ModelSpec
 
 RANDOM_PREFIX = "random:"
 # Random-weight stand-ins with the paper's shapes, built in memory (never written to disk), with the GPT-2
@@ -223,9 +224,7 @@ def is_valid_model_spec(spec: str) -> bool:
     """Cheap shape check (nothing is loaded or downloaded); see MODEL_SPECS_HELP."""
     if not isinstance(spec, str) or not spec.strip():
         return False
-    if spec in (TINY_SPEC, SMOLLM2_SPEC) or is_random_spec(spec):
-        return True
-    if Path(spec).expanduser().is_dir():
+    if spec in (TINY_SPEC, SMOLLM2_SPEC) or is_random_spec(spec) or Path(spec).expanduser().is_dir():
         return True
     return bool(_HUB_ID.match(spec)) and "--" not in spec and ".." not in spec
 
@@ -234,19 +233,13 @@ def is_random_spec(spec: str) -> bool:
     return isinstance(spec, str) and spec.startswith(RANDOM_PREFIX) and spec[len(RANDOM_PREFIX):] in RANDOM_SHAPES
 
 
-# the five kinds of model a spec can name
-TINY, EMBEDDED, RANDOM, FOLDER, HUB = "tiny", "embedded", "random", "folder", "hub"
-
-
 @dataclass(frozen=True)
 class ModelSpec:
-    """A model name resolved once, when a run is prepared: which of the five kinds it is, its context, and
-    (once located) what ``from_pretrained`` loads. Loaders take it instead of resolving the name again.
-
-    ``name``: as the config writes it (``model_name``); ``kind``: TINY, EMBEDDED, RANDOM, FOLDER or HUB;
-    ``context``: the most positions the model takes, where its config is on this machine (None: a hub model
-    not downloaded yet); ``path``: the folder or hub id to load, None until ``locate`` (which builds an
-    offline model once and checks a hub id); ``vocab``: its vocabulary's size, known where its config is."""
+    """A model name resolved once, when a run is prepared; loaders take it instead of resolving the name again.
+    ``name``: as the config writes it (``model_name``); ``kind``: TINY, EMBEDDED, RANDOM, FOLDER or HUB; ``context``:
+    the most positions the model takes, where its config is on this machine (None: a hub model not downloaded yet);
+    ``path``: the folder or hub id ``from_pretrained`` loads, None until ``locate`` (which builds an offline model once
+    and checks a hub id); ``vocab``: its vocabulary's size, known where its config is."""
 
     name: str
     kind: str
@@ -284,10 +277,8 @@ def model_spec(name: str, field: str = "model_name") -> ModelSpec:
 
 
 def _positions(config) -> int | None:
-    for key in ("max_position_embeddings", "n_positions", "n_ctx"):
-        if isinstance(config, dict) and isinstance(config.get(key), int) and config[key] > 0:
-            return config[key]
-    return None
+    return next((config[key] for key in ("max_position_embeddings", "n_positions", "n_ctx")
+                 if isinstance(config, dict) and isinstance(config.get(key), int) and config[key] > 0), None)
 
 
 def _vocab(config) -> int | None:
