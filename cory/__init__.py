@@ -10,8 +10,8 @@ Reading order, one CORY iteration in five files:
 
 Then, as needed: ``config`` (every field, checked), ``tasks/`` (the tasks and their registry), ``heldout`` (the
 held-out evaluation). A researcher may skip ``run/`` (the run folder's guard: what may start, resume or be
-overwritten, checkpoints, final models) and the machine (``passes``, ``packing``, ``memory``, ``patches``,
-``parallel``, ``assets``). The package map, its levels and how a config travels: docs/developers.md.
+overwritten, checkpoints, final models), the machine (``device/``: precision, memory, the GPU pass budget, the
+patches) and the speed-ups and plumbing beneath (``passes``, ``packing``, ``generation``, ``parallel``, ``assets``). The package map, its levels and how a config travels: docs/developers.md.
 """
 
 __version__ = "0.1.0"
