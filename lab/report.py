@@ -20,8 +20,8 @@ Conventions, stated again in the report itself:
   ``cory_authors`` get the same test on extra lines and their own figures, the ablations two-sided tests.
 
 This module writes the markdown (final values, samples, provenance) and puts it together in ``build_report``;
-the loading and the statistics are in ``lab.results``, the test in ``lab.verdict``, the plots in ``lab.figures``
-(each imports ``lab.results`` only; none imports this module).
+the loading is in ``lab.results``, the curves and final values in ``lab.curves``, the test in ``lab.verdict``, the
+plots in ``lab.figures`` (none imports this module).
 """
 from __future__ import annotations
 
@@ -34,9 +34,9 @@ import numpy as np
 from lab.design import load_design
 from lab.figures import (DEGENERATION_METRICS, MAIN_FIGURE_METRICS, METRICS, plot_distinct_2, plot_heldout,
                               plot_metric, plot_reward_vs_kl, plot_sweep, write_atomically, check_targets, generated_by)
+from lab.curves import curve, final_value, fmt_final, heldout_value, sweep_points
 from lab.results import (ABLATION_METHODS, CONFOUND_METHODS, LAST_N, LLM1, LLM2, MAIN_METHODS, METHOD_NAMES,
-                              curve, Experiment, final_value, finite, fmt, fmt_final, Group, heldout_value,
-                              load_experiment, setting_name, sweep_points)
+                         Experiment, finite, fmt, Group, load_experiment, setting_name)
 from lab.learning import LEARNING_RULE
 from lab.collapse import RULE as COLLAPSE_RULE, at_matched_kl, collapse_test, threshold
 from lab.frontier import RULE as FRONTIER_RULE, frontier

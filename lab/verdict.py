@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from lab.learning import baseline_learned
-from lab.results import (LAST_N, POLICY, REWARD_RANGES, curve, Experiment, Final, final_value, fmt,
-                              fmt_final, Group, heldout_final, heldout_value)
+from lab.curves import curve, Final, final_value, fmt_final, heldout_final, heldout_value
+from lab.results import LAST_N, POLICY, REWARD_RANGES, Experiment, fmt, Group
 from lab.stats import (ALPHA, POWER_TARGET, Diff, difference, holm, holm_adjusted, min_detectable, p_two_sided,
                             p_value, pct, power, trend)
 from cory.tasks import registered
