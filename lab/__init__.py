@@ -8,7 +8,8 @@ heldout_runs     the runner's held-out evaluations of every finished run's final
 evaluate         ``python -m lab.evaluate``: trained models on held-out prompts (reward, KL, distinct-n; pass@k)
 evaluation_plan  what lab.evaluate is asked, checked before any model loads: flags, models, base, data, reward
 report           ``python -m lab.report``: REPORT.md and the figures of an experiment folder
-results          an experiment folder loaded: runs, curves, final values
+results          an experiment folder loaded: its runs by method and eta, and what could not be read
+curves           a run group's curves (one metric aligned over its seeds) and final values
 labels           what a document names a method, an agent and a learner ("PPO (GRPO, K = 4)"); its number formats
 compute          what a run computed in, as its log says: the precision and the CPU kind
 design           an experiment folder's design.yaml, fixed before its runs: the primary endpoint and its settings

@@ -21,7 +21,8 @@ import numpy as np
 
 from lab.design import Design, load_design
 from lab.matched_kl import SECONDARY_KL, HeldoutPath, heldout_path, paired_diff, value_at
-from lab.results import POLICY, Experiment, Group, finite, fmt, heldout_value
+from lab.curves import heldout_value
+from lab.results import POLICY, Experiment, Group, finite, fmt
 from lab.stats import holm, p_two_sided
 
 YES, NO, COULD_NOT_TELL = "yes", "no", "could not tell"

@@ -2,7 +2,7 @@
 
 ``plot_metric`` draws one metric per iteration, mean line and ±std band over seeds for each (group, agent), with
 other runs as thin reference lines; ``plot_sweep`` draws the final task reward against the final KL over the KL
-coefficient eta (the points come from ``lab.results.sweep_points``). One colour per method in every figure, LLM2
+coefficient eta (the points come from ``lab.curves.sweep_points``). One colour per method in every figure, LLM2
 dashed. Apart from lab.report so that the markdown and the plotting each stay one level, and so that matplotlib
 is imported only when a figure is drawn.
 """
@@ -17,8 +17,8 @@ import numpy as np
 
 from cory.errors import ConfigError
 from lab.errors import ReportError
-from lab.results import (LLM1, LLM2, POLICY, REWARD_RANGES, curve, Experiment, Group, heldout_curve, heldout_value,
-                         setting_name)
+from lab.curves import curve, heldout_curve, heldout_value
+from lab.results import LLM1, LLM2, POLICY, REWARD_RANGES, Experiment, Group, setting_name
 from cory.run.targets import target_refusal, text_refusal, write_whole
 
 # key in metrics.jsonl after "<agent>/" -> (title, y-axis label; {reward} is the reward's unit)

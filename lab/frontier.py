@@ -13,7 +13,8 @@ import numpy as np
 
 from lab.design import load_design
 from lab.matched_kl import AgentReading, HeldoutPath, MatchedKL, SeedReading, judge, reward_at
-from lab.results import POLICY, Experiment, Group, final_value, finite, heldout_value
+from lab.curves import final_value, heldout_value
+from lab.results import POLICY, Experiment, Group, finite
 
 RULE = (
     "**The η frontier at matched KL** (paper Fig. 2c). Per method, agent and seed, the final models of the η values "

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lab.results import POLICY, LAST_N, Experiment, Group, curve, fmt, heldout_value
+from lab.curves import curve, heldout_value
+from lab.results import POLICY, LAST_N, Experiment, Group, fmt
 
 ALPHA = 0.05
 

@@ -20,7 +20,8 @@ import numpy as np
 
 from lab.design import Design, load_design
 from lab.learning import Learning, base_error, baseline_learned, judge_gains
-from lab.results import METHOD_NAMES, POLICY, Experiment, Group, fmt, heldout_value
+from lab.curves import heldout_value
+from lab.results import METHOD_NAMES, POLICY, Experiment, Group, fmt
 from lab.stats import Diff, holm, min_detectable, p_two_sided, p_value
 
 

@@ -7,11 +7,8 @@ when the runner made it, ``runs.json`` (what was run, by which command, at which
 Everything in REPORT.md is computed from those files, so a fresh clone rebuilds the same report.
 
 Conventions, stated again in the report itself:
-* curves are aligned by ``step``; the mean and the band use only the steps that every seed of a method
-  logged with a finite value;
-* std is the sample standard deviation over seeds (ddof=1), absent with one seed;
-* a "final" value is a seed's mean over the last 10 aligned iterations (all of them if fewer), then
-  mean +- std of that over seeds;
+* curves and final values as ``lab.curves`` states them (aligned by ``step``; std over seeds, ddof=1; a seed's final
+  value its mean over the last 10 aligned iterations);
 * the verdict (``lab.verdict.VERDICT_RULE``) compares each CORY agent with PPO on the per-seed final values:
   t-tests paired by seed when the runs shared their draws, "similar reward" as a non-inferiority test, the agents'
   claims Holm-corrected together, and the power to show the paper's effect, which turns a weak negative into
@@ -20,8 +17,8 @@ Conventions, stated again in the report itself:
   ``cory_authors`` get the same test on extra lines and their own figures, the ablations two-sided tests.
 
 This module writes the markdown (final values, samples, provenance) and puts it together in ``build_report``;
-the loading and the statistics are in ``lab.results``, the test in ``lab.verdict``, the plots in ``lab.figures``
-(each imports ``lab.results`` only; none imports this module).
+the loading is in ``lab.results``, the curves and final values in ``lab.curves``, the test in ``lab.verdict``, the
+plots in ``lab.figures`` (none imports this module).
 """
 from __future__ import annotations
 
@@ -34,9 +31,9 @@ import numpy as np
 from lab.design import load_design
 from lab.figures import (DEGENERATION_METRICS, MAIN_FIGURE_METRICS, METRICS, plot_distinct_2, plot_heldout,
                               plot_metric, plot_reward_vs_kl, plot_sweep, write_atomically, check_targets, generated_by)
+from lab.curves import curve, final_value, fmt_final, heldout_value, sweep_points
 from lab.results import (ABLATION_METHODS, CONFOUND_METHODS, LAST_N, LLM1, LLM2, MAIN_METHODS, METHOD_NAMES,
-                              curve, Experiment, final_value, finite, fmt, fmt_final, Group, heldout_value,
-                              load_experiment, setting_name, sweep_points)
+                         Experiment, finite, fmt, Group, load_experiment, setting_name)
 from lab.learning import LEARNING_RULE
 from lab.collapse import RULE as COLLAPSE_RULE, at_matched_kl, collapse_test, threshold
 from lab.frontier import RULE as FRONTIER_RULE, frontier
@@ -254,7 +251,6 @@ def evaluation_section(exp: Experiment) -> str | None:
     """Held-out evaluations (``python -m lab.evaluate``) found beside the runs: ``runs/<label>/seed_<s>/eval_*.json``
     per trained model, ``eval_*.json`` in the experiment folder for the base model; mean ± std over seeds. GSM8K
     evaluations made under different protocols (how answers are sampled and read) get one table each, named."""
-    # a task evaluated under more than one protocol (GSM8K: training's, the authors') gets a table per protocol
     spec = registered().get(exp.runs_json.get("task", exp.any_config("task")))
     protocols = spec.evaluation.protocols if spec is not None else {}
     by_protocol = len(protocols) > 1
@@ -344,21 +340,17 @@ def draw_figures(exp: Experiment, main: list[tuple[Group, str]]) -> tuple[list[t
             notes += plot_metric(exp, root / name, metric, main)
             figures.append((name, f"{METRICS[metric][0]}, per training batch: a collapsing policy repeats itself"))
     confounds = [(g, a) for m in CONFOUND_METHODS for g in [exp.main_group(m)] if g is not None for a in g.agents]
-    if confounds:
-        for metric in ("task_reward", "kl", "combined_reward"):
-            name = f"fig_confounds_{metric}.png"
-            notes += plot_metric(exp, root / name, metric, confounds, refs=main,
-                                 title=f"confounds, {METRICS[metric][0]}")
-            present = " and ".join(g.name(eta=False) for m in CONFOUND_METHODS if (g := exp.main_group(m)) is not None)
-            figures.append((name, f"{METRICS[metric][0]}: confounds ({present}), PPO and CORY as thin reference "
-                                  "lines"))
+    present = " and ".join(g.name(eta=False) for m in CONFOUND_METHODS if (g := exp.main_group(m)) is not None)
     ablations = [(g, a) for m in ABLATION_METHODS for g in [exp.groups.get(m)] if g is not None for a in g.agents]
-    if ablations:
+    for prefix, title, pairs, caption in (
+            ("confounds", "confounds", confounds, f"confounds ({present}), PPO and CORY as thin reference lines"),
+            ("ablation", "ablations", ablations, "ablations (paper Fig. 6)")):
+        if not pairs:
+            continue
         for metric in ("task_reward", "kl", "combined_reward"):
-            name = f"fig_ablation_{metric}.png"
-            notes += plot_metric(exp, root / name, metric, ablations, refs=main,
-                                 title=f"ablations, {METRICS[metric][0]}")
-            figures.append((name, f"{METRICS[metric][0]}: ablations (paper Fig. 6)"))
+            name = f"fig_{prefix}_{metric}.png"
+            notes += plot_metric(exp, root / name, metric, pairs, refs=main, title=f"{title}, {METRICS[metric][0]}")
+            figures.append((name, f"{METRICS[metric][0]}: {caption}"))
     points = sweep_points(exp)
     if points:
         plot_sweep(exp, root / "fig_kl_sweep.png", points)

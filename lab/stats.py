@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lab.results import Final, Group, curve
+from lab.curves import Final, curve
+from lab.results import Group
 
 ALPHA = 0.05         # family-wise level of each verdict
 POWER_TARGET = 0.8   # a negative result with less power than this reads "could not tell"

@@ -1,15 +1,9 @@
 """The matched-iterations verdict of REPORT.md (secondary since the claim is read at matched KL, ``lab.matched_kl``):
 does CORY reach similar task reward at lower KL than PPO at the same iteration? (Ma et al., NeurIPS 2024, Fig. 3.)
 
-The rule is spelled out in ``VERDICT_RULE``, which the report prints
-before the numbers. In
-short: each seed's final value is its mean over an explicit window of the last ``LAST_N`` iterations; PPO and CORY are
-compared by t-tests over those per-seed values, paired by seed when the two methods' runs of a seed shared their
-prompts and answer-length draws (checked on their iteration-0 values), else unpaired (Welch); "similar reward" is a
-non-inferiority test with a margin fixed by the rule (a share of PPO's reward gain over iteration 0); the claims of
-one verdict are Holm-corrected together, so a "partly" fires on noise at most at the stated α; and every verdict
-states its power to detect the paper's own effect (PPO's final KL twice CORY's at similar reward). A negative below
-80% power reads "could not tell (power N%)", never a plain "no".
+The rule is ``VERDICT_RULE``, which the report prints before the numbers: t-tests over the seeds' final values,
+"similar reward" a non-inferiority test, Holm over one verdict's claims, and a negative below 80% power to show the
+paper's effect read "could not tell (power N%)", never a plain "no".
 
 A module of its own because the tests and their wording are the report's one judgement, easier to review apart
 from the loading (``lab.results``) and the markdown (``lab.report``).
@@ -21,8 +15,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from lab.learning import baseline_learned
-from lab.results import (LAST_N, POLICY, REWARD_RANGES, curve, Experiment, Final, final_value, fmt,
-                              fmt_final, Group, heldout_final, heldout_value)
+from lab.curves import curve, Final, final_value, fmt_final, heldout_final, heldout_value
+from lab.results import LAST_N, POLICY, REWARD_RANGES, Experiment, fmt, Group
 from lab.stats import (ALPHA, POWER_TARGET, Diff, difference, holm, holm_adjusted, min_detectable, p_two_sided,
                             p_value, pct, power, trend)
 from cory.tasks import registered
@@ -89,8 +83,7 @@ def _seeds(g: Group) -> str:
 
 @dataclass
 class Margin:
-    """The non-inferiority margin of "similar reward": ``MARGIN_SHARE`` of the baseline's reward gain, at least
-    ``MARGIN_RANGE_SHARE`` of the reward's range where the range is known."""
+    """The non-inferiority margin of "similar reward" (``MARGIN_SHARE``, at least ``MARGIN_RANGE_SHARE``)."""
 
     start: float  # the baseline's seed-mean task reward at its first iteration (held-out: the base model's)
     final: float  # its seed-mean final task reward
@@ -386,14 +379,12 @@ def verdict(exp: Experiment) -> Verdict:
         missing = " and ".join(m for m, g in (("ppo", ppo), ("cory", cory)) if g is None)
         return Verdict("not decided", f"No finished comparison: no {missing} runs with metrics.")
     for g in (ppo, cory):
-        lost = g.without_config()
-        if lost:
+        if lost := g.without_config():
             paths = ", ".join(f"`{g.runs[s].path.parent.name}/{g.runs[s].path.name}/config.yaml`" for s in lost)
             return Verdict("not decided", f"**not decided** — {paths} is missing or unreadable, so whether "
                            f"{'that run was' if len(lost) == 1 else 'those runs were'} made with the same settings "
                            "as the others cannot be told: put it back, or move the run to a folder of its own.")
-        differ = g.differing_settings()
-        if differ:
+        if differ := g.differing_settings():
             return Verdict("not decided", f"**not decided** — {g.name(g.agents[0]).split('-')[0]}'s runs were made "
                            f"with different settings ({differ}): a comparison pools only runs of the same settings; "
                            "move the odd runs to a folder of their own.")
@@ -408,7 +399,8 @@ def verdict(exp: Experiment) -> Verdict:
 
 def _claim(exp: Experiment, ppo: Group, cory: Group) -> Verdict:
     """The paper's claim, tested once the baseline learned."""
-    upto = common_end([(ppo, POLICY)] + [(cory, a) for a in cory.agents])
+    series = [(ppo, POLICY)] + [(cory, a) for a in cory.agents]
+    upto = common_end(series)
     if any(final_value(ppo, POLICY, m, upto=upto) is None for m in COMPARED):
         return Verdict("not decided", "PPO's runs lack task_reward, kl or combined_reward metrics.")
     comps, missing = compare(ppo, cory, upto, heldout_value(exp.base_evaluation()))
@@ -437,28 +429,27 @@ def _claim(exp: Experiment, ppo: Group, cory: Group) -> Verdict:
     else:
         answer = negative_answer(pw)
         label = f"{answer} (power {pct(pw)})"
+        summary = "No CORY agent showed similar task reward at lower KL"
         if answer == "no":
-            summary = (f"No CORY agent showed similar task reward at lower KL, and the design had {pct(pw)} power "
-                       "to show the paper's effect: the claim is not reproduced here.")
+            summary += (f", and the design had {pct(pw)} power to show the paper's effect: the claim is not "
+                        "reproduced here.")
         else:
-            summary = (f"No CORY agent showed similar task reward at lower KL, but with this spread and these seeds "
-                       f"the design had only {pct(pw)} power to show the paper's effect (it needs "
-                       f"{POWER_TARGET:.0%}): this is no evidence against the claim.")
+            summary += (f", but with this spread and these seeds the design had only {pct(pw)} power to show the "
+                        f"paper's effect (it needs {POWER_TARGET:.0%}): this is no evidence against the claim.")
     first, end = base["kl"].steps
     where = f" at η={fmt(cory.kl_coef)}" if cory.kl_coef is not None else ""
-    pair = comps[0].pair
     head = (f"**{label}** — {summary} Final values{where}: each seed's mean over iterations {first}–{end}, "
             f"then mean ± std over seeds (PPO {n_ppo} seed{'s' * (n_ppo != 1)}, "
             f"CORY {n_cory} seed{'s' * (n_cory != 1)})"
             + ("; task reward: each final model's held-out reward (the base model's is the start)"
                if comps[0].margin is not None and comps[0].margin.heldout else "")
-            + f"; tests {pair.why}; similar-reward "
+            + f"; tests {comps[0].pair.why}; similar-reward "
             f"{comps[0].margin.text('PPO') if comps[0].margin else 'margin: n/a'}.")
     if any(c is not None and len(c.steps) and c.steps[-1] > end
-           for g, a in [(ppo, POLICY)] + [(cory, a) for a in cory.agents] for c in [curve(g, a, "task_reward")]):
+           for g, a in series for c in [curve(g, a, "task_reward")]):
         head += (f" The runs did not all reach the same iteration: they are compared up to iteration {end}, "
                  "the last one all of them logged.")
-    tr = _trend_line([(ppo, POLICY)] + [(cory, a) for a in cory.agents], (first, end))
+    tr = _trend_line(series, (first, end))
     if tr:
         lines.append(tr)
     kl = curve(ppo, POLICY, "kl")
@@ -500,9 +491,7 @@ def confound_lines(exp: Experiment, ppo: Group, cory: Group) -> str:
             if comps[0].margin:
                 title += f"; {comps[0].margin.text(comps[0].base_name)}"
         parts.append(f"{title}:\n\n" + "\n".join([c.line() for c in comps] + [_not_compared(n) for n in missing]))
-    if not parts:
-        return ""
-    return "Confounds, same test (not part of the answer above):\n\n" + "\n\n".join(parts)
+    return ("Confounds, same test (not part of the answer above):\n\n" + "\n\n".join(parts)) if parts else ""
 
 
 # ----------------------------------------------------------------------------- ablations
@@ -511,9 +500,8 @@ ABLATIONS = (("cory_no_kt", "cory"), ("cory_no_swap", "cory"), ("ppo_2x", "ppo")
 
 
 def ablation_lines(exp: Experiment) -> str:
-    """Each ablation against the method it ablates, agent by agent (LLM1 with LLM1): two-sided tests of the task
-    reward and KL differences, paired when the seeds shared their draws, Holm-corrected over the ablation's tests.
-    Descriptive: the paper's ablations (Fig. 6) state directions, which are read off the signs."""
+    """Each ablation against the method it ablates, agent by agent (LLM1 with LLM1): two-sided tests, paired when the
+    seeds shared their draws, Holm-corrected per ablation; descriptive (the paper's Fig. 6 states directions)."""
     parts = []
     for method, of in ABLATIONS:
         abl, ref = exp.groups.get(method), exp.main_group(of)
@@ -529,16 +517,14 @@ def ablation_lines(exp: Experiment) -> str:
                 if a is None or b is None or min(a.n, b.n) < MIN_SEEDS:
                     continue
                 d = difference(a, b, pair.paired)
-                p = p_two_sided(d)
-                tests.append((agent, metric, a, b, d, p))
+                tests.append((agent, metric, a, b, d, p_two_sided(d)))
         if not tests:
             continue
-        rejected = holm([t[5] for t in tests])
+        ps = [t[5] for t in tests]
         m = len(tests)
-        adj = holm_adjusted([t[5] for t in tests])
-        window = next(iter(tests))[2].steps
+        window = tests[0][2].steps
         lines = []
-        for (agent, metric, a, b, d, p), rej, pa in zip(tests, rejected, adj):
+        for (agent, metric, a, b, d, p), rej, pa in zip(tests, holm(ps), holm_adjusted(ps)):
             what = "task reward" if metric == "task_reward" else "KL"
             corr = f", seed correlation {fmt(d.corr, 2)}" if d.paired and math.isfinite(d.corr) else ""
             lines.append(f"- {abl.name(agent)} vs {ref.name(agent)}, {what}: {fmt_final(a)} vs {fmt_final(b)}; "
@@ -547,7 +533,5 @@ def ablation_lines(exp: Experiment) -> str:
                          f"difference detectable at 80% power (α/{m}/2 each side): {fmt(min_detectable(d, ALPHA / m / 2))}.")
         parts.append(f"{abl.name(eta=False)} vs {ref.name(eta=False)}, iterations "
                      f"{window[0]}–{window[1]}, {pair.why}:\n\n" + "\n".join(lines))
-    if not parts:
-        return ""
     return ("Ablations against the method they ablate, agent by agent (two-sided tests, Holm-corrected over each "
-            f"ablation's tests at α = {ALPHA:g}; not part of the answer):\n\n" + "\n\n".join(parts))
+            f"ablation's tests at α = {ALPHA:g}; not part of the answer):\n\n" + "\n\n".join(parts)) if parts else ""

@@ -9,8 +9,9 @@ import pytest
 
 from conftest import REPO
 from lab import results
+from lab.curves import Final, curve, final_value, pooled_std, sweep_points
 from lab.report import build_report
-from lab.results import curve, final_value, load_experiment, pooled_std
+from lab.results import load_experiment
 from lab.stats import Diff, difference, p_value
 from lab.verdict import verdict
 
@@ -123,10 +124,10 @@ def test_fewer_than_ten_iterations_use_all():
 
 
 def test_pooled_std_by_hand():
-    a = results.Final(np.array([1.0, 2.0, 3.0]), 10, [0, 1, 2])          # var 1, n 3
-    b = results.Final(np.array([0.0, 4.0]), 10, [0, 1])                  # var 8, n 2
+    a = Final(np.array([1.0, 2.0, 3.0]), 10, [0, 1, 2])          # var 1, n 3
+    b = Final(np.array([0.0, 4.0]), 10, [0, 1])                  # var 8, n 2
     assert pooled_std(a, b) == pytest.approx(np.sqrt((2 * 1 + 1 * 8) / 3))
-    one = results.Final(np.array([1.0]), 10, [0])
+    one = Final(np.array([1.0]), 10, [0])
     assert pooled_std(one, one) == 0.0
 
 
@@ -153,7 +154,7 @@ def test_figures_written_and_nonempty(tmp_path):
     links = re.findall(r"\]\(([^)\s#]+)", md.read_text())  # every file the report links is there
     assert links and not [t for t in links if not re.match(r"[a-z]+:", t) and not (tmp_path / t).exists()]
     # the sweep holds the two swept etas plus the preset's own (0.2, from the unsuffixed runs)
-    points = results.sweep_points(load_experiment(tmp_path))
+    points = sweep_points(load_experiment(tmp_path))
     assert [p[0] for p in points[("ppo", "policy")]] == [0.01, 0.1, 0.2]
     assert set(points) == {("ppo", "policy"), ("cory", "llm1"), ("cory", "llm2")}
     kl01 = final_value(load_experiment(tmp_path).groups["ppo_kl0.1"], "policy", "kl").mean
@@ -375,8 +376,8 @@ def _t_cdf(t: float, df: float) -> float:
 
 
 def test_unpaired_p_value_by_hand():
-    a = results.Final(np.array([0.9, 1.1, 1.3, 1.0]), 10, [0, 1, 2, 3])
-    b = results.Final(np.array([1.6, 2.4, 2.0]), 10, [0, 1, 2])
+    a = Final(np.array([0.9, 1.1, 1.3, 1.0]), 10, [0, 1, 2, 3])
+    b = Final(np.array([1.6, 2.4, 2.0]), 10, [0, 1, 2])
     va, vb = a.per_seed.var(ddof=1) / a.n, b.per_seed.var(ddof=1) / b.n
     t = (a.mean - b.mean) / math.sqrt(va + vb)
     df = (va + vb) ** 2 / (va ** 2 / (a.n - 1) + vb ** 2 / (b.n - 1))  # Welch-Satterthwaite
@@ -391,13 +392,13 @@ def test_unpaired_p_value_by_hand():
 
 
 def test_both_constant_decided_by_sign():
-    lo, hi = (results.Final(np.full(3, v), 10, [0, 1, 2]) for v in (1.0, 2.0))
+    lo, hi = (Final(np.full(3, v), 10, [0, 1, 2]) for v in (1.0, 2.0))
     for paired in (False, True):
         d = difference(lo, hi, paired)
         assert d.constant and p_value(d, "less") == 0.0 and p_value(d, "greater") == 1.0
         same = difference(lo, lo, paired)
         assert same.constant and math.isnan(p_value(same, "less"))
-    one = results.Final(np.array([1.0]), 10, [0])
+    one = Final(np.array([1.0]), 10, [0])
     assert math.isnan(p_value(difference(one, hi, False), "less"))
     assert math.isnan(p_value(Diff(True, 1.0, float("nan"), float("nan"), 1), "greater"))
 
@@ -433,7 +434,7 @@ def test_confounds_in_report_figures_and_verdict(tmp_path):
                         "CORY with the authors' resets-LLM1", "CORY with the authors' resets-LLM2"]
     assert "| CORY with the authors' resets-LLM1 (η=0.01) | 0.4 |" in table
     assert "`cory_authors_kl0.01`: its runs started from init_kl_coef 0.4" in text
-    assert ("cory_authors", "llm1") not in results.sweep_points(load_experiment(tmp_path))
+    assert ("cory_authors", "llm1") not in sweep_points(load_experiment(tmp_path))
 
 
 def _drawn(monkeypatch) -> dict:

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from lab import results
+from lab.curves import Final
 from lab.report import build_report
 from lab.results import load_experiment
 from lab.stats import ALPHA, difference, holm, min_detectable, p_value, power
@@ -114,27 +114,27 @@ def test_pairing_cancels_seed_luck_and_falls_back_when_draws_differ(tmp_path):
 
 def test_paired_p_value_is_scipys():
     from scipy import stats
-    a = results.Final(np.array([1.0, 2.5, 3.1, 4.0]), 10, [0, 1, 2, 3])
-    b = results.Final(np.array([1.4, 2.9, 3.0, 4.9]), 10, [0, 1, 2, 3])
+    a = Final(np.array([1.0, 2.5, 3.1, 4.0]), 10, [0, 1, 2, 3])
+    b = Final(np.array([1.4, 2.9, 3.0, 4.9]), 10, [0, 1, 2, 3])
     d = difference(a, b, paired=True)
     assert d.df == 3 and p_value(d, "less") == pytest.approx(stats.ttest_rel(a.per_seed, b.per_seed,
                                                                             alternative="less").pvalue)
     assert d.corr == pytest.approx(np.corrcoef(a.per_seed, b.per_seed)[0, 1])
     # the seeds are matched by number, not by position
-    shuffled = results.Final(b.per_seed[::-1], 10, [3, 2, 1, 0])
+    shuffled = Final(b.per_seed[::-1], 10, [3, 2, 1, 0])
     assert difference(a, shuffled, paired=True).mean == pytest.approx(d.mean)
 
 
 def test_power_and_minimum_detectable_difference():
-    d = difference(results.Final(np.array([1.0, 1.2, 0.9, 1.3, 1.1]), 10, list(range(5))),
-                   results.Final(np.array([0.0, 0.1, 0.3, 0.0, 0.2]), 10, list(range(5))), paired=False)
+    d = difference(Final(np.array([1.0, 1.2, 0.9, 1.3, 1.1]), 10, list(range(5))),
+                   Final(np.array([0.0, 0.1, 0.3, 0.0, 0.2]), 10, list(range(5))), paired=False)
     assert power(0.0, d, ALPHA) == pytest.approx(ALPHA)           # no effect: the test's own level
     mdd = min_detectable(d, ALPHA)
     assert power(mdd, d, ALPHA) == pytest.approx(0.8, abs=1e-6)
     assert power(2 * mdd, d, ALPHA) > 0.99 and power(mdd / 2, d, ALPHA) < 0.5
     # more seeds, same spread: a smaller detectable difference
-    wide = difference(results.Final(np.tile([1.0, 1.2, 0.9, 1.3, 1.1], 4), 10, list(range(20))),
-                      results.Final(np.tile([0.0, 0.1, 0.3, 0.0, 0.2], 4), 10, list(range(20))), paired=False)
+    wide = difference(Final(np.tile([1.0, 1.2, 0.9, 1.3, 1.1], 4), 10, list(range(20))),
+                      Final(np.tile([0.0, 0.1, 0.3, 0.0, 0.2], 4), 10, list(range(20))), paired=False)
     assert min_detectable(wide, ALPHA) < mdd / 2
     # Monte Carlo check of the noncentral t: one-sided Welch-free case, paired, n 6
     rng = np.random.default_rng(0)
@@ -179,8 +179,8 @@ def test_partly_fires_on_pure_noise_at_most_alpha():
         for agent in ("llm1", "llm2"):
             fin = {"task_reward": rng.normal(1.0, 0.05, n), "kl": rng.normal(10.0, 1.0, n)}
             fin["combined_reward"] = fin["task_reward"] - 0.1 * fin["kl"]
-            comps.append(Comparison(agent, agent, "PPO", {k: results.Final(v, 10, seeds) for k, v in fin.items()},
-                                    {k: results.Final(v, 10, seeds) for k, v in base.items()},
+            comps.append(Comparison(agent, agent, "PPO", {k: Final(v, 10, seeds) for k, v in fin.items()},
+                                    {k: Final(v, 10, seeds) for k, v in base.items()},
                                     Pairing(True, "paired"), margin))
         decide(comps)
         fired += any(c.holds for c in comps)
