@@ -26,15 +26,12 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import os
-import sys
 from dataclasses import dataclass
 
 import torch
 from trl.core import logprobs_from_logits
 
 from cory import packing
-from cory.errors import ConfigError
 
 # the full KL of a pass is taken in one go while its four [B, W, V] float32 tensors stay under this size, else a
 # few rows at a time (so a long window or a large vocabulary never needs them all at once)

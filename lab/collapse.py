@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lab.design import Design, load_design
+from lab.design import load_design
 from lab.matched_kl import SECONDARY_KL, HeldoutPath, heldout_path, paired_diff, value_at
 from lab.curves import heldout_value
 from lab.results import POLICY, Experiment, Group, finite, fmt

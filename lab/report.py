@@ -22,7 +22,6 @@ plots in ``lab.figures`` (none imports this module).
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
