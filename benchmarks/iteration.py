@@ -105,8 +105,6 @@ def ppo_step_flops(w: dict, tokens: int, scored: int, epochs: int, one_minibatch
     return rollout + forward + epochs * (forward + backward)
 
 
-
-
 def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
@@ -119,35 +117,44 @@ def roles(row: dict, method: str) -> dict:
     return {p: "pioneer", ("llm2" if p == "llm1" else "llm1"): "observer"}
 
 
+def by_role(row: dict, method: str, phase: str) -> dict:
+    """role -> its agent's record of ``phase`` (generate or step) in this iteration."""
+    role = roles(row, method)
+    return {role[a["agent"]]: a for a in row["agents"] if a["phase"] == phase}
+
+
+def iteration_figures(r: dict, res: dict, peak: float) -> dict:
+    """One timed iteration's seconds (steady, exchange, outside the generations and PPO steps), tokens, model FLOPs,
+    and per PPO step its MFU, CPU seconds and memory."""
+    method, w = res["method"], res["weights"]
+    comps = {name: r["times"].get(key, 0.0) for name, key in COMPONENTS[method]}
+    steps, gens = by_role(r, method, "step"), by_role(r, method, "generate")
+    tok = {k: (needed_tokens(a), a["response_tokens"]) for k, a in steps.items()}
+    step_flops = {k: ppo_step_flops(w, *tok[k], res["ppo_epochs"], res.get("one_minibatch", True)) for k in steps}
+    exchange, exchange_cpu = comps.get("exchange", 0.0), r.get("exchange_cpu_s", 0.0)
+    core = sum(a["wall_s"] for a in r["agents"])  # the generations and PPO steps
+    core_cpu = sum(a["cpu_s"] for a in r["agents"])
+    return {
+        "steady_s": r["total_s"] - exchange, "steady_cpu_s": r["cpu_s"] - exchange_cpu,
+        "exchange_s": exchange, "exchange_cpu_s": exchange_cpu, "swap_step": r["swap_step"], "components": comps,
+        "outside_s": r["total_s"] - exchange - core, "outside_cpu_s": r["cpu_s"] - exchange_cpu - core_cpu,
+        "tokens": sum(a["prompt_tokens"] + a["response_tokens"] for a in steps.values()),
+        "padded": sum(a["padded_tokens"] for a in steps.values()),
+        "flops": sum(step_flops.values()) + sum(forward_flops(w, *tok[k]) for k in steps),
+        "step_mfu": {k: step_flops[k] / steps[k]["wall_s"] / 1e9 / peak for k in steps},
+        # per core: the peak was measured with all of the run's threads
+        "step_mfu_cpu": {k: step_flops[k] / steps[k]["cpu_s"] / 1e9 / (peak / res["threads"]) for k in steps},
+        "step_cpu_s": {k: steps[k]["cpu_s"] for k in steps}, "generate_cpu_s": {k: gens[k]["cpu_s"] for k in gens},
+        "step_memory_mb": {k: {"before": steps[k]["rss_before_mb"], "peak": steps[k]["rss_peak_mb"]} for k in steps},
+    }
+
+
 def summarize(res: dict, peak: float) -> dict:
     """Medians over the timed iterations; for CORY the exchange is charged 1/swap_period per iteration."""
-    method, w, epochs = res["method"], res["weights"], res["ppo_epochs"]
+    method = res["method"]
     timed = [r for r in res["rows"] if not r["warmup"]] or res["rows"]
     cory = method == "cory"
-    per_iter = []
-    for r in timed:
-        comps = {name: r["times"].get(key, 0.0) for name, key in COMPONENTS[method]}
-        role = roles(r, method)
-        steps = {role[a["agent"]]: a for a in r["agents"] if a["phase"] == "step"}
-        gens = {role[a["agent"]]: a for a in r["agents"] if a["phase"] == "generate"}
-        tok = {k: (needed_tokens(a), a["response_tokens"]) for k, a in steps.items()}
-        step_flops = {k: ppo_step_flops(w, *tok[k], epochs, res.get("one_minibatch", True)) for k in steps}
-        flops = sum(step_flops.values()) + sum(forward_flops(w, *tok[k]) for k in steps)
-        exchange = comps.get("exchange", 0.0)
-        core = sum(a["wall_s"] for a in r["agents"])  # the generations and PPO steps
-        core_cpu = sum(a["cpu_s"] for a in r["agents"])
-        per_iter.append({
-            "steady_s": r["total_s"] - exchange, "steady_cpu_s": r["cpu_s"] - r.get("exchange_cpu_s", 0.0),
-            "exchange_s": exchange, "exchange_cpu_s": r.get("exchange_cpu_s", 0.0), "swap_step": r["swap_step"], "components": comps,
-            "outside_s": r["total_s"] - exchange - core, "outside_cpu_s": r["cpu_s"] - r.get("exchange_cpu_s", 0.0) - core_cpu,
-            "tokens": sum(a["prompt_tokens"] + a["response_tokens"] for a in steps.values()), "padded": sum(a["padded_tokens"] for a in steps.values()),
-            "flops": flops,
-            "step_mfu": {k: step_flops[k] / steps[k]["wall_s"] / 1e9 / peak for k in steps},
-            # per core: the peak was measured with all of the run's threads
-            "step_mfu_cpu": {k: step_flops[k] / steps[k]["cpu_s"] / 1e9 / (peak / res["threads"]) for k in steps},
-            "step_cpu_s": {k: steps[k]["cpu_s"] for k in steps}, "generate_cpu_s": {k: gens[k]["cpu_s"] for k in gens},
-            "step_memory_mb": {k: {"before": steps[k]["rss_before_mb"], "peak": steps[k]["rss_peak_mb"]} for k in steps},
-        })
+    per_iter = [iteration_figures(r, res, peak) for r in timed]
     swaps = [p["exchange_s"] for p in per_iter if p["swap_step"]]
     exchange_s = median(swaps) if swaps else (0.0 if cory else None)
     period = res["swap_period"] or 1
@@ -159,8 +166,7 @@ def summarize(res: dict, peak: float) -> dict:
     comps["other"] = median([p["outside_s"] - p["components"]["reward"] for p in per_iter])
     out = {
         "variant": res["variant"], "iterations": len(per_iter), "threads": res["threads"],
-        "max_pass_tokens": res.get("max_pass_tokens"),
-        "pass_tokens_used": res.get("pass_tokens_used"),
+        "max_pass_tokens": res.get("max_pass_tokens"), "pass_tokens_used": res.get("pass_tokens_used"),
         "seconds_per_iteration": total, "cpu_seconds_per_iteration": steady_cpu, "components_s": comps,
         "tokens_per_s": median([p["tokens"] / p["steady_s"] for p in per_iter]),
         "padding_waste": 1 - sum(p["tokens"] for p in per_iter) / max(1, sum(p["padded"] for p in per_iter)),
@@ -170,16 +176,13 @@ def summarize(res: dict, peak: float) -> dict:
     }
     out["mfu"] = out["model_gflops_per_s"] / peak
     names = list(per_iter[0]["step_mfu"])
-    out["step_mfu"] = {k: median([p["step_mfu"][k] for p in per_iter]) for k in names}
-    out["step_mfu_cpu"] = {k: median([p["step_mfu_cpu"][k] for p in per_iter]) for k in names}
-    out["step_cpu_s"] = {k: median([p["step_cpu_s"][k] for p in per_iter]) for k in names}
-    out["generate_cpu_s"] = {k: median([p["generate_cpu_s"][k] for p in per_iter]) for k in names}
+    for key in ("step_mfu", "step_mfu_cpu", "step_cpu_s", "generate_cpu_s"):
+        out[key] = {k: median([p[key][k] for p in per_iter]) for k in names}
     out["step_memory_mb"] = {k: {"before": max(p["step_memory_mb"][k]["before"] for p in per_iter),
                                  "peak": max(p["step_memory_mb"][k]["peak"] for p in per_iter)} for k in names}
-    last = res["rows"][-1]["agents"]
-    role = roles(res["rows"][-1], method)
-    out["phase_peak_gib"] = {role[a["agent"]]: a["phase_peak_gib"] for a in last if a["phase"] == "step"}
-    out["generate_peak_gib"] = {role[a["agent"]]: a["peak_gib"] for a in last if a["phase"] == "generate"}
+    last = res["rows"][-1]
+    out["phase_peak_gib"] = {k: a["phase_peak_gib"] for k, a in by_role(last, method, "step").items()}
+    out["generate_peak_gib"] = {k: a["peak_gib"] for k, a in by_role(last, method, "generate").items()}
     for key in ("device", "precision", "matmul_peaks", "cuda_peak_gib", "cuda_loaded_gib", "model", "task"):
         out[key] = res.get(key)
     if res.get("matmul_peaks"):
