@@ -51,8 +51,8 @@ import sys
 import time
 from pathlib import Path
 
-from harness import (Stopped, UsageError, add_json_flags, check_json_flags, child_error, cpu_info, report_stop,
-                     running, save_json, stopped_by_signals, temporary_folder)
+from harness import (ChildError, Stopped, UsageError, add_json_flags, check_json_flags, child_error, cpu_info,
+                     report_stop, running, save_json, stopped_by_signals, temporary_folder)
 from iteration_worker import OVERRIDES, REPO, worker
 
 PROGRAM = "python benchmarks/iteration.py"
@@ -73,14 +73,6 @@ COMPONENTS = {
 }
 TARGETS = {"outside_share": 0.05, "step_mfu": 0.60, "exchange_s": 0.050, "speedup": 1.5, "peft_extra": 0.30,
            "cory_over_ppo": 2.5}
-
-
-class ChildError(Exception):
-    """A worker's one-line error (``message``), passed on as that line with its exit status."""
-
-    def __init__(self, message: str, status: int):
-        super().__init__(message)
-        self.status = status
 
 
 # ----------------------------------------------------------------------------- FLOPs
