@@ -59,6 +59,7 @@ PROGRAM = "python benchmarks/iteration.py"
 UNUSED_DIR = "unused"  # a config's output_dir where it is only read (the workers' own are temporary folders)
 
 TASKS = ("imdb", "gsm8k", "arithmetic")  # each with <task>_train/{ppo,cory}.py and configs/<task>/
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}  # the workers run offline
 
 
 def presets(task: str) -> list[str]:
@@ -402,16 +403,14 @@ def check_configs(args) -> None:
 
 
 def check_assets(args) -> None:
-    """What the workers load, found on this machine as they will look for it (offline: ``HF_HUB_OFFLINE=1``):
-    the model (a hub id must be in the local Hugging Face cache), and the task's reward and data, by the
-    training run's own checks (``cory.run.preflight.check_config``). Before any worker starts; not for --dry_run,
-    which loads nothing."""
+    """What the workers load, found on this machine offline as they will look for it: the model (a hub id must be in
+    the local Hugging Face cache), the task's reward and data, by the training run's own checks (``check_config``)."""
     from cory.assets import HUB, RANDOM_SHAPES, SMOLLM2_SPEC, TINY_SPEC, check_hub_asset
     from cory.errors import AssetError, ConfigError
     from cory.run.preflight import check_config
     from iteration_worker import build_cfg
 
-    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")  # as the workers run
+    os.environ.update(OFFLINE)  # as the workers run
     for variant in args.variants:
         _, cfg = build_cfg(args, variant, UNUSED_DIR)
         try:
@@ -443,8 +442,8 @@ def run_worker(args, variant: str, folder: Path) -> dict:
     for field in OVERRIDES:
         if getattr(args, field) is not None:
             cmd += [f"--{field}", str(getattr(args, field))]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore", "TMPDIR": str(folder)}
+    env = {**os.environ, **OFFLINE, "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore",
+           "TMPDIR": str(folder)}
     if args.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU measurement stays on the CPU on a GPU machine
     print(f"running {variant} ...", file=sys.stderr, flush=True)
@@ -535,12 +534,9 @@ def run_as_worker(args) -> int:
 
     try:
         result = worker(args)
-    except (ConfigError, AssetError) as e:
+    except (ConfigError, AssetError, RunError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    except RunError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 1 if isinstance(e, RunError) else 2
     with open(args.worker_out, "w") as f:
         json.dump(result, f)
     return 0
