@@ -387,7 +387,6 @@ def check_configs(args) -> None:
     """Each variant's config, built as its worker builds it and checked by the training config's own validation,
     and its model name resolved from the disk alone (``cory.assets.model_spec``): a bad flag, or a combination
     of flags the config refuses, is one line before any worker starts."""
-    sys.path.insert(0, str(REPO))
     from cory.assets import model_spec
     from cory.errors import AssetError, ConfigError
     from cory.tasks.registry import check_values
@@ -469,7 +468,6 @@ def settings(args, variant: str) -> dict:
     from cory.device.precision import resolve_precision
     from iteration_worker import authors_cfg, build_cfg
 
-    sys.path.insert(0, str(REPO))
     _, cfg = build_cfg(args, variant, UNUSED_DIR)
     if variant == "authors":
         cfg = authors_cfg(cfg)
@@ -529,7 +527,6 @@ def main(argv=None) -> int:
 def run_as_worker(args) -> int:
     """``--worker VARIANT``: its measurements into ``--worker_out``; a mistake found only here (a model or data the
     checks could not see) is one line, exit 2 (1 for a run that cannot go on), which the command passes on."""
-    sys.path.insert(0, str(REPO))
     from cory.errors import AssetError, ConfigError, RunError
 
     try:
