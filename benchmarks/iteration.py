@@ -255,11 +255,10 @@ def print_table(summary: dict, checks: list[dict], peak: float) -> None:
 
     budgets = ", ".join(f"{k} {budget(v)}" for k, v in summary.items())
     print(f"tokens per PPO forward pass (max_pass_tokens; the authors' loop runs trl's own passes): {budgets}")
-    cols = ["pioneer_generate", "observer_generate", "generate", "reward", "pioneer_step", "observer_step",
-            "step", "exchange", "other"]
-    short = {"pioneer_generate": "pio_gen", "observer_generate": "obs_gen", "pioneer_step": "pio_step",
-             "observer_step": "obs_step"}
-    print(f"{'variant':<10} {'s/iter':>7} {'CPU s':>7} " + " ".join(f"{short.get(c, c):>8}" for c in cols)
+    cols = {"pioneer_generate": "pio_gen", "observer_generate": "obs_gen", "generate": "generate", "reward": "reward",
+            "pioneer_step": "pio_step", "observer_step": "obs_step", "step": "step", "exchange": "exchange",
+            "other": "other"}  # a component -> its column's heading
+    print(f"{'variant':<10} {'s/iter':>7} {'CPU s':>7} " + " ".join(f"{head:>8}" for head in cols.values())
           + f" {'tok/s':>6} {'MFU':>4}")
     for name, s in summary.items():
         comps = s["components_s"]
@@ -367,8 +366,7 @@ def parse(argv):
     return args
 
 
-# the fields a worker's config takes from this command's flags, named as the flags are
-# (the preset fields a flag overrides are iteration_worker.OVERRIDES, each named as its flag but --model)
+# a field of a worker's config -> the flag of this command that sets it
 FLAG_OF_FIELD = {**{f: f"--{f}" for f in ("batch_size", "mini_batch_size", "gradient_accumulation_steps", "seed",
                                           "swap_period", *OVERRIDES)},
                  "model_name": "--model", "steps": "--iterations"}
@@ -384,9 +382,8 @@ def as_flags(args, variant: str, message: str) -> UsageError:
 
 
 def check_configs(args) -> None:
-    """Each variant's config, built as its worker builds it and checked by the training config's own validation,
-    and its model name resolved from the disk alone (``cory.assets.model_spec``): a bad flag, or a combination
-    of flags the config refuses, is one line before any worker starts."""
+    """Each variant's config as its worker builds it, checked by the config's own validation and its model name
+    resolved from the disk alone: a bad flag, or flags the config refuses together, is one line before any worker."""
     from cory.assets import model_spec
     from cory.errors import AssetError, ConfigError
     from cory.tasks.registry import check_values
@@ -459,8 +456,7 @@ def run_worker(args, variant: str, folder: Path) -> dict:
     for line in output.splitlines():
         if line.startswith(f"[{variant}]"):
             print(line, file=sys.stderr)
-    with open(out) as f:
-        return json.load(f)
+    return json.loads(out.read_text())
 
 
 def settings(args, variant: str) -> dict:
@@ -534,8 +530,7 @@ def run_as_worker(args) -> int:
     except (ConfigError, AssetError, RunError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1 if isinstance(e, RunError) else 2
-    with open(args.worker_out, "w") as f:
-        json.dump(result, f)
+    Path(args.worker_out).write_text(json.dumps(result))
     return 0
 
 
