@@ -83,9 +83,8 @@ def forward_flops(w: dict, tokens: int, scored: int) -> float:
 
 
 def needed_tokens(step: dict) -> int:
-    """The prompt + response tokens a step's passes need: a prefix every prompt shares (the one-shot example of the
-    arithmetic and GSM8K prompts) counts once, as a pass can hold it (``cory.packing``); records without the
-    count (before 2026-11-28) count it per sequence."""
+    """The prompt + response tokens a step's passes need, a prefix every prompt shares (GSM8K's and arithmetic's
+    one-shot example) counted once as a pass holds it (``cory.packing``); per sequence in records before 2026-11-28."""
     shared = step.get("shared_prefix_tokens", 0) * (step.get("sequences", 1) - 1)
     return step["prompt_tokens"] + step["response_tokens"] - shared
 
@@ -423,9 +422,8 @@ def check_assets(args) -> None:
 
 
 def run_worker(args, variant: str, folder: Path) -> dict:
-    """One variant's worker, its result file and its own temporary files in ``folder`` (the command's temporary
-    folder, its TMPDIR), its output in a log there. A worker's one-line error comes back as a ChildError; a
-    signal to this command stops the worker (``harness.stopped_by_signals``)."""
+    """One variant's worker, its result, log and temporary files in ``folder`` (its TMPDIR). Its one-line error
+    comes back as a ChildError; a signal to this command stops it (``harness.stopped_by_signals``)."""
     out, log_path = folder / f"{variant}.json", folder / f"{variant}.log"
     iterations, warmup = ((args.peft_iterations, 0) if variant.endswith("_peft") else (args.iterations, args.warmup))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", variant, "--worker_out", str(out),
