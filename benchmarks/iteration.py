@@ -116,8 +116,7 @@ def by_role(row: dict, method: str, phase: str) -> dict:
 
 
 def iteration_figures(r: dict, res: dict, peak: float) -> dict:
-    """One timed iteration's seconds (steady, exchange, outside the generations and PPO steps), tokens, model FLOPs,
-    and per PPO step its MFU, CPU seconds and memory."""
+    """One timed iteration's seconds, tokens and model FLOPs, and its PPO steps' MFU, CPU seconds and memory."""
     method, w = res["method"], res["weights"]
     comps = {name: r["times"].get(key, 0.0) for name, key in COMPONENTS[method]}
     steps, gens = by_role(r, method, "step"), by_role(r, method, "generate")
