@@ -142,15 +142,33 @@ def variant_kwargs(variant: str, device: str) -> dict:
     return dict(cache_implementation="static", compile_config=config)
 
 
-def variant_result(times: list[float], tokens: int, run_calls: int, peak_gib: float | None,
+def timed_calls(generate, calls: list, variant: str, sync) -> tuple[list[float], int, list[int]]:
+    """Each call's batch sampled by ``variant``, timed: (seconds per call, tokens sampled, new tokens per call)."""
+    from tqdm.auto import tqdm
+
+    times, tokens, steps = [], 0, []
+    for ids, mask, new in tqdm(calls, desc=variant, unit="call", leave=False):
+        sync()
+        t0 = time.perf_counter()
+        out = generate(variant, ids, mask, new, do_sample=True, top_k=0, top_p=1.0)
+        sync()
+        times.append(time.perf_counter() - t0)
+        tokens += out.numel()
+        steps.append(new)
+    return times, tokens, steps
+
+
+def variant_result(times: list[float], tokens: int, steps: list[int], run_calls: int, peak_gib: float | None,
                    greedy_equal: float | None) -> dict:
     """One variant's figures from its calls' seconds: the first call (compilation, cache allocation) apart from
-    the later ones, and a run's total of ``run_calls`` calls."""
-    later = times[1:] or times
+    the later ones, a run's total of ``run_calls`` calls, and a decoding step's time for the whole batch (prompt
+    reading included) after the first call."""
+    later, later_steps = times[1:] or times, steps[1:] or steps
     return {"first_call_s": times[0], "median_call_s": statistics.median(later), "slowest_later_call_s": max(later),
             "calls_s": times, "tokens_per_s": tokens / sum(times),
             "run_total_s": times[0] + (run_calls - 1) * statistics.median(later),
-            "peak_gib": peak_gib, "greedy_equal_to_dynamic": greedy_equal}
+            "peak_gib": peak_gib, "greedy_equal_to_dynamic": greedy_equal,
+            "ms_per_new_token": 1000 * sum(later) / sum(later_steps)}
 
 
 def print_variant(variant: str, r: dict, run_calls: int) -> None:
@@ -177,10 +195,8 @@ def main(argv=None) -> int:
 
 def measure(args, argv: list[str]) -> int:
     import torch
-    from tqdm.auto import tqdm
 
     from cory import models
-
     from cory.assets import locate
     from cory.device.precision import precision_context, resolve_precision, set_precision
     from cory.errors import AssetError
@@ -228,23 +244,12 @@ def measure(args, argv: list[str]) -> int:
         if args.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         torch.manual_seed(args.seed)
-        times, tokens, steps = [], 0, []
-        for ids, mask, new in tqdm(calls, desc=variant, unit="call", leave=False):
-            sync()
-            t0 = time.perf_counter()
-            out = generate(variant, ids, mask, new, do_sample=True, top_k=0, top_p=1.0)
-            sync()
-            times.append(time.perf_counter() - t0)
-            tokens += out.numel()
-            steps.append(new)
+        times, tokens, steps = timed_calls(generate, calls, variant, sync)
         ids, mask, _ = calls[0]
         greedy[variant] = generate(variant, ids[:4], mask[:4], min(args.new_tokens[1], 32), do_sample=False)
         peak = torch.cuda.max_memory_allocated() / 2 ** 30 if args.device == "cuda" else None
         equal = float((greedy[variant] == greedy["dynamic"]).float().mean()) if "dynamic" in greedy else None
-        results["variants"][variant] = variant_result(times, tokens, args.run_calls, peak, equal)
-        # a decoding step's time for the whole batch, prompt reading included, after the first call
-        later = slice(1, None) if len(times) > 1 else slice(None)
-        results["variants"][variant]["ms_per_new_token"] = 1000 * sum(times[later]) / sum(steps[later])
+        results["variants"][variant] = variant_result(times, tokens, steps, args.run_calls, peak, equal)
         print_variant(variant, results["variants"][variant], args.run_calls)
     if "dynamic" in results["variants"]:
         compare_with_dynamic(results["variants"])

@@ -90,6 +90,14 @@ def child_error(output: str) -> str | None:
     return None
 
 
+class ChildError(Exception):
+    """A child's one-line error (``message``, as ``child_error`` reads it), passed on as that line with its status."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
 def signal_name(signum: int) -> str:
     return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
 

@@ -51,14 +51,15 @@ import sys
 import time
 from pathlib import Path
 
-from harness import (Stopped, UsageError, add_json_flags, check_json_flags, child_error, cpu_info, report_stop,
-                     running, save_json, stopped_by_signals, temporary_folder)
+from harness import (ChildError, Stopped, UsageError, add_json_flags, check_json_flags, child_error, cpu_info,
+                     report_stop, running, save_json, stopped_by_signals, temporary_folder)
 from iteration_worker import OVERRIDES, REPO, worker
 
 PROGRAM = "python benchmarks/iteration.py"
 UNUSED_DIR = "unused"  # a config's output_dir where it is only read (the workers' own are temporary folders)
 
 TASKS = ("imdb", "gsm8k", "arithmetic")  # each with <task>_train/{ppo,cory}.py and configs/<task>/
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}  # the workers run offline
 
 
 def presets(task: str) -> list[str]:
@@ -75,14 +76,6 @@ TARGETS = {"outside_share": 0.05, "step_mfu": 0.60, "exchange_s": 0.050, "speedu
            "cory_over_ppo": 2.5}
 
 
-class ChildError(Exception):
-    """A worker's one-line error (``message``), passed on as that line with its exit status."""
-
-    def __init__(self, message: str, status: int):
-        super().__init__(message)
-        self.status = status
-
-
 # ----------------------------------------------------------------------------- FLOPs
 
 def forward_flops(w: dict, tokens: int, scored: int) -> float:
@@ -90,9 +83,8 @@ def forward_flops(w: dict, tokens: int, scored: int) -> float:
 
 
 def needed_tokens(step: dict) -> int:
-    """The prompt + response tokens a step's passes need: a prefix every prompt shares (the one-shot example of the
-    arithmetic and GSM8K prompts) counts once, as a pass can hold it (``cory.packing``); records without the
-    count (before 2026-11-28) count it per sequence."""
+    """The prompt + response tokens a step's passes need, a prefix every prompt shares (GSM8K's and arithmetic's
+    one-shot example) counted once as a pass holds it (``cory.packing``); per sequence in records before 2026-11-28."""
     shared = step.get("shared_prefix_tokens", 0) * (step.get("sequences", 1) - 1)
     return step["prompt_tokens"] + step["response_tokens"] - shared
 
@@ -103,8 +95,6 @@ def ppo_step_flops(w: dict, tokens: int, scored: int, epochs: int, one_minibatch
     backward = forward + 2.0 * (w["body_trainable"] * tokens + w["head_trainable"] * scored)
     rollout = 0.0 if one_minibatch else forward
     return rollout + forward + epochs * (forward + backward)
-
-
 
 
 def median(xs):
@@ -119,35 +109,43 @@ def roles(row: dict, method: str) -> dict:
     return {p: "pioneer", ("llm2" if p == "llm1" else "llm1"): "observer"}
 
 
+def by_role(row: dict, method: str, phase: str) -> dict:
+    """role -> its agent's record of ``phase`` (generate or step) in this iteration."""
+    role = roles(row, method)
+    return {role[a["agent"]]: a for a in row["agents"] if a["phase"] == phase}
+
+
+def iteration_figures(r: dict, res: dict, peak: float) -> dict:
+    """One timed iteration's seconds, tokens and model FLOPs, and its PPO steps' MFU, CPU seconds and memory."""
+    method, w = res["method"], res["weights"]
+    comps = {name: r["times"].get(key, 0.0) for name, key in COMPONENTS[method]}
+    steps, gens = by_role(r, method, "step"), by_role(r, method, "generate")
+    tok = {k: (needed_tokens(a), a["response_tokens"]) for k, a in steps.items()}
+    step_flops = {k: ppo_step_flops(w, *tok[k], res["ppo_epochs"], res.get("one_minibatch", True)) for k in steps}
+    exchange, exchange_cpu = comps.get("exchange", 0.0), r.get("exchange_cpu_s", 0.0)
+    core = sum(a["wall_s"] for a in r["agents"])  # the generations and PPO steps
+    core_cpu = sum(a["cpu_s"] for a in r["agents"])
+    return {
+        "steady_s": r["total_s"] - exchange, "steady_cpu_s": r["cpu_s"] - exchange_cpu,
+        "exchange_s": exchange, "exchange_cpu_s": exchange_cpu, "swap_step": r["swap_step"], "components": comps,
+        "outside_s": r["total_s"] - exchange - core, "outside_cpu_s": r["cpu_s"] - exchange_cpu - core_cpu,
+        "tokens": sum(a["prompt_tokens"] + a["response_tokens"] for a in steps.values()),
+        "padded": sum(a["padded_tokens"] for a in steps.values()),
+        "flops": sum(step_flops.values()) + sum(forward_flops(w, *tok[k]) for k in steps),
+        "step_mfu": {k: step_flops[k] / steps[k]["wall_s"] / 1e9 / peak for k in steps},
+        # per core: the peak was measured with all of the run's threads
+        "step_mfu_cpu": {k: step_flops[k] / steps[k]["cpu_s"] / 1e9 / (peak / res["threads"]) for k in steps},
+        "step_cpu_s": {k: steps[k]["cpu_s"] for k in steps}, "generate_cpu_s": {k: gens[k]["cpu_s"] for k in gens},
+        "step_memory_mb": {k: {"before": steps[k]["rss_before_mb"], "peak": steps[k]["rss_peak_mb"]} for k in steps},
+    }
+
+
 def summarize(res: dict, peak: float) -> dict:
     """Medians over the timed iterations; for CORY the exchange is charged 1/swap_period per iteration."""
-    method, w, epochs = res["method"], res["weights"], res["ppo_epochs"]
+    method = res["method"]
     timed = [r for r in res["rows"] if not r["warmup"]] or res["rows"]
     cory = method == "cory"
-    per_iter = []
-    for r in timed:
-        comps = {name: r["times"].get(key, 0.0) for name, key in COMPONENTS[method]}
-        role = roles(r, method)
-        steps = {role[a["agent"]]: a for a in r["agents"] if a["phase"] == "step"}
-        gens = {role[a["agent"]]: a for a in r["agents"] if a["phase"] == "generate"}
-        tok = {k: (needed_tokens(a), a["response_tokens"]) for k, a in steps.items()}
-        step_flops = {k: ppo_step_flops(w, *tok[k], epochs, res.get("one_minibatch", True)) for k in steps}
-        flops = sum(step_flops.values()) + sum(forward_flops(w, *tok[k]) for k in steps)
-        exchange = comps.get("exchange", 0.0)
-        core = sum(a["wall_s"] for a in r["agents"])  # the generations and PPO steps
-        core_cpu = sum(a["cpu_s"] for a in r["agents"])
-        per_iter.append({
-            "steady_s": r["total_s"] - exchange, "steady_cpu_s": r["cpu_s"] - r.get("exchange_cpu_s", 0.0),
-            "exchange_s": exchange, "exchange_cpu_s": r.get("exchange_cpu_s", 0.0), "swap_step": r["swap_step"], "components": comps,
-            "outside_s": r["total_s"] - exchange - core, "outside_cpu_s": r["cpu_s"] - r.get("exchange_cpu_s", 0.0) - core_cpu,
-            "tokens": sum(a["prompt_tokens"] + a["response_tokens"] for a in steps.values()), "padded": sum(a["padded_tokens"] for a in steps.values()),
-            "flops": flops,
-            "step_mfu": {k: step_flops[k] / steps[k]["wall_s"] / 1e9 / peak for k in steps},
-            # per core: the peak was measured with all of the run's threads
-            "step_mfu_cpu": {k: step_flops[k] / steps[k]["cpu_s"] / 1e9 / (peak / res["threads"]) for k in steps},
-            "step_cpu_s": {k: steps[k]["cpu_s"] for k in steps}, "generate_cpu_s": {k: gens[k]["cpu_s"] for k in gens},
-            "step_memory_mb": {k: {"before": steps[k]["rss_before_mb"], "peak": steps[k]["rss_peak_mb"]} for k in steps},
-        })
+    per_iter = [iteration_figures(r, res, peak) for r in timed]
     swaps = [p["exchange_s"] for p in per_iter if p["swap_step"]]
     exchange_s = median(swaps) if swaps else (0.0 if cory else None)
     period = res["swap_period"] or 1
@@ -159,8 +157,7 @@ def summarize(res: dict, peak: float) -> dict:
     comps["other"] = median([p["outside_s"] - p["components"]["reward"] for p in per_iter])
     out = {
         "variant": res["variant"], "iterations": len(per_iter), "threads": res["threads"],
-        "max_pass_tokens": res.get("max_pass_tokens"),
-        "pass_tokens_used": res.get("pass_tokens_used"),
+        "max_pass_tokens": res.get("max_pass_tokens"), "pass_tokens_used": res.get("pass_tokens_used"),
         "seconds_per_iteration": total, "cpu_seconds_per_iteration": steady_cpu, "components_s": comps,
         "tokens_per_s": median([p["tokens"] / p["steady_s"] for p in per_iter]),
         "padding_waste": 1 - sum(p["tokens"] for p in per_iter) / max(1, sum(p["padded"] for p in per_iter)),
@@ -170,16 +167,13 @@ def summarize(res: dict, peak: float) -> dict:
     }
     out["mfu"] = out["model_gflops_per_s"] / peak
     names = list(per_iter[0]["step_mfu"])
-    out["step_mfu"] = {k: median([p["step_mfu"][k] for p in per_iter]) for k in names}
-    out["step_mfu_cpu"] = {k: median([p["step_mfu_cpu"][k] for p in per_iter]) for k in names}
-    out["step_cpu_s"] = {k: median([p["step_cpu_s"][k] for p in per_iter]) for k in names}
-    out["generate_cpu_s"] = {k: median([p["generate_cpu_s"][k] for p in per_iter]) for k in names}
+    for key in ("step_mfu", "step_mfu_cpu", "step_cpu_s", "generate_cpu_s"):
+        out[key] = {k: median([p[key][k] for p in per_iter]) for k in names}
     out["step_memory_mb"] = {k: {"before": max(p["step_memory_mb"][k]["before"] for p in per_iter),
                                  "peak": max(p["step_memory_mb"][k]["peak"] for p in per_iter)} for k in names}
-    last = res["rows"][-1]["agents"]
-    role = roles(res["rows"][-1], method)
-    out["phase_peak_gib"] = {role[a["agent"]]: a["phase_peak_gib"] for a in last if a["phase"] == "step"}
-    out["generate_peak_gib"] = {role[a["agent"]]: a["peak_gib"] for a in last if a["phase"] == "generate"}
+    last = res["rows"][-1]
+    out["phase_peak_gib"] = {k: a["phase_peak_gib"] for k, a in by_role(last, method, "step").items()}
+    out["generate_peak_gib"] = {k: a["peak_gib"] for k, a in by_role(last, method, "generate").items()}
     for key in ("device", "precision", "matmul_peaks", "cuda_peak_gib", "cuda_loaded_gib", "model", "task"):
         out[key] = res.get(key)
     if res.get("matmul_peaks"):
@@ -259,11 +253,10 @@ def print_table(summary: dict, checks: list[dict], peak: float) -> None:
 
     budgets = ", ".join(f"{k} {budget(v)}" for k, v in summary.items())
     print(f"tokens per PPO forward pass (max_pass_tokens; the authors' loop runs trl's own passes): {budgets}")
-    cols = ["pioneer_generate", "observer_generate", "generate", "reward", "pioneer_step", "observer_step",
-            "step", "exchange", "other"]
-    short = {"pioneer_generate": "pio_gen", "observer_generate": "obs_gen", "pioneer_step": "pio_step",
-             "observer_step": "obs_step"}
-    print(f"{'variant':<10} {'s/iter':>7} {'CPU s':>7} " + " ".join(f"{short.get(c, c):>8}" for c in cols)
+    cols = {"pioneer_generate": "pio_gen", "observer_generate": "obs_gen", "generate": "generate", "reward": "reward",
+            "pioneer_step": "pio_step", "observer_step": "obs_step", "step": "step", "exchange": "exchange",
+            "other": "other"}  # a component -> its column's heading
+    print(f"{'variant':<10} {'s/iter':>7} {'CPU s':>7} " + " ".join(f"{head:>8}" for head in cols.values())
           + f" {'tok/s':>6} {'MFU':>4}")
     for name, s in summary.items():
         comps = s["components_s"]
@@ -371,8 +364,7 @@ def parse(argv):
     return args
 
 
-# the fields a worker's config takes from this command's flags, named as the flags are
-# (the preset fields a flag overrides are iteration_worker.OVERRIDES, each named as its flag but --model)
+# a field of a worker's config -> the flag of this command that sets it
 FLAG_OF_FIELD = {**{f: f"--{f}" for f in ("batch_size", "mini_batch_size", "gradient_accumulation_steps", "seed",
                                           "swap_period", *OVERRIDES)},
                  "model_name": "--model", "steps": "--iterations"}
@@ -388,10 +380,8 @@ def as_flags(args, variant: str, message: str) -> UsageError:
 
 
 def check_configs(args) -> None:
-    """Each variant's config, built as its worker builds it and checked by the training config's own validation,
-    and its model name resolved from the disk alone (``cory.assets.model_spec``): a bad flag, or a combination
-    of flags the config refuses, is one line before any worker starts."""
-    sys.path.insert(0, str(REPO))
+    """Each variant's config as its worker builds it, checked by the config's own validation and its model name
+    resolved from the disk alone: a bad flag, or flags the config refuses together, is one line before any worker."""
     from cory.assets import model_spec
     from cory.errors import AssetError, ConfigError
     from cory.tasks.registry import check_values
@@ -407,16 +397,14 @@ def check_configs(args) -> None:
 
 
 def check_assets(args) -> None:
-    """What the workers load, found on this machine as they will look for it (offline: ``HF_HUB_OFFLINE=1``):
-    the model (a hub id must be in the local Hugging Face cache), and the task's reward and data, by the
-    training run's own checks (``cory.run.preflight.check_config``). Before any worker starts; not for --dry_run,
-    which loads nothing."""
+    """What the workers load, found on this machine offline as they will look for it: the model (a hub id must be in
+    the local Hugging Face cache), the task's reward and data, by the training run's own checks (``check_config``)."""
     from cory.assets import HUB, RANDOM_SHAPES, SMOLLM2_SPEC, TINY_SPEC, check_hub_asset
     from cory.errors import AssetError, ConfigError
     from cory.run.preflight import check_config
     from iteration_worker import build_cfg
 
-    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")  # as the workers run
+    os.environ.update(OFFLINE)  # as the workers run
     for variant in args.variants:
         _, cfg = build_cfg(args, variant, UNUSED_DIR)
         try:
@@ -433,9 +421,8 @@ def check_assets(args) -> None:
 
 
 def run_worker(args, variant: str, folder: Path) -> dict:
-    """One variant's worker, its result file and its own temporary files in ``folder`` (the command's temporary
-    folder, its TMPDIR), its output in a log there. A worker's one-line error comes back as a ChildError; a
-    signal to this command stops the worker (``harness.stopped_by_signals``)."""
+    """One variant's worker, its result, log and temporary files in ``folder`` (its TMPDIR). Its one-line error
+    comes back as a ChildError; a signal to this command stops it (``harness.stopped_by_signals``)."""
     out, log_path = folder / f"{variant}.json", folder / f"{variant}.log"
     iterations, warmup = ((args.peft_iterations, 0) if variant.endswith("_peft") else (args.iterations, args.warmup))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", variant, "--worker_out", str(out),
@@ -448,8 +435,8 @@ def run_worker(args, variant: str, folder: Path) -> dict:
     for field in OVERRIDES:
         if getattr(args, field) is not None:
             cmd += [f"--{field}", str(getattr(args, field))]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore", "TMPDIR": str(folder)}
+    env = {**os.environ, **OFFLINE, "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore",
+           "TMPDIR": str(folder)}
     if args.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU measurement stays on the CPU on a GPU machine
     print(f"running {variant} ...", file=sys.stderr, flush=True)
@@ -466,8 +453,7 @@ def run_worker(args, variant: str, folder: Path) -> dict:
     for line in output.splitlines():
         if line.startswith(f"[{variant}]"):
             print(line, file=sys.stderr)
-    with open(out) as f:
-        return json.load(f)
+    return json.loads(out.read_text())
 
 
 def settings(args, variant: str) -> dict:
@@ -475,7 +461,6 @@ def settings(args, variant: str) -> dict:
     from cory.device.precision import resolve_precision
     from iteration_worker import authors_cfg, build_cfg
 
-    sys.path.insert(0, str(REPO))
     _, cfg = build_cfg(args, variant, UNUSED_DIR)
     if variant == "authors":
         cfg = authors_cfg(cfg)
@@ -535,19 +520,14 @@ def main(argv=None) -> int:
 def run_as_worker(args) -> int:
     """``--worker VARIANT``: its measurements into ``--worker_out``; a mistake found only here (a model or data the
     checks could not see) is one line, exit 2 (1 for a run that cannot go on), which the command passes on."""
-    sys.path.insert(0, str(REPO))
     from cory.errors import AssetError, ConfigError, RunError
 
     try:
         result = worker(args)
-    except (ConfigError, AssetError) as e:
+    except (ConfigError, AssetError, RunError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    except RunError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    with open(args.worker_out, "w") as f:
-        json.dump(result, f)
+        return 1 if isinstance(e, RunError) else 2
+    Path(args.worker_out).write_text(json.dumps(result))
     return 0
 
 

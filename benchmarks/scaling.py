@@ -19,7 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import add_json_flags, check_json_flags, child_error, run_main, running, save_json, temporary_folder
+from harness import (ChildError, add_json_flags, check_json_flags, child_error, run_main, running, save_json,
+                     temporary_folder)
 
 HERE = Path(__file__).resolve().parent
 PROGRAM = "python benchmarks/scaling.py"
@@ -31,14 +32,6 @@ GRID = [  # (label, preset, batch, response length min, max)
     ("cpu b16 r24", "cpu", 16, 24, 24),
     ("tiny b16", "tiny", 16, None, None),
 ]
-
-
-class ChildError(Exception):
-    """iteration.py's one-line error (``message``), passed on as that line with its exit status."""
-
-    def __init__(self, message: str, status: int):
-        super().__init__(message)
-        self.status = status
 
 
 def parse(argv):
