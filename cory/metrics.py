@@ -65,6 +65,11 @@ def _rate(hits: list[bool]) -> float:
     return sum(hits) / len(hits) if hits else float("nan")
 
 
+def copy_hits(pioneer: Sequence[float], observer: Sequence[float]) -> list[bool]:
+    """A copy rate's sample: for each question the pioneer got right, whether the observer got it right too."""
+    return [o > 0.5 for p, o in zip(pioneer, observer) if p > 0.5]
+
+
 def knowledge_transfer(pioneer: Sequence[float], observer: Sequence[float], zero_one: bool) -> dict[str, float]:
     """The three ``TRANSFER_KEYS`` of paired task rewards (``pioneer[i]`` and ``observer[i]`` answer query i);
     ``zero_one``: the task's reward is 1 for a right answer and 0 for a wrong one."""
@@ -75,7 +80,7 @@ def knowledge_transfer(pioneer: Sequence[float], observer: Sequence[float], zero
     gap = sum(observer) / len(observer) - sum(pioneer) / len(pioneer)
     copy = correction = float("nan")
     if zero_one:
-        copy = _rate([o > 0.5 for p, o in zip(pioneer, observer) if p > 0.5])
+        copy = _rate(copy_hits(pioneer, observer))
         correction = _rate([o > 0.5 for p, o in zip(pioneer, observer) if p <= 0.5])
     return dict(zip(TRANSFER_KEYS, (float(gap), copy, correction)))
 
@@ -94,5 +99,5 @@ def unrelated_reference(pioneer: Sequence[float], observer: Sequence[float], sho
     gives the last three)."""
     if not len(pioneer) == len(observer) == len(shown) == len(right_for_shown):
         raise ValueError("unrelated_reference: the four reward lists differ in length")
-    return {UNRELATED_KEYS[0]: _rate([o > 0.5 for p, o in zip(pioneer, observer) if p > 0.5]),
+    return {UNRELATED_KEYS[0]: _rate(copy_hits(pioneer, observer)),
             UNRELATED_KEYS[1]: _rate(echo_hits(shown, right_for_shown))}

@@ -41,7 +41,7 @@ from lab.evaluation_plan import FLAG_OF_FIELD as EVALUATE_FLAGS, as_flags
 from cory.heldout import BATCH_SIZE, answers_and_rewards, unrelated_control
 from lab.figures import write_atomically
 from lab.runs import git_state
-from cory.metrics import echo_hits
+from cory.metrics import copy_hits, echo_hits
 from cory.models import load_causal_lm, load_tokenizer
 from cory.run.outputs import json_safe
 from cory.run.run_rules import check_output_json
@@ -66,9 +66,10 @@ def wilson(hits: int, n: int) -> tuple[float, float] | None:
 
 
 def rates(pioneer: Sequence[float], observer: Sequence[float]) -> dict:
-    """Copy rate, correction rate and the paired accuracy gap of 0/1 rewards, each with its count and 95% interval."""
+    """Copy rate, correction rate and the paired accuracy gap of 0/1 rewards, each with its count and 95% interval;
+    the copy rate is the held-out evaluation's (``cory.metrics.copy_hits``), None where it writes NaN."""
     right = [(p > 0.5, o > 0.5) for p, o in zip(pioneer, observer)]
-    copied = [o for p, o in right if p]
+    copied = copy_hits(pioneer, observer)
     corrected = [o for p, o in right if not p]
     gaps = [float(o) - float(p) for p, o in right]
     n = len(gaps)
