@@ -7,9 +7,10 @@ Used by ``python -m lab.evaluate`` on saved models and by a training run's own p
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import sys
-from typing import Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -263,23 +264,36 @@ def observer_transfer(model, tokenizer, task, examples, pioneer_answers: Sequenc
         zero_one = right_or_wrong(task, pioneer_rewards, rewards)  # the task's word, checked on its rewards
         out = knowledge_transfer(list(pioneer_rewards), rewards, zero_one)
         if control and zero_one:
-            out.update(_unrelated_reference(model, tokenizer, task, examples, pioneer_answers, pioneer_rewards,
-                                            max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                            reward_name=reward_name, extra=extra, on_batch=bar.update))
+            answer = functools.partial(answers_and_rewards, model, tokenizer, task, examples,
+                                       max_new_tokens=max_new_tokens, batch_size=batch_size, reward_name=reward_name,
+                                       extra=extra, on_batch=bar.update)
+            c = unrelated_control(task, examples, pioneer_answers, pioneer_rewards, answer, reward_name)
+            out.update(unrelated_reference(list(pioneer_rewards), c.own, c.shown_right, c.right_for_shown))
     return out
 
 
-def _unrelated_reference(model, tokenizer, task, examples, pioneer_answers, pioneer_rewards, *, max_new_tokens,
-                         batch_size, reward_name, extra, on_batch) -> dict[str, float]:
-    # the control: question i shown the pioneer's answer to question i + 1 (cory.metrics.UNRELATED_KEYS)
+class UnrelatedControl(NamedTuple):
+    """The unrelated-reference control's readings (``unrelated_control``), each in the order of the questions."""
+    prompts: list[str]  # question i's observer prompt, holding the pioneer's answer to question i + 1
+    own: list[float]  # the observer's rewards on its own questions
+    shown_right: list[float]  # the shown answers' rewards on the questions they belong to
+    right_for_shown: list[float]  # the observer's answers scored on those questions
+
+
+def unrelated_control(task, examples, pioneer_answers: Sequence[str], pioneer_rewards: Sequence[float],
+                      answer: Callable[[list[str]], tuple[list[str], list[float]]],
+                      reward_name: str) -> UnrelatedControl:
+    """The control for copying (``cory.metrics.UNRELATED_KEYS``), as the held-out evaluation and lab.transfer_check
+    read it: each of ``examples`` shown the pioneer's answer to the next one, answered by ``answer(prompts)`` (the
+    answers as the reward reads them, and their rewards: ``answers_and_rewards``) and scored on both questions."""
+    # the next question's: the pioneer's draws are independent, so the shown answer belongs to another question
+    # whatever the pioneer got right, and every question is shown one
     others = list(examples[1:]) + list(examples[:1])
-    shown, shown_right = list(pioneer_answers[1:]) + list(pioneer_answers[:1]), \
-        list(pioneer_rewards[1:]) + list(pioneer_rewards[:1])
-    texts = [task.observer_prompt(ex, answer) for ex, answer in zip(examples, shown)]
-    answers, own = answers_and_rewards(model, tokenizer, task, examples, texts, max_new_tokens=max_new_tokens,
-                                       batch_size=batch_size, reward_name=reward_name, extra=extra, on_batch=on_batch)
-    return unrelated_reference(list(pioneer_rewards), own, shown_right, checked_scores(task, others, answers,
-                                                                                       reward_name))
+    shown = list(pioneer_answers[1:]) + list(pioneer_answers[:1])
+    shown_right = list(pioneer_rewards[1:]) + list(pioneer_rewards[:1])
+    prompts = [task.observer_prompt(ex, a) for ex, a in zip(examples, shown)]
+    answers, own = answer(prompts)
+    return UnrelatedControl(prompts, list(own), shown_right, checked_scores(task, others, answers, reward_name))
 
 
 # On a CPU a decoding step's matrix products run at about half speed at 32 rows (the vocabulary projection, the

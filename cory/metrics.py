@@ -65,6 +65,11 @@ def _rate(hits: list[bool]) -> float:
     return sum(hits) / len(hits) if hits else float("nan")
 
 
+def copy_hits(pioneer: Sequence[float], observer: Sequence[float]) -> list[bool]:
+    """A copy rate's sample: for each question the pioneer got right, whether the observer got it right too."""
+    return [o > 0.5 for p, o in zip(pioneer, observer) if p > 0.5]
+
+
 def knowledge_transfer(pioneer: Sequence[float], observer: Sequence[float], zero_one: bool) -> dict[str, float]:
     """The three ``TRANSFER_KEYS`` of paired task rewards (``pioneer[i]`` and ``observer[i]`` answer query i);
     ``zero_one``: the task's reward is 1 for a right answer and 0 for a wrong one."""
@@ -75,17 +80,24 @@ def knowledge_transfer(pioneer: Sequence[float], observer: Sequence[float], zero
     gap = sum(observer) / len(observer) - sum(pioneer) / len(pioneer)
     copy = correction = float("nan")
     if zero_one:
-        copy = _rate([o > 0.5 for p, o in zip(pioneer, observer) if p > 0.5])
+        copy = _rate(copy_hits(pioneer, observer))
         correction = _rate([o > 0.5 for p, o in zip(pioneer, observer) if p <= 0.5])
     return dict(zip(TRANSFER_KEYS, (float(gap), copy, correction)))
+
+
+def echo_hits(shown: Sequence[float], right_for_shown: Sequence[float]) -> list[bool]:
+    """The echo rate's sample: for each shown answer that was right on its own question, whether the observer's
+    answer is right there too (``right_for_shown``); a wrong one written down would score as any wrong guess does."""
+    return [r > 0.5 for s, r in zip(shown, right_for_shown) if s > 0.5]
 
 
 def unrelated_reference(pioneer: Sequence[float], observer: Sequence[float], shown: Sequence[float],
                         right_for_shown: Sequence[float]) -> dict[str, float]:
     """The two ``UNRELATED_KEYS`` of 0/1 rewards: ``pioneer[i]``, the pioneer's reward on question i (its answer not
     shown); ``observer[i]``, the observer's there when shown the answer ``shown[i]`` scored on its own question;
-    ``right_for_shown[i]``, the observer's answer scored on that other question."""
+    ``right_for_shown[i]``, the observer's answer scored on that other question (``cory.heldout.unrelated_control``
+    gives the last three)."""
     if not len(pioneer) == len(observer) == len(shown) == len(right_for_shown):
         raise ValueError("unrelated_reference: the four reward lists differ in length")
-    return {UNRELATED_KEYS[0]: _rate([o > 0.5 for p, o in zip(pioneer, observer) if p > 0.5]),
-            UNRELATED_KEYS[1]: _rate([r > 0.5 for s, r in zip(shown, right_for_shown) if s > 0.5])}
+    return {UNRELATED_KEYS[0]: _rate(copy_hits(pioneer, observer)),
+            UNRELATED_KEYS[1]: _rate(echo_hits(shown, right_for_shown))}

@@ -26,6 +26,7 @@ import argparse
 import math
 import shlex
 import sys
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Sequence
@@ -37,13 +38,14 @@ from cory.assets import SMOLLM2_SPEC, locate
 from cory.errors import AssetError, ConfigError, RunError
 from lab.errors import EvalError, OneLineParser, exit_on_error
 from lab.evaluation_plan import FLAG_OF_FIELD as EVALUATE_FLAGS, as_flags
-from cory.heldout import BATCH_SIZE, answers_and_rewards
+from cory.heldout import BATCH_SIZE, answers_and_rewards, unrelated_control
 from lab.figures import write_atomically
 from lab.runs import git_state
+from cory.metrics import copy_hits, echo_hits
 from cory.models import load_causal_lm, load_tokenizer
 from cory.run.outputs import json_safe
 from cory.run.run_rules import check_output_json
-from cory.rollout import checked_scores, stop_at
+from cory.rollout import stop_at
 from cory.tasks import check_config, check_examples, load_task_file, make_task, registered, task_spec
 from cory.tasks.base import zero_one_broken, zero_one_reward
 
@@ -64,9 +66,10 @@ def wilson(hits: int, n: int) -> tuple[float, float] | None:
 
 
 def rates(pioneer: Sequence[float], observer: Sequence[float]) -> dict:
-    """Copy rate, correction rate and the paired accuracy gap of 0/1 rewards, each with its count and 95% interval."""
+    """Copy rate, correction rate and the paired accuracy gap of 0/1 rewards, each with its count and 95% interval;
+    the copy rate is the held-out evaluation's (``cory.metrics.copy_hits``), None where it writes NaN."""
     right = [(p > 0.5, o > 0.5) for p, o in zip(pioneer, observer)]
-    copied = [o for p, o in right if p]
+    copied = copy_hits(pioneer, observer)
     corrected = [o for p, o in right if not p]
     gaps = [float(o) - float(p) for p, o in right]
     n = len(gaps)
@@ -85,8 +88,9 @@ def rates(pioneer: Sequence[float], observer: Sequence[float]) -> dict:
 
 def echo(shown_right: Sequence[float], right_for_shown: Sequence[float]) -> dict:
     """How often the observer writes down a right answer it was shown for another question: P(its answer is right
-    for that question | the shown answer was right there), with its count and 95% interval."""
-    hits = [r > 0.5 for s, r in zip(shown_right, right_for_shown) if s > 0.5]
+    for that question | the shown answer was right there), with its count and 95% interval: the held-out
+    evaluation's ``transfer/echo_rate`` (``cory.metrics.echo_hits``), None where it writes NaN."""
+    hits = echo_hits(shown_right, right_for_shown)
     return {"echo_rate": sum(hits) / len(hits) if hits else None, "echo_n": len(hits),
             "echo_ci95": wilson(sum(hits), len(hits))}
 
@@ -193,16 +197,13 @@ def run(args) -> dict:
     alone = {mode: rates(pioneer, _answers(model, tokenizer, task, examples, None, args, greedy=mode == "greedy",
                                            label=f"alone ({mode})", draw=1)[1])
              for mode in modes}
-    # question i is shown the pioneer's answer to question i + 1 (the draws are independent, so it belongs to
-    # another question, whatever the pioneer got right)
-    others = examples[1:] + examples[:1]
-    shown, shown_right = pioneer_answers[1:] + pioneer_answers[:1], pioneer[1:] + pioneer[:1]
-    unrelated, unrelated_prompts = {}, [task.observer_prompt(ex, a) for ex, a in zip(examples, shown)]
+    unrelated = {}
     for mode in modes:
-        answers, own = _answers(model, tokenizer, task, examples, unrelated_prompts, args,
-                                greedy=mode == "greedy", label=f"unrelated reference ({mode})")
-        right_for_shown = zero_one(task, checked_scores(task, others, answers, args.reward))
-        unrelated[mode] = {**rates(pioneer, own), **echo(shown_right, right_for_shown)}
+        answer = partial(_answers, model, tokenizer, task, examples, args=args, greedy=mode == "greedy",
+                         label=f"unrelated reference ({mode})")
+        control = unrelated_control(task, examples, pioneer_answers, pioneer, answer, args.reward)
+        unrelated[mode] = {**rates(pioneer, control.own),
+                           **echo(control.shown_right, zero_one(task, control.right_for_shown))}
     multi_line = sum("\n" in a.strip() for a in pioneer_answers) / len(examples)
     return {"command": args.command, "commit": args.commit, "uncommitted_changes": args.dirty,
             "threads": torch.get_num_threads(),
@@ -216,7 +217,7 @@ def run(args) -> dict:
             "controls_read": "rates conditioned on the pioneer's answer to the same question, as the observer's; "
                              "echo_rate: P(right for the shown answer's question | the shown answer was right)",
             "example_observer_prompt": observer_prompts[0],
-            "example_unrelated_prompt": unrelated_prompts[0]}
+            "example_unrelated_prompt": control.prompts[0]}
 
 
 def _cell(rate, n, ci) -> str:

@@ -345,6 +345,45 @@ def test_the_check_takes_a_task_file(tmp_path):
         assert r["copy_n"] + r["correction_n"] == 4
 
 
+def test_the_check_and_the_held_out_evaluation_read_the_unrelated_reference_alike(tmp_path, monkeypatch):
+    """One control, two readers: on the same questions, pioneer answers and observer answers, lab.transfer_check's
+    unrelated-reference copy and echo rates are the held-out evaluation's ``UNRELATED_KEYS``."""
+    import lab.transfer_check as check
+    from cory import heldout
+    from cory.assets import locate
+    from cory.metrics import UNRELATED_KEYS
+    from cory.models import load_tokenizer
+    from cory.tasks import make_task
+
+    def answer(model, tokenizer, prompts, max_new_tokens, extra=None, greedy=False):
+        # set by the whole prompt, greedy or not: the observer's answer turns with the reference it is shown, and
+        # both readers see the same answers
+        return [tokenizer.encode(" x" * (sum(p) % 3 + 1)) for p in prompts]
+
+    monkeypatch.setattr(heldout, "sample", answer)
+    # right by the answer's words and the question together: an answer is right for one question, not the next
+    task_file = tmp_path / "parity.py"
+    task_file.write_text(ONE_FILE_TASK.replace("says_something", "says_parity").replace(
+        "return [float(bool(r.split())) for r in responses]",
+        "return [float((len(r.split()) + int(e.query)) % 2 == 0) for e, r in zip(examples, responses)]"))
+    argv = ["--task_file", str(task_file), "--task", "says_parity", "--model", "tiny", "--n", "12",
+            "--batch_size", "5", "--max_new_tokens", "3"]
+    read = transfer_check(argv)["controls"]["unrelated_reference"]
+    args = check.plan(argv)
+    tokenizer = load_tokenizer(locate("tiny"))
+    task = make_task(args.config, tokenizer)
+    examples = task.sample(args.n)
+    pioneer_answers, pioneer = heldout.answers_and_rewards(None, tokenizer, task, examples, max_new_tokens=3,
+                                                           batch_size=5, reward_name=args.reward, extra={})
+    held_out = heldout.observer_transfer(None, tokenizer, task, examples, pioneer_answers, pioneer, max_new_tokens=3,
+                                         batch_size=5, seed=0, reward_name=args.reward)
+    unrelated_copy, echo_rate = (held_out[k] for k in UNRELATED_KEYS)
+    assert 0 < unrelated_copy < 1 and 0 < echo_rate < 1  # neither undefined nor at a bound: something to agree on
+    assert 0 < read["sampled"]["echo_n"] < 12 and 0 < read["sampled"]["copy_n"] < 12
+    for mode in ("greedy", "sampled"):
+        assert read[mode]["copy_rate"] == unrelated_copy and read[mode]["echo_rate"] == echo_rate
+
+
 @pytest.mark.parametrize("text, says", [
     (None, "task_file: {file} not found"),
     ("def broken(:\n", "task_file: {file} line 1: "),
