@@ -21,6 +21,7 @@ import numpy as np
 from lab.labels import fmt
 from lab.results import LAST_N, Experiment, Group, finite
 
+
 def _std(values: np.ndarray, axis=0) -> np.ndarray:
     """Sample std over seeds (ddof=1); NaN with a single seed (no spread to show)."""
     n = values.shape[axis]
