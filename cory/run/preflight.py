@@ -116,13 +116,14 @@ def check_run(cfg: PPOArgs) -> RunPlan:
     a finished run is asked first, ``run_rules.nothing_to_do``, and checks nothing.)"""
     spec = check_config(cfg)
     check_hub(cfg, spec)  # before the 4-bit check: the offline preset it names needs no GPU either
-    fingerprint = weights_fingerprint(spec)  # what a checkpoint records of the base model, and a resume compares
     if cfg.load_in_4bit:
         check_4bit()
         if not cfg.use_peft:
             raise ConfigError("load_in_4bit: needs use_peft: true (4-bit weights cannot be trained directly)")
     check_output_dir(cfg.output_dir, resume=cfg.resume is not None, overwrite=cfg.overwrite, method=cfg.method,
                      task=cfg.task)
+    # after the folder's checks: hashing a large local model must not delay a refusal of the folder
+    fingerprint = weights_fingerprint(spec)  # what a checkpoint records of the base model, and a resume compares
     resume_from = check_resumable(Path(cfg.output_dir), cfg, fingerprint) if cfg.resume is not None else None
     if cfg.report_to == "wandb":
         check_wandb()

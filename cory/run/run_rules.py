@@ -27,7 +27,6 @@ the model, and a saved data stream the task does not take.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import warnings
 from pathlib import Path
@@ -37,7 +36,7 @@ import yaml
 from cory.config import (INVOCATION_FIELDS, REQUIRED, CoryArgs, PPOArgs, field_types, field_help, metadata,
                          on_resume_fields, to_dict)
 from cory.errors import ConfigError
-from cory.run.final import final_complete, final_iterations
+from cory.run.final import file_digest, final_complete, final_iterations
 from cory.method import method_of
 from cory.run.outputs import (LOCK, MANIFEST, check_checkpoint_file, checkpoints, evaluations, in_use,
                               latest_checkpoint, linked_checkpoints, load_checkpoint_file, read_jsonl, read_manifest,
@@ -311,9 +310,7 @@ def check_one_checkpoint(checkpoint: Path, state: dict, agents) -> None:
         return
     for name in agents:
         path = checkpoint / f"{name}.pt"
-        with open(path, "rb") as f:  # the sha256 that checkpoint.save records (``final.file_digest``)
-            digest = hashlib.file_digest(f, "sha256").hexdigest()
-        if recorded.get(path.name) != digest:
+        if recorded.get(path.name) != file_digest(path):
             raise ConfigError(f"resume: {path} is not the file {checkpoint / 'state.pt'} was saved with (its sha256 "
                               "differs: copied from another checkpoint, run or method, or damaged); " + move_aside)
 
