@@ -114,8 +114,8 @@ def main(argv=None) -> int:
             print(line, file=sys.stderr)
             return child.returncode if child.returncode > 0 else 1
         result["minutes"] = None
-        why = f"the run ended (exit {child.returncode})" if child.returncode not in (None, -signal.SIGKILL) else \
-            f"not within {args.limit_min:g} minutes"
+        why = (f"the run ended (exit {child.returncode})" if child.returncode not in (None, -signal.SIGKILL) else
+               f"not within {args.limit_min:g} minutes")
         print(f"no held-out reward {args.gain:g} above the base model's: {why}", file=sys.stderr)
         if err.strip():
             print(err.strip().splitlines()[-1][-300:], file=sys.stderr)

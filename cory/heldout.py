@@ -70,8 +70,8 @@ def sequence_kl_and_base_logprob(model, reference, prompts: Sequence[Sequence[in
     with torch.inference_mode():
         logq, tokens = next_token_logprobs(reference)
         # the reference's own weights (the base model before training) read once: their KL is 0 exactly
-        logp = (logq if model is reference else next_token_logprobs(model)[0]) if policy_logprobs is None \
-            else policy_logprobs
+        logp = ((logq if model is reference else next_token_logprobs(model)[0]) if policy_logprobs is None
+                else policy_logprobs)
         per_token = (logp.exp() * (logp - logq.to(logp.device))).sum(-1).cpu()
         base_logprob = logq.gather(-1, tokens[:, None])[:, 0].cpu()
     kls, logprobs, start = [], [], 0

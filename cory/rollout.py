@@ -74,8 +74,8 @@ class Rollout:
                            vocab_size=len(self.tokenizer))
         prompts = tokenize_prompts(self.tokenizer, examples, texts)
         longest = max(range(len(prompts)), key=lambda i: len(prompts[i]), default=None)
-        if self.context is not None and longest is not None and \
-                len(prompts[longest]) + self.cfg.response_length_max > self.context:
+        if (self.context is not None and longest is not None
+                and len(prompts[longest]) + self.cfg.response_length_max > self.context):
             raise RunError(f"task {self.cfg.task}: a prompt of {len(prompts[longest])} tokens "
                            f"({examples[longest].query[:40]!r}...) with answers of up to {self.cfg.response_length_max} "
                            f"tokens does not fit {self.cfg.model_name}'s context of {self.context} tokens; shorten "

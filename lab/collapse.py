@@ -230,8 +230,8 @@ class MatchedPoint:
     last: list[float]
 
     def cells(self, all_seeds: int) -> list[str]:
-        seeds = str(len(self.seeds)) if len(self.seeds) == all_seeds else \
-            f"{len(self.seeds)} (seed{'s' if len(self.seeds) > 1 else ''} {', '.join(map(str, self.seeds))})"
+        seeds = (str(len(self.seeds)) if len(self.seeds) == all_seeds else
+                 f"{len(self.seeds)} (seed{'s' if len(self.seeds) > 1 else ''} {', '.join(map(str, self.seeds))})")
         return [self.agent, f"{self.kl:g}", seeds, *_signed(self.matched), *_signed(self.last)]
 
 

@@ -67,8 +67,8 @@ def _gains(exp: Experiment, group: Group, agent: str) -> tuple[str, np.ndarray, 
     k = min(LAST_N, len(c.steps) // 2)
     first, last = c.values[:, :k].mean(axis=1), c.values[:, -k:].mean(axis=1)
     # each seed's gain is its own last window minus its own first, so the seeds' spread holds all the noise
-    return f"training reward, iterations {c.steps[0]}–{c.steps[k - 1]} against {c.steps[-k]}–{c.steps[-1]}", \
-        last - first, float(first.mean()), float(last.mean()), 0.0
+    return (f"training reward, iterations {c.steps[0]}–{c.steps[k - 1]} against {c.steps[-k]}–{c.steps[-1]}",
+            last - first, float(first.mean()), float(last.mean()), 0.0)
 
 
 def baseline_learned(exp: Experiment, group: Group, agent: str = POLICY) -> Learning:

@@ -83,8 +83,9 @@ def _kind(rel: tuple[str, ...], is_dir: bool) -> str | None:
             return "walk" if is_dir and (_CHECKPOINT.fullmatch(name) or _CHECKPOINT_TMP.fullmatch(name)) else None
         return "ours" if depth == 3 and not is_dir and name in CHECKPOINT_FILES else None
     if depth == 2:  # in final/
-        return ("walk" if name in AGENT_NAMES else None) if is_dir else \
-            ("ours" if name in (DIGESTS, final_models.MARKER) else None)
+        if is_dir:
+            return "walk" if name in AGENT_NAMES else None
+        return "ours" if name in (DIGESTS, final_models.MARKER) else None
     return "ours" if depth == 3 and not is_dir and _MODEL_FILE.fullmatch(name) else None
 
 
@@ -294,8 +295,8 @@ def check_checkpoint_file(path: Path) -> None:
         found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
     except Exception as e:  # not a torch zip file: cut or damaged on disk
         raise ConfigError(f"resume: {path} cannot be read ({type(e).__name__}: not a complete checkpoint); move "
-                          f"{path.parent} aside to resume from an older one, or start again with --overwrite") \
-            from None
+                          f"{path.parent} aside to resume from an older one, or start again with --overwrite"
+                          ) from None
     allowed = {f"{g.__module__}.{g.__name__}" for g in _numpy_globals()}
     code = sorted(set(found) - allowed)
     if code:
@@ -449,8 +450,8 @@ class RunDir:
             return 0, [root] if self.enabled and root.is_symlink() else []
         freed, left = 0, []
         for folder in sorted(root.iterdir()):
-            if not (_CHECKPOINT.fullmatch(folder.name) or _CHECKPOINT_TMP.fullmatch(folder.name)) or \
-                    folder.is_symlink() or not folder.is_dir():
+            if (not (_CHECKPOINT.fullmatch(folder.name) or _CHECKPOINT_TMP.fullmatch(folder.name))
+                    or folder.is_symlink() or not folder.is_dir()):
                 left.append(folder)
                 continue
             for name in sorted(CHECKPOINT_FILES):

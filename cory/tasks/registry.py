@@ -94,8 +94,8 @@ def _made(name: str, spec: TaskSpec, make: Callable) -> Task:
         raise
     except Exception as e:  # noqa: BLE001 - a plug-in's own bug, or its ValueError, named with its place
         first = (str(e).strip().splitlines() or [""])[0]
-        raise ConfigError(f"task {name}: make() raised {type(e).__name__}: {first} (registered at {spec.where})") \
-            from None
+        raise ConfigError(
+            f"task {name}: make() raised {type(e).__name__}: {first} (registered at {spec.where})") from None
     missing = [m for m in ("sample", "eval_examples", "score", "observer_prompt") if not callable(getattr(task, m, None))]
     if missing:
         raise ConfigError(f"task {name}: make() returned {type(task).__name__}, not a task (no {', '.join(missing)}; "
