@@ -23,7 +23,8 @@ from cory.errors import ConfigError
 from cory.run.final import final_complete
 from lab.design import DESIGN_DIGEST, design_digest
 from cory.run.outputs import LOCK, MANIFEST, RUNNER_PID, latest_checkpoint, read_jsonl, read_manifest
-from cory.run.run_rules import check_output_dir, copied_run, evaluation_refusal, restart_refusal, run_finished
+from cory.run.run_rules import (check_output_dir, copied_run, evaluation_refusal, read_folder, restart_refusal,
+                                run_finished)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -127,12 +128,12 @@ def lost_by(pair: Pair, state: str) -> str | None:
     deletes the evaluations of the models it replaces: refused where they came with a copied run."""
     d = pair.run_dir
     if state == "resume":
-        refusal = evaluation_refusal(d)
+        refusal = evaluation_refusal(read_folder(d))
         return refusal and (f"{refusal}; continuing the run replaces the models it describes and would delete it, so "
                             f"the runner refuses: move it out of {rel(d)}, then rerun")
     if state != "overwrite":
         return None
-    refusal = restart_refusal(d)
+    refusal = restart_refusal(read_folder(d))
     if refusal:
         saved = _saved_config(d)
         missing = "missing" if not (d / "config.yaml").is_file() else "unreadable (not UTF-8 YAML)"
@@ -156,7 +157,7 @@ def cut_off_elsewhere(pair: Pair, state: str) -> bool:
     d = pair.run_dir
     saved = _saved_config(d)
     return (state == "overwrite" and saved is not None and saved.get("steps") == pair.steps
-            and copied_run(d) is not None and not run_finished(d))
+            and copied_run(folder := read_folder(d)) is not None and not run_finished(folder))
 
 
 def set_aside(pairs: list[Pair], out: Path) -> Path:

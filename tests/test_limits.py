@@ -1,8 +1,11 @@
 """The size limits the code is kept to: no Python file in `cory/`, `lab/` or `benchmarks/` over 600 lines, and no
 function or method there over 80 (from its `def` line to its last; decorators not counted), so that a file reads as
 one concern and a function as one step. Read from the syntax tree; each file or function over its limit is named
-with its size, to be split where it grew."""
+with its size, to be split where it grew. And no backslash line continuation (parentheses instead, as PEP 8
+prefers): a reader of the code's tokens, the structure's review among them, loses its way after one."""
 import ast
+import io
+import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,3 +67,33 @@ def test_the_check_names_each_file_and_function_over_the_limits(tmp_path):
     assert [len(p.read_text().splitlines()) for p in (at_limits, over)] == [600, 601]
     assert long_files([at_limits, over]) == [f"{over} (601 lines)"]
     assert long_functions([at_limits, over]) == [f"{over}:2 grown (81 lines)"]
+
+
+def backslash_continuations(paths: list[Path]) -> list[str]:
+    """``path:line`` for each line of code continued by a backslash (a backslash inside a string is not one)."""
+    out = []
+    for path in paths:
+        text = path.read_text(encoding="utf-8")
+        in_strings = set()
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.STRING or tok.type in _FSTRING_PARTS:
+                in_strings.update(range(tok.start[0], tok.end[0]))
+        lines = text.splitlines()
+        out += [f"{_name(path)}:{i}" for i, line in enumerate(lines, 1)
+                if line.rstrip().endswith("\\") and i not in in_strings and not line.lstrip().startswith("#")]
+    return out
+
+
+_FSTRING_PARTS = {getattr(tokenize, n) for n in ("FSTRING_START", "FSTRING_MIDDLE", "FSTRING_END") if hasattr(tokenize, n)}
+
+
+def test_no_line_is_continued_by_a_backslash():
+    found = backslash_continuations(_files())
+    assert not found, "a backslash line continuation (use parentheses): " + "; ".join(found)
+
+
+def test_the_check_finds_a_backslash_continuation_and_passes_one_in_a_string(tmp_path):
+    code = tmp_path / "code.py"
+    code.write_text('DOC = """a docstring that shows a command \\\n    --flag"""\n'
+                    "x = 1 + \\\n    2\n")
+    assert backslash_continuations([code]) == [f"{code}:3"]

@@ -168,3 +168,34 @@ def test_probes_of_a_folder_at_once_are_not_writers(tmp_path):
     finally:
         lock.release()
     assert in_use(tmp_path) is None
+
+
+# ----------------------------------------------------------------------------- the rules judge one read
+def test_the_rules_judge_what_read_folder_found_and_read_nothing_again(tmp_path):
+    """A rule that read the folder again would raise here: the folder is gone once read."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from cory.run.run_rules import (Folder, copied_run, dropped_refusal, evaluation_refusal, read_folder,
+                                    restart_refusal, run_finished)
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("steps: 2\ntask: imdb\n")
+    (run / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
+    (run / "eval_imdb.json").write_text("{}")
+    read = read_folder(run, ("policy",))
+    assert read == Folder(run, ("ppo", "imdb"), [], [], {"metrics.jsonl": 2}, True, ["eval_imdb.json"], False,
+                          False, None, False)
+    shutil.rmtree(run)
+    assert copied_run(read) == (f"{run} holds a run copied or cloned from another folder (metrics.jsonl (2 rows), "
+                                "eval_imdb.json)")
+    assert restart_refusal(read) == copied_run(read) and run_finished(read)
+    assert evaluation_refusal(read) == (f"{run} holds eval_imdb.json, the evaluation of a run copied or cloned "
+                                        "from another folder")
+    here = replace(read, written_here=True, evaluations=[], logged_all=False)
+    assert (copied_run(here), restart_refusal(here), evaluation_refusal(here), run_finished(here)) == (
+        None, None, None, False)  # a run cut off before its first checkpoint here: a restart redoes its rows
+    done = replace(here, final=True, final_iterations=2, final_whole=True)
+    assert restart_refusal(done) == f"{run} holds a finished run's results (metrics.jsonl (2 rows), final/)"
+    assert dropped_refusal(done, SimpleNamespace(steps=1)).startswith(f"steps: {run} finished its 2 iterations and kept no checkpoint")

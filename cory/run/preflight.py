@@ -16,7 +16,6 @@ from cory.assets import (HUB, SMOLLM2_SPEC, UNREACHABLE, HubAsset, ModelSpec, ch
 from cory.config import PPOArgs
 from cory.errors import AssetError, ConfigError
 from cory.method import method_of
-from cory.run.outputs import load_checkpoint_file
 from cory.run.run_rules import check_output_dir, check_resumable
 from cory.tasks import check_config as check_task
 from cory.tasks import REWARD_METRICS, task_spec
@@ -124,14 +123,15 @@ def check_run(cfg: PPOArgs) -> RunPlan:
                      task=cfg.task)
     # after the folder's checks: hashing a large local model must not delay a refusal of the folder
     fingerprint = weights_fingerprint(spec)  # what a checkpoint records of the base model, and a resume compares
-    resume_from = check_resumable(Path(cfg.output_dir), cfg, fingerprint) if cfg.resume is not None else None
+    resumed = check_resumable(Path(cfg.output_dir), cfg, fingerprint) if cfg.resume is not None else None
     if cfg.report_to == "wandb":
         check_wandb()
     if cfg.report_to == "tensorboard":
         if importlib.util.find_spec("tensorboard") is None:
             raise ConfigError("report_to: tensorboard is not installed (pip install tensorboard), or use "
                               "--report_to none")
-    trained = load_checkpoint_file(resume_from / "state.pt").get("precision") if resume_from is not None else None
+    resume_from, state = resumed or (None, {})
+    trained = state.get("precision")
     return RunPlan(spec, resume_from, fingerprint, trained if isinstance(trained, str) else None)
 
 

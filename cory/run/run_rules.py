@@ -21,7 +21,9 @@ Nothing here writes or deletes: a rule refuses, or lets the run go on (what a ru
 6. A result file a command writes on its own (a benchmark's ``--json``) is outside every run folder
    (``check_output_json``).
 
-The experiment runner (``lab.runs``) asks the same rules before it reruns or replaces a run. Two things can only be
+A resume's rules (5), and those the runner asks, judge what one read of the folder found (``read_folder``: its
+run's identity, checkpoints, rows, final models and evaluations), so that no rule reads it again. The experiment runner
+(``lab.runs``) asks the same rules before it reruns or replaces a run. Two things can only be
 found with the models loaded, and are refused there (``cory.run.checkpoint.restore``): an agent file that does not fit
 the model, and a saved data stream the task does not take.
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -36,11 +39,11 @@ import yaml
 from cory.config import (INVOCATION_FIELDS, REQUIRED, CoryArgs, PPOArgs, field_types, field_help, metadata,
                          on_resume_fields, to_dict)
 from cory.errors import ConfigError
-from cory.run.final import file_digest, final_complete, final_iterations
+from cory.run.final import FINAL, file_digest, final_complete, final_iterations
 from cory.method import method_of
 from cory.run.outputs import (LOCK, MANIFEST, check_checkpoint_file, checkpoints, evaluations, in_use,
-                              latest_checkpoint, linked_checkpoints, load_checkpoint_file, read_jsonl, read_manifest,
-                              run_folder_of, scan_run_dir, written_here)
+                              linked_checkpoints, load_checkpoint_file, read_jsonl, read_manifest, run_folder_of,
+                              scan_run_dir, written_here)
 from cory.run.targets import check_output_file, check_writable
 from cory.tasks.base import STATE_COUNTS, state_count
 
@@ -64,7 +67,7 @@ def check_resume_folder(run_dir: Path, method: str, task: str | None) -> Path:
     saved_path = run_dir / "config.yaml"
     if not saved_path.is_file():
         raise ConfigError(f"resume: {saved_path} not found; is {run_dir} a run folder?")
-    check_identity(run_dir, method, task)
+    check_identity(run_dir, run_identity(run_dir), method, task)
     return saved_path
 
 
@@ -104,10 +107,10 @@ def check_stays_in_folder(output_dir: str | None, run_dir: Path) -> None:
         raise ConfigError(f"output_dir: a resumed run stays in its folder ({run_dir}); drop --output_dir")
 
 
-def check_identity(run_dir: Path, method: str, task: str | None) -> None:
-    """The run in ``run_dir`` is one that ``method``'s script of ``task`` continues (None: any task); else one line
-    naming the script that does."""
-    was, was_task = run_identity(run_dir)
+def check_identity(run_dir: Path, identity: tuple[str, str | None], method: str, task: str | None) -> None:
+    """The run in ``run_dir``, of ``identity`` (``run_identity``), is one that ``method``'s script of ``task``
+    continues (None: any task); else one line naming the script that does."""
+    was, was_task = identity
     if was != method or (task and was_task and was_task != task):
         on = f" on the {was_task} task" if was_task else ""
         raise ConfigError(f"resume: {run_dir} is a {was} run{on}; continue it with {script_of(was, was_task)}")
@@ -129,14 +132,21 @@ def aside(checkpoint: Path) -> str:
 def run_identity(run_dir: Path) -> tuple[str, str | None]:
     """(method, task) of the run in ``run_dir``, from its manifest; runs from before the manifest: a CORY run's
     config has swap_period."""
-    manifest = read_manifest(run_dir) or {}
+    return _identity(read_manifest(run_dir) or {}, _saved_config(Path(run_dir)))
+
+
+def _identity(manifest: dict, saved: dict) -> tuple[str, str | None]:
+    return (manifest.get("method") or ("cory" if "swap_period" in saved else "ppo"),
+            manifest.get("task") or saved.get("task"))
+
+
+def _saved_config(run_dir: Path) -> dict:
+    """The run's config.yaml as saved; {} where it cannot be read as a mapping."""
     try:
         saved = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}
     except (OSError, ValueError, yaml.YAMLError):  # ValueError: not UTF-8
-        saved = {}
-    saved = saved if isinstance(saved, dict) else {}
-    return (manifest.get("method") or ("cory" if "swap_period" in saved else "ppo"),
-            manifest.get("task") or saved.get("task"))
+        return {}
+    return saved if isinstance(saved, dict) else {}
 
 
 # -- 3. a finished run ------------------------------------------------------------------------------------------------
@@ -200,41 +210,48 @@ def check_output_dir(output_dir: str, *, resume: bool, overwrite: bool, method: 
         raise ConfigError(f"output_dir: {output_dir} also holds files no run writes ({', '.join(foreign[:3])}"
                           f"{', ...' if len(foreign) > 3 else ''}); --overwrite would delete them, so it refuses: "
                           "move them or choose another output_dir")
-    copied = copied_run(path)
+    copied = copied_run(read_folder(path))
     if copied:
         raise ConfigError(f"output_dir: {copied}; --overwrite replaces only a run made in its own folder, so it "
                           "refuses: leave it as it is and start the new run in another output_dir")
 
 
 # -- 5. what a resume continues, restarts or replaces -----------------------------------------------------------------
-def check_resumable(run_dir: Path, cfg: PPOArgs, fingerprint: str | None = None) -> Path | None:
+def check_resumable(run_dir: Path, cfg: PPOArgs, fingerprint: str | None = None) -> tuple[Path, dict] | None:
     """The run in ``run_dir`` is one this script continues (same method and task), what the resume replaces was
-    written here, its newest checkpoint's state can be read, and its base model is the one ``fingerprint`` describes
-    now (``weights_fingerprint``). Returns that checkpoint; None when there is none (the run starts again from
-    iteration 0)."""
+    written here, its newest checkpoint's files hold data only and can be read, and its base model is the one
+    ``fingerprint`` describes now (``weights_fingerprint``). Returns that checkpoint and its state (state.pt, read
+    once); None when there is none (the run starts again from iteration 0). The folder is read first
+    (``read_folder``), then judged."""
     method = method_of(cfg)
-    check_identity(run_dir, method.name, cfg.task)
-    linked = linked_checkpoints(run_dir)
-    if linked:  # it is passed over, so the run would redo its iteration and then fail to save over the link
-        raise ConfigError(f"resume: {linked[0]} is a symbolic link (to {os.readlink(linked[0])}), not a checkpoint "
-                          "this run saved; a run never writes through a link, so it refuses: move the link out of "
-                          f"{linked[0].parent}, then resume")
-    checkpoint = latest_checkpoint(run_dir)
-    if checkpoint is None:  # the run would start again from iteration 0, deleting every row
-        dropped = dropped_refusal(run_dir, cfg)
+    folder = read_folder(run_dir, method.agents)
+    check_identity(run_dir, folder.identity, method.name, cfg.task)
+    if folder.linked:  # it is passed over, so the run would redo its iteration and then fail to save over the link
+        raise ConfigError(f"resume: {folder.linked[0]} is a symbolic link (to {os.readlink(folder.linked[0])}), not "
+                          "a checkpoint this run saved; a run never writes through a link, so it refuses: move the "
+                          f"link out of {folder.linked[0].parent}, then resume")
+    if not folder.checkpoints:  # the run would start again from iteration 0, deleting every row
+        dropped = dropped_refusal(folder, cfg)
         if dropped:
             raise ConfigError(dropped)
-        refusal = restart_refusal(run_dir)
+        refusal = restart_refusal(folder)
         if refusal:
             raise ConfigError(f"resume: {refusal} and no checkpoint to resume from; resuming would start it again "
                               "and delete them, so it refuses: leave it as it is and start a new run in another "
                               f"folder (--config {run_dir / 'config.yaml'} --output_dir NEW)")
         return None
-    refusal = evaluation_refusal(run_dir)  # continuing replaces the final models they describe
+    checkpoint = folder.checkpoints[-1][1]
+    refusal = evaluation_refusal(folder)  # continuing replaces the final models they describe
     if refusal:
         raise ConfigError(f"resume: {refusal}; continuing the run replaces the models it describes and would delete "
                           f"it, so it refuses: move it out of {run_dir}, then resume")
     state = load_checkpoint_file(checkpoint / "state.pt")
+    for name in method.agents:
+        if not (checkpoint / f"{name}.pt").is_file():
+            raise ConfigError(f"resume: {checkpoint} has no {name}.pt, which a {method.name} run's checkpoint holds "
+                              f"({', '.join(a + '.pt' for a in method.agents)}): damaged, or not this method's; "
+                              f"{aside(checkpoint)}")
+        check_checkpoint_file(checkpoint / f"{name}.pt")
     if not isinstance(state, dict) or not isinstance(state.get("step"), int):
         raise ConfigError(f"resume: {checkpoint / 'state.pt'} holds no iteration count; move that checkpoint "
                           "folder aside to resume from an older one, or start again with --overwrite")
@@ -247,12 +264,6 @@ def check_resumable(run_dir: Path, cfg: PPOArgs, fingerprint: str | None = None)
         raise ConfigError(f"resume: the base model {cfg.model_name} has changed since {checkpoint.name} was saved (its "
                           "weights or config.json differ from those the run started from, which are its KL "
                           "reference too); resume with the model it was trained from, or start again with --overwrite")
-    for name in method.agents:
-        if not (checkpoint / f"{name}.pt").is_file():
-            raise ConfigError(f"resume: {checkpoint} has no {name}.pt, which a {method.name} run's checkpoint holds "
-                              f"({', '.join(a + '.pt' for a in method.agents)}): damaged, or not this method's; "
-                              f"{aside(checkpoint)}")
-        check_checkpoint_file(checkpoint / f"{name}.pt")
     check_one_checkpoint(checkpoint, state, method.agents)
     # HF Trainer's documentation says its save_only_model checkpoints cannot be resumed, and its code then resumes them
     # with a fresh optimizer, without a warning; here the data, random streams, KL coefficient and score statistics come
@@ -260,15 +271,15 @@ def check_resumable(run_dir: Path, cfg: PPOArgs, fingerprint: str | None = None)
     if state.get("model_only"):
         warnings.warn(f"resume: {checkpoint} holds no optimizer state (saved with save_only_model: true): Adam's "
                       "moments start afresh, so the resumed run is not the one an uninterrupted run gives")
-    return checkpoint
+    return checkpoint, state
 
 
-def dropped_refusal(run_dir: Path, cfg: PPOArgs) -> str | None:
+def dropped_refusal(folder: Folder, cfg: PPOArgs) -> str | None:
     """Why the ``--resume`` of a run made here that finished and then dropped its checkpoint
-    (``keep_resume_checkpoint: false``) cannot go on, else None. (One that asks for the iterations it has done has
-    nothing to do, ``nothing_to_do``.)"""
-    done = final_iterations(run_dir)
-    if done is None or not final_complete(run_dir, method_of(cfg).agents) or copied_run(run_dir):
+    (``keep_resume_checkpoint: false``) cannot go on, else None (``folder`` read with this method's agents). (One
+    that asks for the iterations it has done has nothing to do, ``nothing_to_do``.)"""
+    done, run_dir = folder.final_iterations, folder.path
+    if done is None or not folder.final_whole or copied_run(folder):
         return None
     kept = f"{run_dir} finished its {done} iterations and kept no checkpoint (keep_resume_checkpoint: false)"
     if cfg.steps < done:
@@ -330,57 +341,74 @@ def check_trained_config(checkpoint: Path, trained: dict | None, cfg: PPOArgs) -
                           f"settings: put {name} back in config.yaml, or start again with --overwrite")
 
 
-def restart_refusal(run_dir: str | os.PathLike) -> str | None:
-    """Why starting the run in ``run_dir`` again from iteration 0 (``--resume`` without a checkpoint, or the runner
+@dataclass(frozen=True)
+class Folder:
+    """What a run folder holds that the rules weigh before a run resumes, restarts or replaces it, read at once
+    (``read_folder``): each rule below judges it and reads nothing itself."""
+    path: Path
+    identity: tuple[str, str | None]      # (method, task) of the run there (``run_identity``)
+    checkpoints: list[tuple[int, Path]]   # (iterations, folder) of each complete checkpoint, oldest first
+    linked: list[Path]                    # links under a checkpoint's name (``outputs.linked_checkpoints``)
+    rows: dict[str, int]                  # the rows of metrics.jsonl, eval.jsonl and samples.jsonl, where any
+    logged_all: bool                      # a metrics row for every iteration its config.yaml asks for
+    evaluations: list[str]                # lab.evaluate's results beside it (``eval_<task>.json``)
+    written_here: bool                    # made in this folder, not copied or cloned in (``outputs.written_here``)
+    final: bool                           # it holds a final/
+    final_iterations: int | None          # the iterations final/'s marker records (``final.final_iterations``)
+    final_whole: bool                     # final/ holds whole models of the agents asked for (``final_complete``)
+
+    @property
+    def results(self) -> list[str]:
+        """Its results, named for a refusal: its rows, its final models, their evaluations."""
+        return ([f"{name} ({n} rows)" for name, n in self.rows.items()] + (["final/"] if self.final else [])
+                + self.evaluations)
+
+
+def read_folder(run_dir: str | os.PathLike, agents: tuple[str, ...] | None = None) -> Folder:
+    """What the run folder ``run_dir`` holds (``Folder``), for a run of ``agents`` (None: the models final/ holds)."""
+    run_dir = Path(run_dir)
+    saved = _saved_config(run_dir)
+    rows = {name: read_jsonl(run_dir / name) for name in ("metrics.jsonl", "eval.jsonl", "samples.jsonl")}
+    steps, logged = saved.get("steps"), {row.get("step") for row in rows["metrics.jsonl"]}
+    return Folder(run_dir, _identity(read_manifest(run_dir) or {}, saved), checkpoints(run_dir),
+                  linked_checkpoints(run_dir), {name: len(r) for name, r in rows.items() if r},
+                  isinstance(steps, int) and set(range(steps)) <= logged,
+                  [p.name for p in evaluations(run_dir)], written_here(run_dir), (run_dir / FINAL).is_dir(),
+                  final_iterations(run_dir), final_complete(run_dir, agents))
+
+
+def restart_refusal(folder: Folder) -> str | None:
+    """Why starting the run in ``folder`` again from iteration 0 (``--resume`` without a checkpoint, or the runner
     rerunning a run cut off before its first checkpoint) would delete what it cannot give back, as "RUN holds ...";
     None for a run cut off before its first checkpoint in this folder, whose rows the restart redoes."""
-    run_dir = Path(run_dir)
-    copied = copied_run(run_dir)
-    if copied or not run_finished(run_dir):
+    copied = copied_run(folder)
+    if copied or not run_finished(folder):
         return copied
-    return f"{run_dir} holds a finished run's results ({_listing(_results(run_dir))})"
+    return f"{folder.path} holds a finished run's results ({_listing(folder.results)})"
 
 
-def evaluation_refusal(run_dir: str | os.PathLike) -> str | None:
-    """Why continuing the run in ``run_dir`` from its checkpoint may not delete its evaluations (they describe the
+def evaluation_refusal(folder: Folder) -> str | None:
+    """Why continuing the run in ``folder`` from its checkpoint may not delete its evaluations (they describe the
     final models it replaces): they came with a run copied or cloned from another folder, so no command here wrote
     them. None when there are none, or they were written here."""
-    found = evaluations(run_dir)
-    if not found or written_here(run_dir):
+    if not folder.evaluations or folder.written_here:
         return None
-    return (f"{run_dir} holds {_listing([p.name for p in found])}, the evaluation of a run copied or cloned from "
+    return (f"{folder.path} holds {_listing(folder.evaluations)}, the evaluation of a run copied or cloned from "
             "another folder")
 
 
-def copied_run(run_dir: str | os.PathLike) -> str | None:
-    """"RUN holds a run copied or cloned from another folder (its results)" when ``run_dir`` holds results that no
+def copied_run(folder: Folder) -> str | None:
+    """"RUN holds a run copied or cloned from another folder (its results)" when ``folder`` holds results that no
     command wrote in this folder, else None: no command here may replace or delete them."""
-    run_dir = Path(run_dir)
-    held = _results(run_dir)
-    if not held or written_here(run_dir):
+    if not folder.results or folder.written_here:
         return None
-    return f"{run_dir} holds a run copied or cloned from another folder ({_listing(held)})"
+    return f"{folder.path} holds a run copied or cloned from another folder ({_listing(folder.results)})"
 
 
-def run_finished(run_dir: Path) -> bool:
+def run_finished(folder: Folder) -> bool:
     """A finished run's results: its final models or their evaluation, or a metrics row for every iteration its
     config.yaml asks for (its checkpoints and final/ deleted, or never kept)."""
-    if (run_dir / "final").is_dir() or evaluations(run_dir):
-        return True
-    try:
-        steps = (yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}).get("steps")
-    except (OSError, ValueError, yaml.YAMLError, AttributeError):  # ValueError: not UTF-8
-        return False
-    logged = {row.get("step") for row in read_jsonl(run_dir / "metrics.jsonl")}
-    return isinstance(steps, int) and set(range(steps)) <= logged
-
-
-def _results(run_dir: Path) -> list[str]:
-    """A run's results in ``run_dir``, named for a refusal: its rows, its final models, their evaluations."""
-    held = [f"{name} ({len(rows)} rows)" for name in ("metrics.jsonl", "eval.jsonl", "samples.jsonl")
-            if (rows := read_jsonl(run_dir / name))]
-    held += ["final/"] if (run_dir / "final").is_dir() else []
-    return held + [p.name for p in evaluations(run_dir)]
+    return folder.final or bool(folder.evaluations) or folder.logged_all
 
 
 def _listing(names: list[str]) -> str:
