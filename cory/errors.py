@@ -1,10 +1,13 @@
 """The errors the package raises, in one place. Each message is one line a user can act on; the entry points print it
 as ``error: ...`` and exit with status 2 (a mistake in what was asked) or 1 (a run that cannot go on).
 
-Every layer can raise these and imports them from here (no other module re-exports them). The lab commands' own
-errors are in ``lab.errors``.
+Every layer can raise these and imports them from here (no other module re-exports them), and the one-line
+messages every layer words alike: a file-system fault (``file_fault``), a path whose name is not text
+(``text_refusal``). The lab commands' own errors are in ``lab.errors``.
 """
 import errno
+import os
+import sys
 
 
 class ConfigError(ValueError):
@@ -48,3 +51,21 @@ def file_fault(e: OSError, where) -> str:
     else:
         advice = "fix it, then rerun"
     return f"{path}: {reason}; {advice}"
+
+
+def text_refusal(path: str | os.PathLike, name: str) -> str | None:
+    """Why ``path`` cannot be written into a UTF-8 file (a config, a manifest, runs.json, a report), in one line
+    naming ``name`` with advice that fits the locale; None when it can. Python reads a name whose bytes are not
+    text in its encoding as surrogates, which no UTF-8 file holds: the command would fail (or crash) later."""
+    text = os.fspath(path)
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError:
+        pass
+    encoding = sys.getfilesystemencoding()
+    if encoding.lower().replace("-", "") == "utf8":  # the bytes themselves are not UTF-8: no setting helps
+        return (f"{name}: {ascii(text)} is not UTF-8 text (its name holds bytes that are not UTF-8); rename it with "
+                "UTF-8 or ASCII characters")
+    return (f"{name}: {ascii(text)} is not text in this process's encoding ({encoding}: a C locale without UTF-8 "
+            "mode); name it in ASCII, or run with PYTHONUTF8=1")

@@ -18,9 +18,9 @@ import yaml
 from cory.assets import check_hub_asset
 from cory.cli import CONFIG_MARKER
 from cory.config import RENAMED, SEED_LIMIT, CoryArgs, PPOArgs, load_yaml, on_resume_fields
-from cory.errors import AssetError, ConfigError
+from cory.errors import AssetError, ConfigError, text_refusal
 from cory.run.outputs import LOCK, MANIFEST
-from cory.run.targets import check_text_path, text_refusal
+from cory.run.targets import check_text_path
 from lab import heldout_runs
 from lab.errors import ExperimentError, OneLineParser
 from lab.runs import REPO, Pair, rel

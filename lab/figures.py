@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from cory.errors import ConfigError
+from cory.errors import ConfigError, text_refusal
 from lab.errors import ReportError
 from lab.curves import curve, heldout_curve, heldout_value
 from lab.results import LLM1, LLM2, POLICY, REWARD_RANGES, Experiment, Group, setting_name
-from cory.run.targets import target_refusal, text_refusal, write_whole
+from cory.run.targets import target_refusal, write_whole
 
 # key in metrics.jsonl after "<agent>/" -> (title, y-axis label; {reward} is the reward's unit)
 METRICS = {

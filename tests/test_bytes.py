@@ -10,7 +10,7 @@ from pathlib import Path
 from conftest import REPO
 from cory.tasks.arithmetic import ArithmeticTask
 from cory.tasks.gsm8k_answers import authors_correct, correctness_reward, extract_answer
-from cory.run.targets import text_refusal
+from cory.errors import text_refusal
 from entry_points import refused, tree
 from test_report import synthetic
 

@@ -31,7 +31,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from cory.errors import ConfigError
+from cory.errors import ConfigError, text_refusal
 
 # the system's own files: /dev/stdout is a link to a pipe, a terminal or the file the shell redirected to, and
 # renaming onto it would replace the link in /dev, never write into the output
@@ -58,24 +58,6 @@ def _kind(path: Path) -> str | None:
         if root is not None:
             return f"a system file (under {root})"
     return None
-
-
-def text_refusal(path: str | os.PathLike, name: str) -> str | None:
-    """Why ``path`` cannot be written into a UTF-8 file (a config, a manifest, runs.json, a report), in one line
-    naming ``name`` with advice that fits the locale; None when it can. Python reads a name whose bytes are not
-    text in its encoding as surrogates, which no UTF-8 file holds: the command would fail (or crash) later."""
-    text = os.fspath(path)
-    try:
-        text.encode("utf-8")
-        return None
-    except UnicodeEncodeError:
-        pass
-    encoding = sys.getfilesystemencoding()
-    if encoding.lower().replace("-", "") == "utf8":  # the bytes themselves are not UTF-8: no setting helps
-        return (f"{name}: {ascii(text)} is not UTF-8 text (its name holds bytes that are not UTF-8); rename it with "
-                "UTF-8 or ASCII characters")
-    return (f"{name}: {ascii(text)} is not text in this process's encoding ({encoding}: a C locale without UTF-8 "
-            "mode); name it in ASCII, or run with PYTHONUTF8=1")
 
 
 def target_refusal(path: str | os.PathLike, name: str) -> str | None:

@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from cory.errors import AssetError, ConfigError
-from cory.run.targets import text_refusal
+from cory.errors import AssetError, ConfigError, text_refusal
 from cory.tasks.base import Evaluation, Task, zero_one_reward
 
 
