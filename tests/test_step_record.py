@@ -86,9 +86,12 @@ def same_numbers(name, got, want, *, rel, abs_, norm, share):
 def test_each_kernel_family_has_its_own_bf16_record():
     assert kernel_family(["avx2", "avx512f", "avx512_bf16"]) == "avx512_bf16"
     assert kernel_family(["avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"]) == "amx"
+    assert kernel_family(["avx2", "avx512f", "avx512_bf16", "avx512_fp16"]) == "avx512_fp16"
+    assert kernel_family(["avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile"]) == "amx"
     assert kernel_family(["avx2"]) == "emulated"
     assert bf16_record_path("avx512_bf16").name == "step_record_bf16.json"
     assert bf16_record_path("amx").name == "step_record_bf16_amx.json"
+    assert bf16_record_path("avx512_fp16").name == "step_record_bf16_avx512_fp16.json"
     # the committed record is AVX-512 BF16's, and says so by its flags
     recorded = json.loads(bf16_record_path("avx512_bf16").read_text())
     assert kernel_family(recorded["cpu_flags"]) == "avx512_bf16"
