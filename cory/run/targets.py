@@ -26,7 +26,6 @@ import re
 import secrets
 import signal
 import stat
-import sys
 import threading
 from pathlib import Path
 from typing import Callable
