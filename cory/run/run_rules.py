@@ -21,9 +21,9 @@ Nothing here writes or deletes: a rule refuses, or lets the run go on (what a ru
 6. A result file a command writes on its own (a benchmark's ``--json``) is outside every run folder
    (``check_output_json``).
 
-A resume's rules (5), and those the runner asks, judge what one read of the folder found (``read_folder``: its
-run's identity, checkpoints, rows, final models and evaluations), so that no rule reads it again. The experiment runner
-(``lab.runs``) asks the same rules before it reruns or replaces a run. Two things can only be
+A resume's rules (5) judge what one read of the folder found (``read_folder``: its run's identity, checkpoints,
+rows, final models and evaluations), so that no rule reads it again; the experiment runner (``lab.runs``) asks the
+same rules, of its own read, before it reruns or replaces a run. Two things can only be
 found with the models loaded, and are refused there (``cory.run.checkpoint.restore``): an agent file that does not fit
 the model, and a saved data stream the task does not take.
 """
